@@ -1,0 +1,42 @@
+"""Builds the CUDA extension flash_attention._C and installs the packages under py/.
+
+The kernel instantiations are generated first (tools/build/generate_kernel_instantiations.py), so
+the kernel map can never be stale. FLASH_BUILD_KERNELS picks the compiled set (see README.md);
+TORCH_CUDA_ARCH_LIST overrides the default targets, real machine code for sm_80 and sm_90.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+from setuptools import setup
+
+ROOT = Path(__file__).parent.resolve()
+sys.path[:0] = [str(ROOT / "py"), str(ROOT / "tools" / "build")]
+
+from flash_helpers.kernel_configs import get_kernels_to_build, resolve_build_kernels_key  # noqa: E402
+from generate_kernel_instantiations import generate  # noqa: E402
+
+os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
+
+from torch.utils.cpp_extension import BuildExtension, CUDAExtension  # noqa: E402
+
+kernel_set = resolve_build_kernels_key()
+instantiations = generate(get_kernels_to_build(kernel_set), ROOT / "src", kernel_set)
+sources = ["src/flash_attention.cu"] + [str(path.relative_to(ROOT)) for path in instantiations]
+
+setup(
+    ext_modules=[
+        CUDAExtension(
+            name="flash_attention._C",
+            sources=sources,
+            include_dirs=[str(ROOT / "src" / "include")],
+            extra_compile_args={
+                "cxx": ["-O3", "-std=c++20"],
+                # 3189 and relaxed constexpr: torch's own headers, read by nvcc in C++20 mode.
+                "nvcc": ["-O3", "-std=c++20", "-lineinfo", "-diag-suppress=3189", "--expt-relaxed-constexpr"],
+            },
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension},
+)

@@ -1,0 +1,549 @@
+"""CPU tests of the kernel configuration type, its textual forms, its validity rules and its sets."""
+
+import dataclasses
+import os
+import pathlib
+import random
+import subprocess
+import sys
+
+import pytest
+
+from flash_helpers.kernel_configs import (
+    B_CS,
+    B_RS,
+    BUILD_KERNELS_ENV,
+    D_HEADS,
+    DEFAULT_BUILD_KERNELS,
+    KERNELS_ENV,
+    N_WARPS,
+    PROGRESSION_BLOCK_SIZE,
+    PROGRESSION_STEPS,
+    UNIMPLEMENTED_KNOBS,
+    DType,
+    FlashForwardKernelConfig,
+    get_all_kernel_configs,
+    get_autotuning_kernel_configs,
+    get_kernel_configs,
+    get_kernel_progression_configs,
+    get_kernels_to_build,
+    parse_kernel_name_into_config,
+    should_autotune_config,
+)
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+FP16, BF16 = DType.FP16, DType.BF16
+Config = FlashForwardKernelConfig
+
+# Which configuration field each short-form flag of a progression step turns on.
+STEP_FLAG_KNOBS = {
+    "async": "async_copy",
+    "eager": "eager_load_blocks",
+    "swizzled": "swizzled",
+    "buffer": "mma_double_buffer_loads",
+    "opt_softmax": "optimized_softmax",
+}
+
+
+@pytest.fixture(autouse=True)
+def _no_kernel_env(monkeypatch):
+    """The sets read environment variables; tests start from an environment without them."""
+    monkeypatch.delenv(KERNELS_ENV, raising=False)
+    monkeypatch.delenv(BUILD_KERNELS_ENV, raising=False)
+
+
+def config_sets():
+    return {
+        "all": get_kernel_configs("all"),
+        "tune": get_kernel_configs("tune"),
+        "prog": get_kernel_configs("prog"),
+        "progall": get_kernel_configs("progall"),
+        "default": get_kernels_to_build("default"),
+        "128,64": get_kernel_configs("128,64"),
+    }
+
+
+SET_NAMES = list(config_sets())
+
+
+def valid_block_sizes():
+    """(d_head, B_r, B_c, n_warps) combinations the rules accept, judged on the plain base config."""
+    return {
+        (d_head, B_r, B_c, n_warps)
+        for d_head in D_HEADS
+        for B_r in B_RS
+        for B_c in B_CS
+        for n_warps in N_WARPS
+        if Config(FP16, d_head, B_r, B_c, n_warps).is_valid()
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Textual forms
+
+
+@pytest.mark.parametrize("set_name", SET_NAMES)
+def test_every_config_round_trips_through_its_textual_forms(set_name):
+    configs = config_sets()[set_name]
+    assert configs
+    for cfg in configs:
+        for text in (cfg.short_form(), cfg.demangled_kernel_name(), cfg.to_cpp_struct(), cfg.kernel_name()):
+            assert parse_kernel_name_into_config(text) == cfg, text
+
+
+def test_short_form_lists_flags_in_fixed_order():
+    cfg = Config(FP16, 128, 128, 64, 4, True, True, True, 2, 2, 2, True, True)
+    assert cfg.short_form() == "(FP16, 128, 128, 64, 4): async+eager+swizzled+load_2_2_2_tiles+buffer+opt_softmax"
+
+
+def test_short_form_without_flags_is_the_tuple():
+    assert Config(BF16, 64, 64, 32, 4).short_form() == "(BF16, 64, 64, 32, 4)"
+
+
+def test_short_form_load_flag_present_iff_any_tile_count_is_nonzero():
+    assert Config(FP16, 128, 64, 64, 4, V_mma_load_K_tiles=2).short_form() == "(FP16, 128, 64, 64, 4): load_0_0_2_tiles"
+    assert "load" not in Config(FP16, 128, 64, 64, 4, async_copy=True).short_form()
+
+
+def test_cpp_struct_and_kernel_name():
+    cfg = Config(FP16, 128, 64, 64, 4, True, K_mma_load_K_tiles=2, V_mma_load_K_tiles=2)
+    struct = "FlashForwardKernelConfig{DType::FP16, 128, 64, 64, 4, true, false, false, 0, 2, 2, false, false}"
+    assert cfg.to_cpp_struct() == struct
+    assert cfg.kernel_name() == f"flash_forward_kernel<StaticForwardKernelConfig<{struct}>>"
+
+
+@pytest.mark.parametrize(
+    ("cfg", "initializer"),
+    [
+        (
+            Config(FP16, 128, 64, 64, 4, True, K_mma_load_K_tiles=2, V_mma_load_K_tiles=2),
+            "{(flash::DType)5, 128, 64, 64, 4, true, false, false, 0, 2, 2}",
+        ),
+        (Config(FP16, 128, 64, 64, 4), "{(flash::DType)5, 128, 64, 64, 4}"),
+        (Config(BF16, 64, 64, 32, 4, True), "{(flash::DType)15, 64, 64, 32, 4, true}"),
+        (
+            Config(FP16, 128, 128, 64, 4, False, optimized_softmax=True),
+            "{(flash::DType)5, 128, 128, 64, 4, false, false, false, 0, 0, 0, false, true}",
+        ),
+    ],
+    ids=lambda value: value.short_form() if isinstance(value, Config) else "",
+)
+def test_demangled_name_omits_only_trailing_zero_fields(cfg, initializer):
+    assert cfg.demangled_kernel_name() == (
+        "void flash::flash_forward_kernel<flash::StaticForwardKernelConfig<"
+        f"flash::FlashForwardKernelConfig{initializer}> >(flash::ForwardKernelArgs)"
+    )
+
+
+def test_file_stem_example_and_uniqueness():
+    cfg = Config(FP16, 128, 64, 64, 4, True, K_mma_load_K_tiles=2, V_mma_load_K_tiles=2)
+    assert cfg.file_stem() == "fp16_d128_br64_bc64_w4_async_load_0_2_2"
+    configs = get_all_kernel_configs()
+    stems = {cfg.file_stem() for cfg in configs}
+    assert len(stems) == len(configs)
+    assert all(stem.replace("_", "").isalnum() and stem.islower() for stem in stems)
+
+
+# ----------------------------------------------------------------------------------------------
+# Parsing
+
+
+def test_parse_seed_documented_form():
+    cfg = parse_kernel_name_into_config("FlashForwardKernelConfig{5, 128, 64, 64, 4, 1, 1, 1, 0, 2, 0, 1, 1}")
+    assert cfg == Config(FP16, 128, 64, 64, 4, True, True, True, 0, 2, 0, True, True)
+    assert isinstance(cfg.dtype, DType)
+    assert cfg.async_copy is True and cfg.Q_mma_load_K_tiles == 0
+
+
+def test_parse_cxxfilt_output_with_trailing_fields_omitted():
+    name = (
+        "void flash::flash_forward_kernel<flash::StaticForwardKernelConfig<flash::FlashForwardKernelConfig"
+        "{(flash::DType)5, 128, 64, 64, 4, true, false, false, 0, 2, 2}> >(flash::ForwardKernelArgs)"
+    )
+    cfg = parse_kernel_name_into_config(name)
+    assert cfg == Config(FP16, 128, 64, 64, 4, True, False, False, 0, 2, 2, False, False)
+    assert cfg.mma_double_buffer_loads is False and cfg.optimized_softmax is False
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "(FP16, 128, 64, 64, 4): async+load_0_2_2_tiles",
+        "(FP16, 128, 64, 64, 4):async+load_0_2_2_tiles",
+        "  (fp16,128,64,64,4) : load_0_2_2_tiles + async \n",
+        "flash_forward_kernel<StaticForwardKernelConfig<"
+        "FlashForwardKernelConfig{(DType)5, 128, 64, 64, 4, true, false, false, 0, 2, 2}>>",
+        "FlashForwardKernelConfig{5, (int)128, 64, 64, 4, (bool)1, 0, false, 0, 2, 2}",
+        "FlashForwardKernelConfig{flash::DType::FP16, 128, 64, 64, 4, true, false, false, 0, 2, 2, false, false}",
+    ],
+)
+def test_parse_accepts_the_spellings_people_and_tools_use(text):
+    expected = Config(FP16, 128, 64, 64, 4, True, K_mma_load_K_tiles=2, V_mma_load_K_tiles=2)
+    assert parse_kernel_name_into_config(text) == expected
+
+
+def test_parse_short_form_without_flags():
+    assert parse_kernel_name_into_config("(BF16, 64, 128, 32, 8)") == Config(BF16, 64, 128, 32, 8)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "fast kernel",
+        "(FP16, 128, 64, 64)",
+        "(FP32, 128, 64, 64, 4)",
+        "(FP16, 128, 64, 64, 4):",
+        "(FP16, 128, 64, 64, 4): turbo",
+        "(FP16, 128, 64, 64, 4): async+async",
+        "(FP16, 128, 64, 64, 4): async++eager",
+        "(FP16, 128, 64, 64, 4): load_0_2_2_tiles+load_2_2_2_tiles",
+        "FlashForwardKernelConfig{}",
+        "FlashForwardKernelConfig{7, 128, 64, 64, 4}",
+        "FlashForwardKernelConfig{5, 128, 64, 64, 4, 2}",
+        "FlashForwardKernelConfig{5, true, 64, 64, 4}",
+        "FlashForwardKernelConfig{5, 128, 64, DType::FP16, 4}",
+        "FlashForwardKernelConfig{5, 128, 64, 64, 4, yes}",
+        "FlashForwardKernelConfig{5, 128, 64, 64, 4, 1, 0, 0, 0, 2, 2, 0, 0, 0}",
+    ],
+)
+def test_parse_errors_are_value_errors_quoting_the_name(name):
+    with pytest.raises(ValueError) as error:
+        parse_kernel_name_into_config(name)
+    assert repr(name) in str(error.value)
+
+
+# ----------------------------------------------------------------------------------------------
+# Construction, ordering, hashing
+
+
+def test_knobs_default_to_off():
+    cfg = Config(FP16, 128, 64, 64, 4)
+    assert not any(dataclasses.astuple(cfg)[5:])
+
+
+def test_dtype_is_coerced_from_code_and_name():
+    by_code = Config(15, 128, 64, 64, 4)
+    by_name = Config("bfloat16", 128, 64, 64, 4)
+    assert by_code.dtype is DType.BF16 and by_name.dtype is DType.BF16
+    assert by_code == by_name == Config(BF16, 128, 64, 64, 4)
+    assert hash(by_code) == hash(Config(BF16, 128, 64, 64, 4))
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "field_name"),
+    [
+        ({"dtype": None}, TypeError, "dtype"),
+        ({"dtype": True}, TypeError, "dtype"),
+        ({"dtype": 5.0}, TypeError, "dtype"),
+        ({"dtype": 6}, ValueError, "dtype"),
+        ({"dtype": "fp32"}, ValueError, "dtype"),
+        ({"d_head": 128.0}, TypeError, "d_head"),
+        ({"d_head": True}, TypeError, "d_head"),
+        ({"B_r": "64"}, TypeError, "B_r"),
+        ({"K_mma_load_K_tiles": None}, TypeError, "K_mma_load_K_tiles"),
+        ({"async_copy": 1}, TypeError, "async_copy"),
+        ({"optimized_softmax": "true"}, TypeError, "optimized_softmax"),
+    ],
+)
+def test_construction_checks_types(fields, error, field_name):
+    arguments = {"dtype": FP16, "d_head": 128, "B_r": 64, "B_c": 64, "n_warps": 4, **fields}
+    with pytest.raises(error, match=field_name):
+        Config(**arguments)
+
+
+def test_construction_does_not_check_validity():
+    assert not Config(FP16, 96, 64, 64, 4).is_valid()
+
+
+def test_configs_are_immutable():
+    cfg = Config(FP16, 128, 64, 64, 4)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.d_head = 64
+
+
+def test_ordering_is_field_tuple_ordering():
+    configs = get_all_kernel_configs()
+    shuffled = configs[:]
+    random.Random(0).shuffle(shuffled)
+    assert sorted(shuffled) == sorted(shuffled, key=lambda cfg: tuple(int(value) for value in dataclasses.astuple(cfg)))
+    assert Config(FP16, 128, 64, 64, 4) < Config(BF16, 64, 64, 64, 4)  # dtype code 5 < 15 decides first
+    assert Config(FP16, 64, 128, 64, 4) < Config(FP16, 128, 64, 64, 4)  # then d_head, before B_r
+    assert Config(FP16, 128, 64, 64, 4, False) < Config(FP16, 128, 64, 64, 4, True)  # False < True
+
+
+def test_equal_configs_hash_equal_and_deduplicate():
+    cfg = Config(FP16, 128, 64, 64, 4, True, K_mma_load_K_tiles=2, V_mma_load_K_tiles=2)
+    copies = [cfg, dataclasses.replace(cfg), parse_kernel_name_into_config(cfg.short_form())]
+    assert len(set(copies)) == 1
+    different = dataclasses.replace(cfg, V_mma_load_K_tiles=0)
+    assert different != cfg
+    assert len({cfg, different}) == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# DType
+
+
+@pytest.mark.parametrize("text", ["FP16", "fp16", "float16", "Half", "torch.float16", " fp16 "])
+def test_dtype_from_string_fp16(text):
+    assert DType.from_string(text) is DType.FP16
+
+
+@pytest.mark.parametrize("text", ["BF16", "bf16", "bfloat16", "torch.bfloat16", "BFloat16"])
+def test_dtype_from_string_bf16(text):
+    assert DType.from_string(text) is DType.BF16
+
+
+@pytest.mark.parametrize("text", ["fp32", "float", "torch.float32", "", "f16"])
+def test_dtype_from_string_rejects_other_types(text):
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        DType.from_string(text)
+
+
+def test_dtype_codes_and_cpp_names():
+    assert (int(DType.FP16), int(DType.BF16)) == (5, 15)
+    assert (DType.FP16.to_cpp_str(), DType.BF16.to_cpp_str()) == ("DType::FP16", "DType::BF16")
+
+
+def test_dtype_torch_conversions():
+    torch = pytest.importorskip("torch")
+    assert DType.FP16.to_torch_dtype() is torch.float16
+    assert DType.BF16.to_torch_dtype() is torch.bfloat16
+    assert DType.from_torch_dtype(torch.bfloat16) is DType.BF16
+    with pytest.raises(ValueError):
+        DType.from_torch_dtype(torch.float32)
+
+
+def test_module_imports_without_torch():
+    code = "import sys; sys.modules['torch'] = None; import flash_helpers.kernel_configs, flash_helpers"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "py")}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+# ----------------------------------------------------------------------------------------------
+# Sizes and FLOP counts
+
+
+def test_smem_bytes():
+    assert Config(FP16, 128, 64, 64, 4).smem_bytes() == (64 + 2 * 64) * 128 * 2 == 49152
+    assert Config(BF16, 64, 128, 32, 8).smem_bytes() == 24576
+
+
+def test_flop_counts():
+    cfg = Config(FP16, 64, 64, 64, 4)
+    assert cfg.attn_flop(2, 3, 128) == 25_165_824  # 4 * 2 * 3 * 128**2 * 64
+    # + softmax 5 * 2 * 3 * 128**2 = 491_520, + normalisation 2 * 3 * 128 * 64 = 49_152
+    assert cfg.total_flop(2, 3, 128) == 25_706_496
+    assert Config(FP16, 128, 64, 64, 4).attn_flop(16, 16, 4096) == 4 * 16 * 16 * 4096**2 * 128
+
+
+# ----------------------------------------------------------------------------------------------
+# Validity rules
+
+
+GOOD_CONFIGS = [
+    Config(FP16, 128, 64, 64, 4),
+    Config(BF16, 64, 64, 32, 4, True),
+    Config(FP16, 128, 128, 128, 8, True, Q_mma_load_K_tiles=4, K_mma_load_K_tiles=4, V_mma_load_K_tiles=4),
+    Config(FP16, 64, 64, 64, 4, True, K_mma_load_K_tiles=2, V_mma_load_K_tiles=2),
+    Config(BF16, 64, 128, 128, 8, False, Q_mma_load_K_tiles=2, K_mma_load_K_tiles=2),
+    Config(FP16, 128, 128, 32, 4, True, K_mma_load_K_tiles=4),
+]
+
+# (config, words its reason must contain): each config breaks exactly one rule.
+BAD_CONFIGS = [
+    (Config(FP16, 96, 64, 64, 4), ["d_head"]),
+    (Config(FP16, 256, 64, 64, 4), ["d_head"]),
+    (Config(FP16, 128, 32, 64, 4), ["B_r"]),
+    (Config(FP16, 128, 64, 16, 4), ["B_c"]),
+    (Config(FP16, 128, 64, 64, 2), ["n_warps"]),
+    (Config(FP16, 128, 64, 64, 8), ["B_r", "n_warps", "16"]),
+    (Config(FP16, 128, 64, 64, 4, False, eager_load_blocks=True), ["eager_load_blocks", "async_copy"]),
+    (Config(FP16, 128, 64, 64, 4, Q_mma_load_K_tiles=3, K_mma_load_K_tiles=3), ["Q_mma_load_K_tiles"]),
+    (Config(FP16, 128, 64, 64, 4, K_mma_load_K_tiles=8), ["K_mma_load_K_tiles", "d_head"]),
+    (Config(FP16, 64, 64, 64, 4, K_mma_load_K_tiles=4), ["K_mma_load_K_tiles", "d_head"]),
+    (Config(FP16, 128, 64, 64, 4, K_mma_load_K_tiles=1), ["K_mma_load_K_tiles"]),
+    (Config(FP16, 128, 64, 32, 4, V_mma_load_K_tiles=2), ["V_mma_load_K_tiles", "B_c"]),
+    (Config(FP16, 128, 64, 64, 4, V_mma_load_K_tiles=4), ["V_mma_load_K_tiles", "B_c"]),
+    (Config(FP16, 128, 64, 64, 4, Q_mma_load_K_tiles=2), ["Q_mma_load_K_tiles", "K_mma_load_K_tiles"]),
+    (
+        Config(FP16, 128, 64, 64, 4, Q_mma_load_K_tiles=2, K_mma_load_K_tiles=4),
+        ["Q_mma_load_K_tiles", "K_mma_load_K_tiles"],
+    ),
+]
+
+
+@pytest.mark.parametrize("cfg", GOOD_CONFIGS, ids=Config.short_form)
+def test_good_configs_are_valid(cfg):
+    assert cfg.validity_error() is None
+    assert cfg.is_valid()
+    cfg.validate()
+
+
+@pytest.mark.parametrize(("cfg", "words"), BAD_CONFIGS, ids=[cfg.short_form() for cfg, _ in BAD_CONFIGS])
+def test_bad_configs_are_rejected_with_a_reason_naming_the_field(cfg, words):
+    reason = cfg.validity_error()
+    assert reason is not None and reason.endswith(".")
+    for word in words:
+        assert word in reason
+    assert not cfg.is_valid()
+    with pytest.raises(ValueError) as error:
+        cfg.validate()
+    assert str(error.value) == reason
+
+
+@pytest.mark.parametrize("knob", UNIMPLEMENTED_KNOBS)
+def test_unimplemented_knobs_are_rejected(knob):
+    cfg = dataclasses.replace(Config(FP16, 128, 64, 64, 4, True), **{knob: True})
+    assert cfg.validity_error() == f"{knob} is not implemented yet."
+
+
+def test_the_first_failing_rule_is_reported():
+    assert "d_head" in Config(FP16, 96, 64, 64, 2).validity_error()
+    # eager without async breaks the async rule before the not-implemented one.
+    assert "async_copy" in Config(FP16, 128, 64, 64, 4, eager_load_blocks=True).validity_error()
+
+
+# ----------------------------------------------------------------------------------------------
+# Sets
+
+
+@pytest.mark.parametrize("set_name", SET_NAMES)
+def test_sets_are_sorted_unique_and_valid(set_name):
+    configs = config_sets()[set_name]
+    assert configs == sorted(set(configs))
+    assert [cfg for cfg in configs if not cfg.is_valid()] == []
+
+
+@pytest.mark.parametrize("set_name", [name for name in SET_NAMES if name != "all"])
+def test_every_set_is_part_of_all(set_name):
+    assert set(config_sets()[set_name]) <= set(get_all_kernel_configs())
+
+
+def test_all_covers_every_dtype_and_valid_block_size():
+    configs = get_all_kernel_configs()
+    assert {(cfg.d_head, cfg.B_r, cfg.B_c, cfg.n_warps) for cfg in configs} == valid_block_sizes()
+    assert {cfg.dtype for cfg in configs} == {FP16, BF16}
+    for cfg in GOOD_CONFIGS:
+        assert cfg in configs
+
+
+def test_tune_is_the_async_two_tile_subset_of_all():
+    tune = get_autotuning_kernel_configs()
+    assert tune == [cfg for cfg in get_all_kernel_configs() if should_autotune_config(cfg)]
+    assert all(cfg.async_copy for cfg in tune)
+    assert all({cfg.Q_mma_load_K_tiles, cfg.K_mma_load_K_tiles, cfg.V_mma_load_K_tiles} <= {0, 2} for cfg in tune)
+    assert any(cfg.B_c == 128 for cfg in tune)
+    assert any(cfg.n_warps == 8 for cfg in tune)
+
+
+def test_should_autotune_config_filters():
+    assert should_autotune_config(Config(FP16, 128, 64, 64, 4, True, K_mma_load_K_tiles=2))
+    assert not should_autotune_config(Config(FP16, 128, 64, 64, 4, False))
+    assert not should_autotune_config(Config(FP16, 128, 64, 64, 4, True, K_mma_load_K_tiles=4))
+    assert not should_autotune_config(Config(FP16, 96, 64, 64, 4, True))
+
+
+def test_tune_can_be_restricted_to_dtypes_and_head_sizes():
+    tune = get_autotuning_kernel_configs(dtypes=(BF16,), d_heads=(64,))
+    assert tune
+    assert {(cfg.dtype, cfg.d_head) for cfg in tune} == {(BF16, 64)}
+
+
+def test_progression_steps_are_cumulative():
+    assert PROGRESSION_STEPS[0] == ("base", "")
+    previous = set()
+    for _, flags in PROGRESSION_STEPS:
+        current = set(filter(None, flags.split("+")))
+        assert previous < current or current == previous == set()
+        previous = current
+
+
+def step_config(dtype, d_head, block_size, flags):
+    head = "({}, {}, {}, {}, {})".format(dtype.name, d_head, *block_size)
+    return parse_kernel_name_into_config(f"{head}: {flags}" if flags else head)
+
+
+@pytest.mark.parametrize(("step", "flags"), PROGRESSION_STEPS)
+def test_prog_holds_a_step_iff_its_knobs_are_implemented(step, flags):
+    knobs = {STEP_FLAG_KNOBS[flag] for flag in flags.split("+") if flag in STEP_FLAG_KNOBS}
+    implemented = not knobs & set(UNIMPLEMENTED_KNOBS)
+    prog = get_kernel_progression_configs()
+    for dtype in (FP16, BF16):
+        assert (step_config(dtype, 128, PROGRESSION_BLOCK_SIZE, flags) in prog) == implemented
+
+
+def test_prog_is_at_one_block_size_and_today_holds_base_and_async():
+    prog = get_kernel_progression_configs()
+    assert {(cfg.d_head, cfg.B_r, cfg.B_c, cfg.n_warps) for cfg in prog} == {(128, *PROGRESSION_BLOCK_SIZE)}
+    assert Config(FP16, 128, *PROGRESSION_BLOCK_SIZE) in prog
+    assert Config(BF16, 128, *PROGRESSION_BLOCK_SIZE, True) in prog
+
+
+def test_progall_covers_every_valid_block_size():
+    progall = get_kernel_progression_configs(all_block_sizes=True)
+    assert set(get_kernel_progression_configs()) <= set(progall)
+    expected = {block for block in valid_block_sizes() if block[0] == 128}
+    assert {(cfg.d_head, cfg.B_r, cfg.B_c, cfg.n_warps) for cfg in progall} == expected
+
+
+def test_block_size_key_selects_tuning_configs():
+    expected = [cfg for cfg in get_autotuning_kernel_configs() if (cfg.B_r, cfg.B_c) == (128, 64)]
+    assert expected
+    assert get_kernel_configs("128,64") == expected
+    assert get_kernel_configs(" 128, 64 ") == expected
+
+
+def test_block_size_key_without_configs_is_an_error():
+    with pytest.raises(ValueError, match="96"):
+        get_kernel_configs("96,64")
+
+
+def test_kernels_env_selects_the_set(monkeypatch):
+    assert get_kernel_configs() == get_all_kernel_configs()
+    monkeypatch.setenv(KERNELS_ENV, "prog")
+    assert get_kernel_configs() == get_kernel_progression_configs()
+    assert get_kernel_configs("tune") == get_autotuning_kernel_configs()
+    monkeypatch.setenv(KERNELS_ENV, "")
+    assert get_kernel_configs() == get_all_kernel_configs()
+
+
+def test_named_keys_ignore_case_and_whitespace():
+    assert get_kernel_configs(" TUNE ") == get_autotuning_kernel_configs()
+
+
+def test_short_form_keys_are_parsed_sorted_and_deduplicated():
+    first, second = "(FP16, 128, 64, 64, 4): async", "(BF16, 64, 64, 32, 4)"
+    configs = get_kernel_configs(f"{first}; {second};{first};")
+    assert configs == [Config(FP16, 128, 64, 64, 4, True), Config(BF16, 64, 64, 32, 4)]
+
+
+def test_short_form_keys_must_be_valid():
+    with pytest.raises(ValueError, match="not a valid configuration.*swizzled is not implemented yet"):
+        get_kernel_configs("(FP16, 128, 64, 64, 4): async+swizzled")
+
+
+def test_unknown_key_lists_the_valid_keys():
+    with pytest.raises(ValueError) as error:
+        get_kernel_configs("fastest")
+    for key in ("'all'", "'prog'", "'progall'", "'tune'", "B_r,B_c", "'fastest'"):
+        assert key in str(error.value)
+
+
+def test_default_build_is_the_curated_list():
+    default = get_kernels_to_build()
+    assert default == sorted(parse_kernel_name_into_config(text) for text in DEFAULT_BUILD_KERNELS)
+    assert {(cfg.dtype, cfg.d_head) for cfg in default} == {(FP16, 64), (FP16, 128), (BF16, 64), (BF16, 128)}
+    assert set(default) <= set(get_autotuning_kernel_configs())
+
+
+def test_build_env_and_keys(monkeypatch):
+    monkeypatch.setenv(KERNELS_ENV, "all")  # the run-time selection must not leak into the build's
+    assert get_kernels_to_build() == get_kernels_to_build("default")
+    monkeypatch.setenv(BUILD_KERNELS_ENV, "prog")
+    assert get_kernels_to_build() == get_kernel_progression_configs()
+    assert get_kernels_to_build("default") == sorted(map(parse_kernel_name_into_config, DEFAULT_BUILD_KERNELS))
+    assert get_kernels_to_build("tune") == get_autotuning_kernel_configs()
+    with pytest.raises(ValueError, match="'default'"):
+        get_kernels_to_build("defualt")
