@@ -5,7 +5,6 @@
 #include <limits>
 #include <mutex>
 #include <set>
-#include <sstream>
 #include <string>
 #include <utility>
 
@@ -80,12 +79,13 @@ py::tuple config_to_python(const FlashForwardKernelConfig &c) {
 }
 
 std::string describe(const FlashForwardKernelConfig &c) {
-    std::ostringstream s;
-    s << "FlashForwardKernelConfig{" << (c.dtype == DType::FP16 ? "FP16" : "BF16") << ", " << c.d_head << ", "
-      << c.B_r << ", " << c.B_c << ", " << c.n_warps << ", " << c.async_copy << ", " << c.eager_load_blocks << ", "
-      << c.swizzled << ", " << c.Q_mma_load_K_tiles << ", " << c.K_mma_load_K_tiles << ", "
-      << c.V_mma_load_K_tiles << ", " << c.mma_double_buffer_loads << ", " << c.optimized_softmax << "}";
-    return s.str();
+    const auto flag = [](bool b) { return std::string(b ? "true" : "false"); };
+    return "FlashForwardKernelConfig{" + std::string(c.dtype == DType::FP16 ? "FP16" : "BF16") + ", " +
+           std::to_string(c.d_head) + ", " + std::to_string(c.B_r) + ", " + std::to_string(c.B_c) + ", " +
+           std::to_string(c.n_warps) + ", " + flag(c.async_copy) + ", " + flag(c.eager_load_blocks) + ", " +
+           flag(c.swizzled) + ", " + std::to_string(c.Q_mma_load_K_tiles) + ", " +
+           std::to_string(c.K_mma_load_K_tiles) + ", " + std::to_string(c.V_mma_load_K_tiles) + ", " +
+           flag(c.mma_double_buffer_loads) + ", " + flag(c.optimized_softmax) + "}";
 }
 
 forward_kernel_fn lookup_kernel(const FlashForwardKernelConfig &cfg) {
@@ -96,10 +96,13 @@ forward_kernel_fn lookup_kernel(const FlashForwardKernelConfig &cfg) {
     return it->second;
 }
 
+// Built without iostreams: string streams inside an extension module have crashed on some
+// systems whose C++ runtime differs from the one torch was built with.
 std::string shape_str(const at::Tensor &t) {
-    std::ostringstream s;
-    s << t.sizes();
-    return s.str();
+    std::string text = "[";
+    for (int dim = 0; dim < t.dim(); ++dim)
+        text += (dim ? ", " : "") + std::to_string(t.size(dim));
+    return text + "]";
 }
 
 at::Tensor tensor_argument(py::handle obj, const char *name) {
