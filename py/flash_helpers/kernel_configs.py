@@ -530,12 +530,13 @@ def _parse_valid_config(text: str) -> FlashForwardKernelConfig:
     return cfg
 
 
-# The small set compiled by default: the autotuned winners, so a build takes minutes, not hours.
+# The small set compiled by default, so a build takes minutes: per dtype and d_head, the tuning
+# set's fastest configuration on the H200 at most sequence lengths (BENCHMARKS.md).
 DEFAULT_BUILD_KERNELS = (
-    "(FP16, 64, 64, 64, 4): async+load_0_2_2_tiles",
-    "(FP16, 128, 64, 64, 4): async+load_0_2_2_tiles",
-    "(BF16, 64, 64, 64, 4): async+load_0_2_2_tiles",
-    "(BF16, 128, 64, 64, 4): async+load_0_2_2_tiles",
+    "(FP16, 64, 128, 64, 4): async+load_0_2_0_tiles",
+    "(FP16, 128, 128, 32, 4): async+load_0_2_0_tiles",
+    "(BF16, 64, 128, 64, 4): async+load_0_2_0_tiles",
+    "(BF16, 128, 128, 32, 4): async+load_0_2_0_tiles",
 )
 BUILD_KERNELS_ENV = "FLASH_BUILD_KERNELS"
 _BUILD_KERNEL_SETS = {
