@@ -547,3 +547,16 @@ def test_build_env_and_keys(monkeypatch):
     assert get_kernels_to_build("tune") == get_autotuning_kernel_configs()
     with pytest.raises(ValueError, match="'default'"):
         get_kernels_to_build("defualt")
+
+
+def test_mangled_kernel_name_matches_the_compiler():
+    """Symbols read off an object file nvcc 13 compiled (nm), trailing zero fields omitted."""
+    assert FlashForwardKernelConfig(DType.BF16, 64, 128, 32, 8).mangled_kernel_name() == (
+        "_ZN5flash20flash_forward_kernelINS_25StaticForwardKernelConfigIXtlNS_24FlashForwardKernelConfigE"
+        "LNS_5DTypeE15ELi64ELi128ELi32ELi8EEEEEEEvNS_17ForwardKernelArgsE"
+    )
+    cfg = FlashForwardKernelConfig(DType.FP16, 128, 64, 64, 4, async_copy=True, Q_mma_load_K_tiles=2, K_mma_load_K_tiles=2)
+    assert cfg.mangled_kernel_name() == (
+        "_ZN5flash20flash_forward_kernelINS_25StaticForwardKernelConfigIXtlNS_24FlashForwardKernelConfigE"
+        "LNS_5DTypeE5ELi128ELi64ELi64ELi4ELb1ELb0ELb0ELi2ELi2EEEEEEEvNS_17ForwardKernelArgsE"
+    )

@@ -196,6 +196,25 @@ class FlashForwardKernelConfig:
             f"flash::FlashForwardKernelConfig{{{', '.join(items)}}}> >(flash::ForwardKernelArgs)"
         )
 
+    def mangled_kernel_name(self) -> str:
+        """The kernel's device symbol (Itanium mangling), as ``cuobjdump`` lists it in the SASS.
+
+        Like the demangled name, the mangling leaves out trailing zero-valued fields.
+        """
+        values = list(dataclasses.astuple(self))
+        while values and not values[-1]:
+            values.pop()
+        items = "".join(
+            f"LNS_5DTypeE{int(value)}E" if isinstance(value, DType)
+            else f"Lb{int(value)}E" if isinstance(value, bool)
+            else f"Li{value}E"
+            for value in values
+        )
+        return (
+            "_ZN5flash20flash_forward_kernelINS_25StaticForwardKernelConfigIXtlNS_24FlashForwardKernelConfigE"
+            f"{items}EEEEEEvNS_17ForwardKernelArgsE"
+        )
+
     def file_stem(self) -> str:
         """A unique, filesystem-safe name, e.g. ``fp16_d128_br64_bc64_w4_async_load_0_2_2``.
 
