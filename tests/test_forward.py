@@ -45,7 +45,6 @@ import flash_attention  # noqa: E402
 from flash_attention import _C  # noqa: E402
 from flash_helpers.kernel_configs import (  # noqa: E402
     KERNELS_ENV,
-    UNIMPLEMENTED_KNOBS,
     FlashForwardKernelConfig,
     get_all_kernel_configs,
     get_kernel_configs,
@@ -471,7 +470,13 @@ def test_rejects_seq_len_not_a_multiple_of_the_blocks(cfg, rng):
 INVALID_CONFIG_CHANGES = {
     "warps_rows_not_multiple_of_16": {"B_r": 64, "n_warps": 8},
     "eager_without_async": {"async_copy": False, "eager_load_blocks": True},
-    **{f"{knob}_not_implemented": {knob: True} for knob in UNIMPLEMENTED_KNOBS},
+    "tile_count_not_a_power_of_two": {"Q_mma_load_K_tiles": 0, "K_mma_load_K_tiles": 3},
+    "double_buffer_without_chunks": {
+        "mma_double_buffer_loads": True,
+        "Q_mma_load_K_tiles": 0,
+        "K_mma_load_K_tiles": 0,
+        "V_mma_load_K_tiles": 0,
+    },
 }
 
 

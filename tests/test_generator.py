@@ -113,7 +113,7 @@ def test_generate_prints_each_short_form(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "configs",
-    [[], [FlashForwardKernelConfig(DType.FP16, 128, 64, 64, 4, True, swizzled=True)]],
+    [[], [FlashForwardKernelConfig(DType.FP16, 128, 64, 64, 4, eager_load_blocks=True)]],
     ids=["empty", "invalid"],
 )
 def test_nothing_is_written_for_an_empty_or_invalid_set(tmp_path, configs):

@@ -19,7 +19,6 @@ from flash_helpers.kernel_configs import (
     N_WARPS,
     PROGRESSION_BLOCK_SIZE,
     PROGRESSION_STEPS,
-    UNIMPLEMENTED_KNOBS,
     DType,
     FlashForwardKernelConfig,
     get_all_kernel_configs,
@@ -363,7 +362,7 @@ BAD_CONFIGS = [
     (Config(FP16, 128, 64, 64, 4, Q_mma_load_K_tiles=3, K_mma_load_K_tiles=3), ["Q_mma_load_K_tiles"]),
     (Config(FP16, 128, 64, 64, 4, K_mma_load_K_tiles=8), ["K_mma_load_K_tiles", "d_head"]),
     (Config(FP16, 64, 64, 64, 4, K_mma_load_K_tiles=4), ["K_mma_load_K_tiles", "d_head"]),
-    (Config(FP16, 128, 64, 64, 4, K_mma_load_K_tiles=1), ["K_mma_load_K_tiles"]),
+    (Config(FP16, 128, 64, 64, 4, K_mma_load_K_tiles=3), ["K_mma_load_K_tiles"]),
     (Config(FP16, 128, 64, 32, 4, V_mma_load_K_tiles=2), ["V_mma_load_K_tiles", "B_c"]),
     (Config(FP16, 128, 64, 64, 4, V_mma_load_K_tiles=4), ["V_mma_load_K_tiles", "B_c"]),
     (Config(FP16, 128, 64, 64, 4, Q_mma_load_K_tiles=2), ["Q_mma_load_K_tiles", "K_mma_load_K_tiles"]),
@@ -393,16 +392,18 @@ def test_bad_configs_are_rejected_with_a_reason_naming_the_field(cfg, words):
     assert str(error.value) == reason
 
 
-@pytest.mark.parametrize("knob", UNIMPLEMENTED_KNOBS)
-def test_unimplemented_knobs_are_rejected(knob):
-    cfg = dataclasses.replace(Config(FP16, 128, 64, 64, 4, True), **{knob: True})
-    assert cfg.validity_error() == f"{knob} is not implemented yet."
+def test_double_buffering_needs_chunked_k_or_v():
+    whole = Config(FP16, 128, 128, 64, 4, True, mma_double_buffer_loads=True)
+    assert "mma_double_buffer_loads" in whole.validity_error()
+    assert dataclasses.replace(whole, K_mma_load_K_tiles=1).is_valid()
+    assert dataclasses.replace(whole, V_mma_load_K_tiles=2).is_valid()
 
 
 def test_the_first_failing_rule_is_reported():
     assert "d_head" in Config(FP16, 96, 64, 64, 2).validity_error()
-    # eager without async breaks the async rule before the not-implemented one.
-    assert "async_copy" in Config(FP16, 128, 64, 64, 4, eager_load_blocks=True).validity_error()
+    # eager without async breaks the async rule before the double-buffering one.
+    cfg = Config(FP16, 128, 64, 64, 4, eager_load_blocks=True, mma_double_buffer_loads=True)
+    assert "async_copy" in cfg.validity_error()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -429,20 +430,28 @@ def test_all_covers_every_dtype_and_valid_block_size():
         assert cfg in configs
 
 
-def test_tune_is_the_async_two_tile_subset_of_all():
+def test_tune_is_the_all_knobs_chunked_subset_of_all():
     tune = get_autotuning_kernel_configs()
     assert tune == [cfg for cfg in get_all_kernel_configs() if should_autotune_config(cfg)]
-    assert all(cfg.async_copy for cfg in tune)
-    assert all({cfg.Q_mma_load_K_tiles, cfg.K_mma_load_K_tiles, cfg.V_mma_load_K_tiles} <= {0, 2} for cfg in tune)
+    knobs = ("async_copy", "eager_load_blocks", "swizzled", "mma_double_buffer_loads", "optimized_softmax")
+    assert all(getattr(cfg, knob) for cfg in tune for knob in knobs)
+    assert all({cfg.K_mma_load_K_tiles, cfg.V_mma_load_K_tiles} <= {1, 2} for cfg in tune)
+    assert {cfg.Q_mma_load_K_tiles == 0 for cfg in tune} == {True, False}
     assert any(cfg.B_c == 128 for cfg in tune)
     assert any(cfg.n_warps == 8 for cfg in tune)
 
 
 def test_should_autotune_config_filters():
-    assert should_autotune_config(Config(FP16, 128, 64, 64, 4, True, K_mma_load_K_tiles=2))
-    assert not should_autotune_config(Config(FP16, 128, 64, 64, 4, False))
-    assert not should_autotune_config(Config(FP16, 128, 64, 64, 4, True, K_mma_load_K_tiles=4))
-    assert not should_autotune_config(Config(FP16, 96, 64, 64, 4, True))
+    good = parse_kernel_name_into_config("(FP16, 128, 128, 64, 4): async+eager+swizzled+load_2_2_1_tiles+buffer+opt_softmax")
+    assert should_autotune_config(good)
+    for knob in ("async_copy", "eager_load_blocks", "swizzled", "mma_double_buffer_loads", "optimized_softmax"):
+        without = dataclasses.replace(good, **{knob: False})
+        if knob == "async_copy":
+            without = dataclasses.replace(without, eager_load_blocks=False)
+        assert not should_autotune_config(without), knob
+    assert not should_autotune_config(dataclasses.replace(good, Q_mma_load_K_tiles=4, K_mma_load_K_tiles=4))
+    assert not should_autotune_config(dataclasses.replace(good, V_mma_load_K_tiles=0))
+    assert not should_autotune_config(dataclasses.replace(good, d_head=96))
 
 
 def test_tune_can_be_restricted_to_dtypes_and_head_sizes():
@@ -466,19 +475,20 @@ def step_config(dtype, d_head, block_size, flags):
 
 
 @pytest.mark.parametrize(("step", "flags"), PROGRESSION_STEPS)
-def test_prog_holds_a_step_iff_its_knobs_are_implemented(step, flags):
-    knobs = {STEP_FLAG_KNOBS[flag] for flag in flags.split("+") if flag in STEP_FLAG_KNOBS}
-    implemented = not knobs & set(UNIMPLEMENTED_KNOBS)
+def test_prog_holds_every_step(step, flags):
     prog = get_kernel_progression_configs()
     for dtype in (FP16, BF16):
-        assert (step_config(dtype, 128, PROGRESSION_BLOCK_SIZE, flags) in prog) == implemented
+        assert step_config(dtype, 128, PROGRESSION_BLOCK_SIZE, flags) in prog
 
 
-def test_prog_is_at_one_block_size_and_today_holds_base_and_async():
+def test_prog_is_at_one_block_size_and_each_step_adds_knobs():
     prog = get_kernel_progression_configs()
     assert {(cfg.d_head, cfg.B_r, cfg.B_c, cfg.n_warps) for cfg in prog} == {(128, *PROGRESSION_BLOCK_SIZE)}
+    assert len(prog) == 2 * len(PROGRESSION_STEPS)
     assert Config(FP16, 128, *PROGRESSION_BLOCK_SIZE) in prog
     assert Config(BF16, 128, *PROGRESSION_BLOCK_SIZE, True) in prog
+    knobs = [set(flags.split("+")) - {""} for _, flags in PROGRESSION_STEPS]
+    assert all(len(later) > len(earlier) for earlier, later in zip(knobs, knobs[1:]))
 
 
 def test_progall_covers_every_valid_block_size():
@@ -520,8 +530,8 @@ def test_short_form_keys_are_parsed_sorted_and_deduplicated():
 
 
 def test_short_form_keys_must_be_valid():
-    with pytest.raises(ValueError, match="not a valid configuration.*swizzled is not implemented yet"):
-        get_kernel_configs("(FP16, 128, 64, 64, 4): async+swizzled")
+    with pytest.raises(ValueError, match="not a valid configuration.*eager_load_blocks requires async_copy"):
+        get_kernel_configs("(FP16, 128, 64, 64, 4): eager")
 
 
 def test_unknown_key_lists_the_valid_keys():

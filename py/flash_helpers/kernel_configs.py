@@ -35,7 +35,6 @@ __all__ = [
     "N_WARPS",
     "PROGRESSION_BLOCK_SIZE",
     "PROGRESSION_STEPS",
-    "UNIMPLEMENTED_KNOBS",
     "get_all_kernel_configs",
     "get_autotuning_kernel_configs",
     "get_kernel_configs",
@@ -104,12 +103,9 @@ D_HEADS = (64, 128)
 B_RS = (64, 128)
 B_CS = (32, 64, 128)
 N_WARPS = (4, 8)
-LOAD_TILES = (0, 2, 4)
+LOAD_TILES = (0, 1, 2, 4)
 _BOOLS = (False, True)
 
-# Knobs that are part of the configuration (and of the C++ struct) but that the kernel does not
-# implement yet: a configuration setting one is invalid. Implementing a knob removes it from here.
-UNIMPLEMENTED_KNOBS = ("swizzled", "eager_load_blocks", "mma_double_buffer_loads", "optimized_softmax")
 
 # The k-dimension of one mma.sync.m16n8k16 instruction: GEMMs are split into slices this deep.
 _MMA_K = 16
@@ -258,10 +254,6 @@ class FlashForwardKernelConfig:
         if self.eager_load_blocks and not self.async_copy:
             return "eager_load_blocks requires async_copy: only cp.async copies can be in flight during compute."
 
-        for knob in UNIMPLEMENTED_KNOBS:
-            if getattr(self, knob):
-                return f"{knob} is not implemented yet."
-
         for field, extent, gemm in (
             ("Q_mma_load_K_tiles", "d_head", "Q K^T"),
             ("K_mma_load_K_tiles", "d_head", "Q K^T"),
@@ -269,10 +261,10 @@ class FlashForwardKernelConfig:
         ):
             tiles = getattr(self, field)
             slices = getattr(self, extent) // _MMA_K
-            if tiles != 0 and not (tiles >= 2 and tiles & (tiles - 1) == 0 and tiles < slices):
+            if tiles != 0 and not (tiles > 0 and tiles & (tiles - 1) == 0 and tiles < slices):
                 return (
-                    f"{field} must be 0 (the whole operand at once) or a power of two from 2 up to but "
-                    f"excluding the {slices} k-slices of the {gemm} GEMM ({extent} / 16); got {tiles}."
+                    f"{field} must be 0 (the whole operand at once) or a power of two (1, 2, 4, ...) below "
+                    f"the {slices} k-slices of the {gemm} GEMM ({extent} / 16); got {tiles}."
                 )
 
         if self.Q_mma_load_K_tiles not in (0, self.K_mma_load_K_tiles):
@@ -280,6 +272,12 @@ class FlashForwardKernelConfig:
                 f"Q_mma_load_K_tiles must be 0 (Q fragments loaded once and kept in registers) or equal to "
                 f"K_mma_load_K_tiles = {self.K_mma_load_K_tiles} (Q and K slices loaded together); "
                 f"got {self.Q_mma_load_K_tiles}."
+            )
+
+        if self.mma_double_buffer_loads and not (self.K_mma_load_K_tiles or self.V_mma_load_K_tiles):
+            return (
+                "mma_double_buffer_loads needs K or V loaded in chunks (a nonzero K_mma_load_K_tiles or "
+                "V_mma_load_K_tiles): with whole operands there is no next chunk to load early."
             )
         return None
 
@@ -452,13 +450,23 @@ def get_all_kernel_configs() -> list[FlashForwardKernelConfig]:
 def should_autotune_config(cfg: FlashForwardKernelConfig) -> bool:
     """Whether an autotuning sweep should try ``cfg``, on top of it being valid.
 
-    - async_copy must be on: synchronous copies stall every warp on global memory and never win;
-      they are still built and measured as the first step of the progression.
-    - load-tile counts only from (0, 2): loading more slices at a time only adds register pressure
-      over 2 without hiding more latency, so the larger counts just lengthen the sweep.
+    The sweep varies what trades off against the register budget and the block shape: B_r, B_c,
+    n_warps, whether Q stays in registers, and the K and V chunk sizes. The knobs that only remove
+    work are always on (the progression measures each of them on its own): async copies, eager
+    K/V loads, the swizzled layout, double-buffered fragment loads and the optimized softmax.
+    K and V are always loaded in chunks of 1 or 2 k-slices: whole operands need more registers
+    than a thread has for any block shape worth tuning.
     """
-    tiles = (cfg.Q_mma_load_K_tiles, cfg.K_mma_load_K_tiles, cfg.V_mma_load_K_tiles)
-    return cfg.is_valid() and cfg.async_copy and all(count in (0, 2) for count in tiles)
+    return (
+        cfg.is_valid()
+        and cfg.async_copy
+        and cfg.eager_load_blocks
+        and cfg.swizzled
+        and cfg.mma_double_buffer_loads
+        and cfg.optimized_softmax
+        and cfg.K_mma_load_K_tiles in (1, 2)
+        and cfg.V_mma_load_K_tiles in (1, 2)
+    )
 
 
 def get_autotuning_kernel_configs(
@@ -470,15 +478,15 @@ def get_autotuning_kernel_configs(
 
 
 # The kernel's optimisation history: each step adds knobs to the previous one, in the order they
-# were introduced. Steps whose knobs are not implemented yet are invalid and therefore skipped.
+# were introduced. A step that is invalid at some block size is skipped there.
 PROGRESSION_STEPS = [
     ("base", ""),
     ("async", "async"),
     ("swizzled", "async+swizzled"),
     ("eager", "async+eager+swizzled"),
-    ("load_tiles", "async+eager+swizzled+load_2_2_2_tiles"),
-    ("buffer", "async+eager+swizzled+load_2_2_2_tiles+buffer"),
-    ("opt_softmax", "async+eager+swizzled+load_2_2_2_tiles+buffer+opt_softmax"),
+    ("load_tiles", "async+eager+swizzled+load_1_1_1_tiles"),
+    ("buffer", "async+eager+swizzled+load_1_1_1_tiles+buffer"),
+    ("opt_softmax", "async+eager+swizzled+load_1_1_1_tiles+buffer+opt_softmax"),
 ]
 # (B_r, B_c, n_warps) at which the progression is compared by default.
 PROGRESSION_BLOCK_SIZE = (128, 64, 4)
@@ -524,6 +532,9 @@ def _select_configs(
     key: str, named_sets: dict[str, Callable[[], list[FlashForwardKernelConfig]]]
 ) -> list[FlashForwardKernelConfig]:
     key = key.strip()
+    if "+" in key and "(" not in key and "{" not in key:
+        # A union of sets, e.g. "tune+prog" (short forms contain "+" too, but also "(").
+        return _sorted_unique(cfg for part in key.split("+") for cfg in _select_configs(part, named_sets))
     if key.lower() in named_sets:
         return named_sets[key.lower()]()
     block_sizes = _BLOCK_SIZES_KEY_RE.fullmatch(key)
@@ -537,7 +548,8 @@ def _select_configs(
         return _sorted_unique(_parse_valid_config(part) for part in key.split(";") if part.strip())
     raise ValueError(
         f"unknown kernel set {key!r}; valid keys are {', '.join(repr(name) for name in named_sets)}, "
-        f"'B_r,B_c' (e.g. '128,64'), or short forms separated by ';' (e.g. '{_SHORT_FORM_EXAMPLE}')"
+        f"'B_r,B_c' (e.g. '128,64'), short forms separated by ';' (e.g. '{_SHORT_FORM_EXAMPLE}'), "
+        "or a union of those joined by '+' (e.g. 'tune+prog')"
     )
 
 
@@ -552,10 +564,10 @@ def _parse_valid_config(text: str) -> FlashForwardKernelConfig:
 # The small set compiled by default, so a build takes minutes: per dtype and d_head, the tuning
 # set's fastest configuration on the H200 at most sequence lengths (BENCHMARKS.md).
 DEFAULT_BUILD_KERNELS = (
-    "(FP16, 64, 128, 64, 4): async+load_0_2_0_tiles",
-    "(FP16, 128, 128, 32, 4): async+load_0_2_0_tiles",
-    "(BF16, 64, 128, 64, 4): async+load_0_2_0_tiles",
-    "(BF16, 128, 128, 32, 4): async+load_0_2_0_tiles",
+    "(FP16, 64, 128, 64, 4): async+eager+swizzled+load_0_1_1_tiles+buffer+opt_softmax",
+    "(FP16, 128, 128, 64, 4): async+eager+swizzled+load_1_1_1_tiles+buffer+opt_softmax",
+    "(BF16, 64, 128, 64, 4): async+eager+swizzled+load_0_1_1_tiles+buffer+opt_softmax",
+    "(BF16, 128, 128, 64, 4): async+eager+swizzled+load_1_1_1_tiles+buffer+opt_softmax",
 )
 BUILD_KERNELS_ENV = "FLASH_BUILD_KERNELS"
 _BUILD_KERNEL_SETS = {

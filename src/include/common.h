@@ -15,6 +15,9 @@ constexpr int MMA_K = 16;
 constexpr int COPY_BYTES = 16;
 constexpr int ELEMS_PER_COPY = COPY_BYTES / 2;
 
+// log2(e): exp(x) = 2^(x * log2(e)).
+constexpr float LOG2_E = 1.4426950408889634f;
+
 // Threads of a quad (lane / 4) share the rows of an MMA accumulator fragment.
 constexpr int QUAD_SIZE = 4;
 

@@ -4,19 +4,29 @@
 
 #include <cstdint>
 
+#include "swizzling.cuh"
+
 namespace flash {
 
-// A row-major rows x cols tile of 16-bit elements in shared memory.
-template <typename value_t_, int rows_, int cols_>
+// A row-major rows x cols tile of 16-bit elements in shared memory, optionally with each row's
+// 16-byte chunks XOR-swizzled (swizzling.cuh). Every access goes through at(), so the layout is
+// decided here alone.
+template <typename value_t_, int rows_, int cols_, bool swizzled_>
 struct SmemTile {
     using value_t = value_t_;
     static constexpr int rows = rows_;
     static constexpr int cols = cols_;
     static constexpr int size = rows * cols;
+    static constexpr bool swizzled = swizzled_;
 
     value_t *data;
 
-    __device__ __forceinline__ value_t *at(int row, int col) const { return data + row * cols + col; }
+    __device__ __forceinline__ value_t *at(int row, int col) const {
+        if constexpr (swizzled)
+            return data + row * cols + swizzled_col<cols>(row, col);
+        else
+            return data + row * cols + col;
+    }
 };
 
 // A-operand fragments of one warp: M_tiles 16-row tiles x K_slices 16-wide k-slices,

@@ -43,6 +43,13 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void *
                  : "r"(shared_address(smem_row)));
 }
 
+// 2^x on the special-function unit (one MUFU.EX2); flushes denormal results to zero.
+__device__ __forceinline__ float exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // d += a * b for one 16x8x16 tile: a row-major (4 registers of 2 elements), b column-major
 // (2 registers), d in float32 (4 registers).
 template <typename value_t>

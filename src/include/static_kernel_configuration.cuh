@@ -21,6 +21,10 @@ struct StaticForwardKernelConfig {
     static constexpr int n_warps = CFG.n_warps;
     static constexpr int n_threads = n_warps * WARP_SIZE;
     static constexpr bool async_copy = CFG.async_copy;
+    static constexpr bool eager_load_blocks = CFG.eager_load_blocks;
+    static constexpr bool swizzled = CFG.swizzled;
+    static constexpr bool mma_double_buffer_loads = CFG.mma_double_buffer_loads;
+    static constexpr bool optimized_softmax = CFG.optimized_softmax;
 
     static_assert(CFG.dtype == DType::FP16 || CFG.dtype == DType::BF16, "dtype must be FP16 or BF16");
     static_assert(d_head == 64 || d_head == 128, "d_head must be 64 or 128");
@@ -29,10 +33,6 @@ struct StaticForwardKernelConfig {
     static_assert(n_warps == 4 || n_warps == 8, "n_warps must be 4 or 8");
     static_assert(B_r % (MMA_M * n_warps) == 0, "each warp owns B_r / n_warps query rows, a multiple of 16");
     static_assert(!CFG.eager_load_blocks || CFG.async_copy, "eager_load_blocks requires async_copy");
-    static_assert(!CFG.swizzled, "swizzled is not implemented yet");
-    static_assert(!CFG.eager_load_blocks, "eager_load_blocks is not implemented yet");
-    static_assert(!CFG.mma_double_buffer_loads, "mma_double_buffer_loads is not implemented yet");
-    static_assert(!CFG.optimized_softmax, "optimized_softmax is not implemented yet");
 
     // Each warp computes the attention output of its own warp_rows query rows against every key.
     static constexpr int warp_rows = B_r / n_warps;
@@ -46,7 +46,7 @@ struct StaticForwardKernelConfig {
 
   private:
     static constexpr bool valid_tile_count(int tiles, int slices) {
-        return tiles == 0 || (tiles >= 2 && (tiles & (tiles - 1)) == 0 && tiles < slices);
+        return tiles == 0 || (tiles > 0 && (tiles & (tiles - 1)) == 0 && tiles < slices);
     }
     static constexpr int slices_per_load(int tiles, int slices) { return tiles == 0 ? slices : tiles; }
 
@@ -65,8 +65,11 @@ struct StaticForwardKernelConfig {
     static constexpr int V_slices_per_load = slices_per_load(CFG.V_mma_load_K_tiles, PV_slices);
     static constexpr int QK_chunks = QK_slices / K_slices_per_load;
     static constexpr int PV_chunks = PV_slices / V_slices_per_load;
+    static_assert(!mma_double_buffer_loads || QK_chunks > 1 || PV_chunks > 1,
+                  "mma_double_buffer_loads needs K or V loaded in chunks (a nonzero K/V_mma_load_K_tiles)");
 
-    using Q_fragments = FragmentsA<M_tiles, Q_in_registers ? QK_slices : K_slices_per_load>;
+    using Q_fragments = FragmentsA<M_tiles, QK_slices>;          // Q_in_registers: all of Q
+    using Q_chunk_fragments = FragmentsA<M_tiles, K_slices_per_load>; // otherwise: one chunk at a time
     using K_fragments = FragmentsB<S_tiles, K_slices_per_load>;
     using V_fragments = FragmentsB<O_tiles, V_slices_per_load>;
     using P_fragments = FragmentsA<M_tiles, PV_slices>;
@@ -74,8 +77,8 @@ struct StaticForwardKernelConfig {
     using O_accumulators = Accumulators<M_tiles, O_tiles>;
 
     // Shared memory: the Q tile (reused to stage O on the way out), then one K and one V tile.
-    using Q_tile = SmemTile<value_t, B_r, d_head>;
-    using KV_tile = SmemTile<value_t, B_c, d_head>;
+    using Q_tile = SmemTile<value_t, B_r, d_head, swizzled>;
+    using KV_tile = SmemTile<value_t, B_c, d_head, swizzled>;
     static constexpr int smem_bytes = (Q_tile::size + 2 * KV_tile::size) * static_cast<int>(sizeof(value_t));
     static_assert(smem_bytes == CFG.smem_bytes(), "the kernel's shared memory must match the config's");
 };
