@@ -77,6 +77,11 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
         copy_global_to_shared<async_copy, n_threads>(V_smem, V + KV_block * V_tile_stride, args.V_strides.seq);
     };
 
+    // Per-lane ldmatrix addresses, computed once: each fragment load adds a compile-time offset.
+    const auto Q_addresses = A_addresses(Q_smem, warp_first_row);
+    const auto K_addresses = B_from_rows_n_addresses(K_smem);
+    const auto V_addresses = B_from_rows_k_addresses(V_smem);
+
     copy_global_to_shared<async_copy, n_threads>(Q_smem, Q, args.Q_strides.seq);
     if constexpr (eager) {
         copy_K_tile(0);
@@ -85,7 +90,7 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     typename Kernel::Q_fragments Q_frags;
     if constexpr (Kernel::Q_in_registers) {
         wait_for_copies<Kernel, eager ? 2 : 0>(); // Q has landed; K_0 and V_0 may be in flight
-        load_A(Q_frags, Q_smem, warp_first_row, 0);
+        load_A(Q_frags, Q_addresses, 0);
     }
 
     typename Kernel::O_accumulators O_acc;
@@ -107,9 +112,9 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
         using QK_fragments = QKChunkFragments<Kernel>;
         chunked_product<Kernel::QK_chunks, Kernel::mma_double_buffer_loads, QK_fragments>(
             [&](int chunk, QK_fragments &f) {
-                load_B_from_rows_n(f.K, K_smem, chunk * Kernel::K_slices_per_load);
+                load_B_from_rows_n(f.K, K_addresses, chunk * Kernel::K_slices_per_load);
                 if constexpr (!Kernel::Q_in_registers)
-                    load_A(f.Q, Q_smem, warp_first_row, chunk * Kernel::K_slices_per_load);
+                    load_A(f.Q, Q_addresses, chunk * Kernel::K_slices_per_load);
             },
             [&](int chunk, const QK_fragments &f) {
                 if constexpr (Kernel::Q_in_registers)
@@ -134,7 +139,7 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
             wait_for_copies<Kernel, 0>();
         using V_fragments = typename Kernel::V_fragments;
         chunked_product<Kernel::PV_chunks, Kernel::mma_double_buffer_loads, V_fragments>(
-            [&](int chunk, V_fragments &f) { load_B_from_rows_k(f, V_smem, chunk * Kernel::V_slices_per_load); },
+            [&](int chunk, V_fragments &f) { load_B_from_rows_k(f, V_addresses, chunk * Kernel::V_slices_per_load); },
             [&](int chunk, const V_fragments &f) {
                 warp_gemm<value_t>(O_acc, P_frags, chunk * Kernel::V_slices_per_load, f);
             });

@@ -13,10 +13,10 @@ __device__ __forceinline__ uint32_t shared_address(const void *smem_ptr) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(smem_ptr));
 }
 
-// 16-byte global->shared copy that bypasses L1 (.cg) and the register file.
-__device__ __forceinline__ void cp_async_16(void *smem_dst, const void *gmem_src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(smem_dst)),
-                 "l"(gmem_src));
+// 16-byte global->shared copy that bypasses L1 (.cg) and the register file; smem_dst is a
+// shared-window address (shared_address).
+__device__ __forceinline__ void cp_async_16(uint32_t smem_dst, const void *gmem_src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_dst), "l"(gmem_src));
 }
 
 // Closes the group of cp.async copies issued by this thread since the last commit.
@@ -28,19 +28,19 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(n_pending));
 }
 
-// Loads four 8x8 matrices of 16-bit elements; lane i supplies the address of row i % 8 of
-// matrix i / 8, and receives in r[j] its two elements of matrix j.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void *smem_row) {
+// Loads four 8x8 matrices of 16-bit elements; lane i supplies the shared-window address of row
+// i % 8 of matrix i / 8, and receives in r[j] its two elements of matrix j.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t smem_row) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(shared_address(smem_row)));
+                 : "r"(smem_row));
 }
 
 // As ldmatrix_x4, but each 8x8 matrix arrives transposed.
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void *smem_row) {
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t smem_row) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(shared_address(smem_row)));
+                 : "r"(smem_row));
 }
 
 // 2^x on the special-function unit (one MUFU.EX2); flushes denormal results to zero.
