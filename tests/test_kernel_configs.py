@@ -127,11 +127,13 @@ def test_cpp_struct_and_kernel_name():
     ],
     ids=lambda value: value.short_form() if isinstance(value, Config) else "",
 )
-def test_demangled_name_omits_only_trailing_zero_fields(cfg, initializer):
-    assert cfg.demangled_kernel_name() == (
+def test_host_stub_names_without_trailing_zero_fields_parse(cfg, initializer):
+    """The host stub's symbol (nm, c++filt) leaves out trailing zero-valued fields."""
+    host_name = (
         "void flash::flash_forward_kernel<flash::StaticForwardKernelConfig<"
         f"flash::FlashForwardKernelConfig{initializer}> >(flash::ForwardKernelArgs)"
     )
+    assert parse_kernel_name_into_config(host_name) == cfg
 
 
 def test_file_stem_example_and_uniqueness():
@@ -560,13 +562,21 @@ def test_build_env_and_keys(monkeypatch):
 
 
 def test_mangled_kernel_name_matches_the_compiler():
-    """Symbols read off an object file nvcc 13 compiled (nm), trailing zero fields omitted."""
+    """Device symbols read off a cubin nvcc 13 compiled (cuobjdump): every field spelled out."""
     assert FlashForwardKernelConfig(DType.BF16, 64, 128, 32, 8).mangled_kernel_name() == (
         "_ZN5flash20flash_forward_kernelINS_25StaticForwardKernelConfigIXtlNS_24FlashForwardKernelConfigE"
-        "LNS_5DTypeE15ELi64ELi128ELi32ELi8EEEEEEEvNS_17ForwardKernelArgsE"
+        "LNS_5DTypeE15ELi64ELi128ELi32ELi8ELb0ELb0ELb0ELi0ELi0ELi0ELb0ELb0EEEEEEEvNS_17ForwardKernelArgsE"
     )
     cfg = FlashForwardKernelConfig(DType.FP16, 128, 64, 64, 4, async_copy=True, Q_mma_load_K_tiles=2, K_mma_load_K_tiles=2)
     assert cfg.mangled_kernel_name() == (
         "_ZN5flash20flash_forward_kernelINS_25StaticForwardKernelConfigIXtlNS_24FlashForwardKernelConfigE"
-        "LNS_5DTypeE5ELi128ELi64ELi64ELi4ELb1ELb0ELb0ELi2ELi2EEEEEEEvNS_17ForwardKernelArgsE"
+        "LNS_5DTypeE5ELi128ELi64ELi64ELi4ELb1ELb0ELb0ELi2ELi2ELi0ELb0ELb0EEEEEEEvNS_17ForwardKernelArgsE"
+    )
+
+
+def test_demangled_kernel_name_is_the_demangled_device_symbol():
+    """c++filt of the first symbol above."""
+    assert FlashForwardKernelConfig(DType.BF16, 64, 128, 32, 8).demangled_kernel_name() == (
+        "void flash::flash_forward_kernel<flash::StaticForwardKernelConfig<flash::FlashForwardKernelConfig"
+        "{(flash::DType)15, 64, 128, 32, 8, false, false, false, 0, 0, 0, false, false}> >(flash::ForwardKernelArgs)"
     )

@@ -178,33 +178,27 @@ class FlashForwardKernelConfig:
         return f"flash_forward_kernel<StaticForwardKernelConfig<{self.to_cpp_struct()}>>"
 
     def demangled_kernel_name(self) -> str:
-        """The kernel's name exactly as c++filt (and so Nsight Compute) prints it.
+        """The kernel's name as Nsight Compute prints it: the demangled device symbol.
 
-        The Itanium mangling of a class-type template argument omits trailing zero-valued fields,
-        so they are missing from the demangled initializer too; the dtype prints as a cast.
+        The device symbol spells all 13 fields, the dtype as a cast. (The host-side stub's symbol
+        leaves out trailing zero-valued fields; the parser accepts that form too.)
         """
-        values = list(dataclasses.astuple(self))
-        while values and not values[-1]:
-            values.pop()
-        items = [f"(flash::DType){int(value)}" if isinstance(value, DType) else _cpp_literal(value) for value in values]
+        items = [
+            f"(flash::DType){int(value)}" if isinstance(value, DType) else _cpp_literal(value)
+            for value in dataclasses.astuple(self)
+        ]
         return (
             "void flash::flash_forward_kernel<flash::StaticForwardKernelConfig<"
             f"flash::FlashForwardKernelConfig{{{', '.join(items)}}}> >(flash::ForwardKernelArgs)"
         )
 
     def mangled_kernel_name(self) -> str:
-        """The kernel's device symbol (Itanium mangling), as ``cuobjdump`` lists it in the SASS.
-
-        Like the demangled name, the mangling leaves out trailing zero-valued fields.
-        """
-        values = list(dataclasses.astuple(self))
-        while values and not values[-1]:
-            values.pop()
+        """The kernel's device symbol (Itanium mangling), as ``cuobjdump`` lists it in the SASS."""
         items = "".join(
             f"LNS_5DTypeE{int(value)}E" if isinstance(value, DType)
             else f"Lb{int(value)}E" if isinstance(value, bool)
             else f"Li{value}E"
-            for value in values
+            for value in dataclasses.astuple(self)
         )
         return (
             "_ZN5flash20flash_forward_kernelINS_25StaticForwardKernelConfigIXtlNS_24FlashForwardKernelConfigE"

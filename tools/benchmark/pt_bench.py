@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compares the compiled forward kernels with PyTorch's SDPA (FLASH and CUDNN backends).
+"""Compares the compiled forward kernels with PyTorch's SDPA (FLASH, CUDNN and EFFICIENT backends).
 
 For each dtype, d_head and sequence length of the benchmark shapes (batch 16/16/16/16/8/4 for seq
 512/1024/2048/4096/8192/16384; 16 heads for d_head 128, 32 for d_head 64), times every selected
@@ -15,240 +15,221 @@ against the FLASH backend's once per shape; a mismatch is reported and makes the
 from __future__ import annotations
 
 import argparse
-import csv
-import dataclasses
+import functools
+import itertools
 import math
-import os
-import statistics
 import sys
-from collections.abc import Callable
 
-NO_GPU_MESSAGE = "no CUDA GPU visible: the benchmark needs one"
+import bench_common as common
 
-# Batch per sequence length: the seeds' benchmark shapes.
-BATCH_BY_SEQ_LEN = {512: 16, 1024: 16, 2048: 16, 4096: 16, 8192: 8, 16384: 4}
-# Heads per d_head, so that heads * d_head = 2048 (the model width) for every shape.
-HEADS_BY_D_HEAD = {64: 32, 128: 16}
-DTYPE_NAMES = ("fp16", "bf16")
 # Largest |ours - SDPA FLASH| accepted: a loose sanity bound for outputs of magnitude up to ~1, where
 # one unit in the last place is about 1e-3 in fp16 and 8e-3 in bf16 (the tests check precisely).
 MAX_ABS_DIFFERENCE = {"fp16": 1e-2, "bf16": 4e-2}
-
-
-@dataclasses.dataclass
-class Row:
-    """One timed implementation at one shape (a row of the CSV)."""
-
-    dtype: str
-    d_head: int
-    seq_len: int
-    batch: int
-    heads: int
-    implementation: str  # "ours", "sdpa_flash" or "sdpa_cudnn"
-    config: str  # our configuration's short form; empty for SDPA
-    time_ms: float  # NaN where the implementation could not run
-    tflops: float
+# The SDPA backends timed, in table order; the first is the one the ratio and the check use.
+REFERENCES = ("flash", "cudnn", "efficient")
+RATIO_REFERENCE = "flash"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--d-heads", nargs="+", type=int, choices=common.D_HEADS, default=[128], help="(default: 128)")
     parser.add_argument(
-        "--d-heads", nargs="+", type=int, choices=sorted(HEADS_BY_D_HEAD), default=[128], help="(default: 128)"
+        "--dtypes", nargs="+", choices=common.DTYPE_NAMES, default=list(common.DTYPE_NAMES), help="(default: both)"
     )
-    parser.add_argument("--dtypes", nargs="+", choices=DTYPE_NAMES, default=list(DTYPE_NAMES), help="(default: both)")
     parser.add_argument(
-        "--seq-lens",
-        nargs="+",
-        type=int,
-        choices=list(BATCH_BY_SEQ_LEN),
-        default=list(BATCH_BY_SEQ_LEN),
-        help="(default: all)",
+        "--seq-lens", nargs="+", type=int, choices=common.SEQ_LENS, default=list(common.SEQ_LENS), help="(default: all)"
     )
     parser.add_argument(
         "--kernels",
         help="configurations to time: short forms separated by ';', or a set name (prog, progall, tune, all, "
         "'B_r,B_c'); default: the KERNELS environment variable, else every compiled configuration",
     )
+    parser.add_argument(
+        "--rep-ms",
+        type=float,
+        default=common.DEFAULT_REP_MS,
+        help="how long each timing repeats the call, in ms (default: %(default)g)",
+    )
     parser.add_argument("--csv", metavar="PATH", help="also write every timing (every configuration) to PATH")
+    parser.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="also draw TFLOP/s against seq per (dtype, d_head) to the PNG file PATH: our best configuration "
+        "and each SDPA backend (needs matplotlib)",
+    )
     parser.add_argument(
         "--check-gpu", action="store_true", help="only check that a CUDA GPU is visible (exit status 0 if so)"
     )
     return parser.parse_args(argv)
 
 
-def attention_flop(batch: int, heads: int, seq_len: int, d_head: int) -> int:
-    """The two matmuls' FLOPs (as FlashForwardKernelConfig.attn_flop counts them)."""
-    return 4 * batch * heads * seq_len**2 * d_head
+def implementation_name(reference: str) -> str:
+    return f"sdpa_{reference}"
 
 
-def median_ms_with_cuda_events(fn: Callable[[], object], warmup: int = 10, repeats: int = 100) -> float:
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in events)
-
-
-def make_timer() -> tuple[Callable[[Callable[[], object]], float], str]:
-    """The timing function (fn -> median milliseconds) and its description."""
-    try:
-        from triton.testing import do_bench
-    except ImportError:
-        return median_ms_with_cuda_events, "median of CUDA-event timings (triton is not installed)"
-    return lambda fn: do_bench(fn, return_mode="median"), "median of triton.testing.do_bench"
-
-
-def select_configs(key: str | None):
-    """The compiled configurations that ``key`` (or KERNELS) selects; all compiled ones by default."""
-    import flash_attention
-    from flash_helpers.kernel_configs import KERNELS_ENV, get_kernel_configs
-
-    compiled = flash_attention.compiled_configs()
-    if key is None and not os.environ.get(KERNELS_ENV):
-        return compiled
-    selected = set(get_kernel_configs(key))
-    missing = selected - set(compiled)
-    if missing:
-        print(
-            f"warning: {len(missing)} selected configurations are not compiled into this build (kernel set "
-            f"{flash_attention.compiled_kernel_set()!r}) and are skipped; build them with FLASH_BUILD_KERNELS",
-            file=sys.stderr,
-        )
-    return [cfg for cfg in compiled if cfg in selected]
-
-
-def sdpa_runner(q, k, v) -> Callable[[], object]:
-    """SDPA on the same tensors: it takes (batch, heads, seq, d_head), so it gets transposed views."""
-    import torch.nn.functional as F
-
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    return lambda: F.scaled_dot_product_attention(q, k, v).transpose(1, 2)
-
-
-def benchmark_shape(dtype_name, d_head, seq_len, configs, timer) -> tuple[list[Row], str | None]:
+def benchmark_shape(dtype_name, d_head, seq_len, configs, timer, progress) -> tuple[list[common.TimingRow], str | None]:
     """Times our configurations and SDPA at one shape; returns the rows and a correctness failure, if any."""
-    import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     import flash_attention
 
-    batch, heads = BATCH_BY_SEQ_LEN[seq_len], HEADS_BY_D_HEAD[d_head]
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
-    shape = (batch, seq_len, heads, d_head)
-    q, k, v = (torch.randn(shape, dtype=dtype, device="cuda") for _ in range(3))
-    o = torch.empty_like(q)
-    flop = attention_flop(batch, heads, seq_len, d_head)
+    batch, heads = common.batch_for_seq_len(seq_len), common.heads_for_d_head(d_head)
+    q, k, v = common.make_inputs(batch, seq_len, heads, d_head, common.dtype_from_name(dtype_name))
+    o = q.new_empty(q.shape)
 
-    def row(implementation: str, config: str, time_ms: float) -> Row:
-        return Row(dtype_name, d_head, seq_len, batch, heads, implementation, config, time_ms, flop / time_ms / 1e9)
+    def row(implementation: str, config: str, time_ms: float) -> common.TimingRow:
+        return common.timing_row(dtype_name, d_head, seq_len, batch, heads, implementation, config, time_ms)
 
-    rows = [
-        row("ours", cfg.short_form(), timer(lambda cfg=cfg: flash_attention.forward(cfg, q, k, v, o)))
-        for cfg in configs
-    ]
-    run_sdpa = sdpa_runner(q, k, v)
-    flash_output = None
-    backends = (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION))
-    for implementation, backend in backends:
+    rows = []
+    for cfg in configs:
+        rows.append(row("ours", cfg.short_form(), timer(functools.partial(flash_attention.forward, cfg, q, k, v, o))))
+        progress.update()
+
+    run_sdpa = common.sdpa_runner(q, k, v)
+    reference_output = None
+    for reference in REFERENCES:
         try:
-            with sdpa_kernel(backend):
+            with common.use_sdpa_reference(reference):
                 time_ms = timer(run_sdpa)
-                if backend == SDPBackend.FLASH_ATTENTION:
-                    flash_output = run_sdpa()
+                if reference == RATIO_REFERENCE:
+                    reference_output = run_sdpa()
         except RuntimeError as error:
-            print(f"{implementation} cannot run {dtype_name} d_head {d_head} seq {seq_len}: {error}", file=sys.stderr)
+            label = common.SDPA_REFERENCES[reference]
+            progress.write(f"{label} cannot run {dtype_name} d_head {d_head} seq {seq_len}: {error}")
             time_ms = math.nan
-        rows.append(row(implementation, "", time_ms))
+        rows.append(row(implementation_name(reference), "", time_ms))
+        progress.update()
 
     failure = None
-    ours = [r for r in rows if r.implementation == "ours"]
-    if ours and flash_output is not None:
-        best = min(ours, key=lambda r: r.time_ms)
+    best = best_ours(rows)
+    if best is not None and reference_output is not None:
         out = flash_attention.forward(best.config, q, k, v)
-        difference = (out.float() - flash_output.float()).abs().max().item()
+        difference = (out.float() - reference_output.float()).abs().max().item()
         if not difference <= MAX_ABS_DIFFERENCE[dtype_name]:  # also catches NaN
             failure = (
                 f"CORRECTNESS FAILURE: {best.config} at batch {batch}, seq {seq_len}, heads {heads}: max |ours - "
-                f"SDPA FLASH| = {difference:.3g} > {MAX_ABS_DIFFERENCE[dtype_name]}"
+                f"{common.SDPA_REFERENCES[RATIO_REFERENCE]}| = {difference:.3g} > {MAX_ABS_DIFFERENCE[dtype_name]}"
             )
     return rows, failure
 
 
-def print_table(dtype_name: str, d_head: int, rows: list[Row]) -> None:
-    print(f"\n{dtype_name}, d_head {d_head}, {HEADS_BY_D_HEAD[d_head]} heads (TFLOP/s)")
-    header = f"{'seq':>6} {'batch':>5}  {'best config':<52} {'ours':>7} {'FLASH':>7} {'CUDNN':>7} {'ours/FLASH':>10}"
-    print(header)
-    print("-" * len(header))
-    ratios = []
+def best_ours(rows: list[common.TimingRow]) -> common.TimingRow | None:
+    """Our fastest configuration among ``rows`` (ignoring ones that could not run)."""
+    ours = [r for r in rows if r.implementation == "ours" and math.isfinite(r.tflops)]
+    return max(ours, key=lambda r: r.tflops, default=None)
+
+
+def reference_tflops(rows: list[common.TimingRow], reference: str) -> float:
+    return next((r.tflops for r in rows if r.implementation == implementation_name(reference)), math.nan)
+
+
+def format_group_table(dtype_name: str, d_head: int, rows: list[common.TimingRow]) -> str:
+    """The table of one (dtype, d_head): best configuration per seq, each backend, the ratio to
+    FLASH, and the harmonic mean of the ratios."""
+    headers = [
+        "seq",
+        "batch",
+        "best config",
+        "ours",
+        *(r.upper() for r in REFERENCES),
+        f"ours/{RATIO_REFERENCE.upper()}",
+    ]
+    table, ratios = [], []
     for seq_len in sorted({r.seq_len for r in rows}):
         at_seq = [r for r in rows if r.seq_len == seq_len]
-        tflops = {r.implementation: r.tflops for r in at_seq if r.implementation != "ours"}
-        ours = [r for r in at_seq if r.implementation == "ours"]
-        best = max(ours, key=lambda r: r.tflops, default=None)
-        ratio = best.tflops / tflops["sdpa_flash"] if best else math.nan
+        best = best_ours(at_seq)
+        ours = best.tflops if best else math.nan
+        ratio = ours / reference_tflops(at_seq, RATIO_REFERENCE)
         if math.isfinite(ratio):
             ratios.append(ratio)
-        print(
-            f"{seq_len:>6} {at_seq[0].batch:>5}  {best.config if best else '(no configuration fits)':<52} "
-            f"{best.tflops if best else math.nan:>7.1f} {tflops['sdpa_flash']:>7.1f} {tflops['sdpa_cudnn']:>7.1f} "
-            f"{ratio:>10.3f}"
+        table.append(
+            [
+                seq_len,
+                at_seq[0].batch,
+                best.config if best else "(no configuration fits)",
+                ours,
+                *(reference_tflops(at_seq, reference) for reference in REFERENCES),
+                ratio,
+            ]
         )
+    title = f"{dtype_name}, d_head {d_head}, {common.heads_for_d_head(d_head)} heads (TFLOP/s)"
+    lines = [title, common.format_table(headers, table, float_formats={len(headers) - 1: ".3f"})]
     if ratios:
-        mean = statistics.harmonic_mean(ratios)
-        print(f"harmonic mean of ours/FLASH over {len(ratios)} sequence lengths: {mean:.3f}")
+        mean = common.harmonic_mean(ratios)
+        lines.append(f"harmonic mean of ours/{RATIO_REFERENCE.upper()} over {len(ratios)} sequence lengths: {mean:.3f}")
+    return "\n".join(lines)
 
 
-def write_csv(path: str, rows: list[Row]) -> None:
-    with open(path, "w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=[field.name for field in dataclasses.fields(Row)])
-        writer.writeheader()
-        writer.writerows(dataclasses.asdict(r) for r in rows)
+def plot(path: str, rows: list[common.TimingRow]) -> None:
+    """TFLOP/s against seq, one panel per (dtype, d_head): our best configuration and each backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display is needed (or present on the GPU machine)
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(r.dtype, r.d_head) for r in rows})
+    figure, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.5), squeeze=False)
+    for axis, (dtype_name, d_head) in zip(axes[0], groups, strict=True):
+        group = [r for r in rows if (r.dtype, r.d_head) == (dtype_name, d_head)]
+        seq_lens = sorted({r.seq_len for r in group})
+        at_seq = {seq_len: [r for r in group if r.seq_len == seq_len] for seq_len in seq_lens}
+        best = [best_ours(at_seq[s]) for s in seq_lens]
+        lines = [("ours (best config)", [b.tflops if b else math.nan for b in best])]
+        lines += [(f"SDPA {ref.upper()}", [reference_tflops(at_seq[s], ref) for s in seq_lens]) for ref in REFERENCES]
+        for label, values in lines:
+            axis.plot(seq_lens, values, marker="o", label=label)
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(seq_lens, [str(s) for s in seq_lens])
+        axis.set_ylim(bottom=0)
+        axis.set_title(f"{dtype_name}, d_head {d_head}")
+        axis.set_xlabel("sequence length")
+        axis.set_ylabel("TFLOP/s")
+        axis.grid(True, alpha=0.3)
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    print(f"plot written to {path}")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    import torch
-
-    if not torch.cuda.is_available():
-        print(NO_GPU_MESSAGE, file=sys.stderr)
+    if not common.gpu_available():
+        print(common.no_gpu_message("the benchmark"), file=sys.stderr)
         return 1
     if args.check_gpu:
         return 0
 
-    configs = select_configs(args.kernels)
-    timer, timing = make_timer()
+    import torch
+
+    try:
+        configs = common.select_configs(args.kernels)
+    except common.ConfigSelectionError as error:
+        print(error, file=sys.stderr)
+        return 1
+    timer, timing = common.make_timer(args.rep_ms)
     versions = f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}"
     print(f"{torch.cuda.get_device_name()}, {versions}; {timing}")
 
     all_rows, failures = [], []
-    for dtype_name in args.dtypes:
-        for d_head in args.d_heads:
-            table_rows = []
+    for dtype_name, d_head in itertools.product(args.dtypes, args.d_heads):
+        dtype = common.dtype_from_name(dtype_name)
+        fitting = {s: [c for c in configs if common.fits(c, dtype, d_head, s)] for s in args.seq_lens}
+        total = sum(len(at_seq) + len(REFERENCES) for at_seq in fitting.values())
+        group_rows = []
+        with common.Progress(total, f"{dtype_name} d_head {d_head}") as progress:
             for seq_len in args.seq_lens:
-                fitting = [
-                    cfg
-                    for cfg in configs
-                    if cfg.dtype.name.lower() == dtype_name
-                    and cfg.d_head == d_head
-                    and seq_len % cfg.B_r == 0
-                    and seq_len % cfg.B_c == 0
-                ]
-                rows, failure = benchmark_shape(dtype_name, d_head, seq_len, fitting, timer)
-                table_rows += rows
+                rows, failure = benchmark_shape(dtype_name, d_head, seq_len, fitting[seq_len], timer, progress)
+                group_rows += rows
                 if failure:
-                    print(failure, file=sys.stderr)
                     failures.append(failure)
-            print_table(dtype_name, d_head, table_rows)
-            all_rows += table_rows
+        print()
+        print(format_group_table(dtype_name, d_head, group_rows))
+        all_rows += group_rows
 
     if args.csv:
-        write_csv(args.csv, all_rows)
+        common.write_csv(args.csv, all_rows, common.TIMING_FIELDS)
+    if args.plot:
+        with common.optional_import_note("matplotlib", f"no plot written to {args.plot}"):
+            plot(args.plot, all_rows)
     for failure in failures:
         print(failure, file=sys.stderr)
     return 1 if failures else 0

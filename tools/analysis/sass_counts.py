@@ -1,0 +1,294 @@
+#!/usr/bin/env python3
+"""Counts the SASS instructions of each compiled forward-kernel configuration.
+
+Runs `cuobjdump --dump-sass` on the built extension (flash_attention._C), splits the listing into
+kernels, maps each kernel's symbol to its configuration, and counts instructions by opcode (with
+its modifiers, e.g. HMMA.16816.F32, LDSM.16.M88.4, LDGSTS.E.BYPASS.128; predicates such as @P0 are
+dropped) and by opcode family (the part before the first '.'). The extension holds code for each
+architecture it was built for (sm_80, sm_90): each is reported on its own.
+
+Prints, per architecture, one row per configuration with the families that matter to this kernel:
+tensor-core MMAs (HMMA), shared-memory matrix loads (LDSM), asynchronous copies (LDGSTS), global
+and shared loads and stores, the softmax's floating-point work (FFMA, FMUL, FADD, FMNMX, MUFU),
+warp shuffles (SHFL), barriers (BAR) and register spills to local memory (LDL, STL). These are
+static counts: an instruction inside a loop counts once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import importlib.machinery
+import importlib.util
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmark"))
+import bench_common as common  # noqa: E402  (also makes flash_helpers importable from a bare checkout)
+from flash_helpers.kernel_configs import (  # noqa: E402
+    FlashForwardKernelConfig,
+    get_all_kernel_configs,
+    get_kernel_configs,
+)
+
+# The families shown in the tables, in column order; "total" is every instruction but padding.
+FAMILIES = (
+    "HMMA", "LDSM", "LDGSTS", "LDG", "STG", "LDS", "STS",
+    "FFMA", "FMUL", "FADD", "FMNMX", "MUFU", "SHFL", "BAR", "LDL", "STL",
+)  # fmt: skip
+TOTAL = "total"
+# The NOPs after a kernel's final branch only pad it to an alignment boundary; they are counted by
+# opcode but left out of the total so that totals compare the code that runs.
+PADDING_OPCODE = "NOP"
+
+_ARCH_RE = re.compile(r"^\s*(?:arch\s*=|code for)\s*(sm_\d+\w*)")
+_FUNCTION_RE = re.compile(r"^\s*Function\s*:\s*(\S+)")
+# An instruction line: /*0a40*/, an optional predicate (@P0, @!PT, @!UP1), the opcode with its
+# modifiers, then operands up to ';'. Older listings wrap dual-issued pairs in braces.
+_INSTRUCTION_RE = re.compile(r"^\s*/\*[0-9a-fA-F]+\*/\s*\{?\s*(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")
+# Trailing zero-valued fields of the configuration in a kernel's symbol: their mangling differs
+# between compilers (nvcc's device symbols keep them; host compilers omit them).
+_TRAILING_ZERO_FIELDS_RE = re.compile(r"(?:L[bi]0E)+(?=E)")
+
+
+@dataclasses.dataclass
+class SassFunction:
+    """One kernel's code for one architecture: its symbol and its instruction counts by opcode."""
+
+    arch: str
+    symbol: str
+    opcodes: collections.Counter
+
+
+def parse_sass(text: str) -> list[SassFunction]:
+    """The kernels in a `cuobjdump --dump-sass` listing, in listing order."""
+    functions = []
+    arch, current = "unknown", None
+    for line in text.splitlines():
+        arch_match = _ARCH_RE.match(line)
+        if arch_match:
+            arch, current = arch_match[1], None
+            continue
+        function_match = _FUNCTION_RE.match(line)
+        if function_match:
+            current = SassFunction(arch, function_match[1], collections.Counter())
+            functions.append(current)
+            continue
+        instruction = _INSTRUCTION_RE.match(line)
+        if instruction and current is not None:
+            current.opcodes[instruction[1]] += 1
+    return functions
+
+
+def opcode_family(opcode: str) -> str:
+    return opcode.split(".", 1)[0]
+
+
+def family_counts(opcodes: collections.Counter) -> collections.Counter:
+    """Counts by family, plus the total of all instructions but padding under TOTAL."""
+    families = collections.Counter()
+    for opcode, count in opcodes.items():
+        families[opcode_family(opcode)] += count
+    families[TOTAL] = sum(families.values()) - families[PADDING_OPCODE]
+    return families
+
+
+def canonical_symbol(symbol: str) -> str:
+    return _TRAILING_ZERO_FIELDS_RE.sub("", symbol)
+
+
+def config_by_symbol(candidates: list[FlashForwardKernelConfig] | None = None) -> dict[str, FlashForwardKernelConfig]:
+    """Kernel symbol (canonical) -> configuration, from each configuration's ``mangled_kernel_name()``.
+
+    By default every valid configuration is a candidate: the build compiles only valid ones, so this
+    covers whatever the extension holds without importing it (or torch).
+    """
+    configs = get_all_kernel_configs() if candidates is None else candidates
+    return {canonical_symbol(cfg.mangled_kernel_name()): cfg for cfg in configs}
+
+
+@dataclasses.dataclass
+class KernelCounts:
+    """One configuration's instruction counts for one architecture."""
+
+    arch: str
+    config: FlashForwardKernelConfig
+    symbol: str
+    opcodes: collections.Counter
+
+    @property
+    def families(self) -> collections.Counter:
+        return family_counts(self.opcodes)
+
+
+def map_to_configs(
+    functions: list[SassFunction], by_symbol: dict[str, FlashForwardKernelConfig] | None = None
+) -> tuple[list[KernelCounts], list[SassFunction]]:
+    """The functions that are forward-kernel configurations (sorted by architecture, then
+    configuration), and the others."""
+    by_symbol = config_by_symbol() if by_symbol is None else by_symbol
+    kernels, others = [], []
+    for function in functions:
+        cfg = by_symbol.get(canonical_symbol(function.symbol))
+        if cfg is None:
+            others.append(function)
+        else:
+            kernels.append(KernelCounts(function.arch, cfg, function.symbol, function.opcodes))
+    kernels.sort(key=lambda kernel: (kernel.arch, kernel.config))
+    return kernels, others
+
+
+# ----------------------------------------------------------------------------------------------
+# Getting the listing
+
+
+class SassError(RuntimeError):
+    """The SASS listing could not be produced."""
+
+
+def default_module() -> pathlib.Path:
+    """flash_attention._C's file, found without importing the package (whose import needs torch)."""
+    spec = importlib.util.find_spec("flash_attention")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    locations.append(str(common.REPO_ROOT / "py" / "flash_attention"))
+    for location in locations:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = pathlib.Path(location, "_C" + suffix)
+            if path.is_file():
+                return path
+    raise SassError(
+        "flash_attention._C is not built (build it with pip install --no-build-isolation -e .), or pass --module PATH"
+    )
+
+
+def find_cuobjdump() -> str | None:
+    """cuobjdump on PATH, else in the CUDA toolkit (CUDA_HOME, CUDA_PATH, /usr/local/cuda)."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and (candidate := pathlib.Path(root, "bin", "cuobjdump")).is_file():
+            return str(candidate)
+    return None
+
+
+def read_sass(module: str | None, sass_file: str | None) -> str:
+    """The SASS listing: read from ``sass_file``, else dumped from ``module`` (default: the built
+    extension) with cuobjdump."""
+    if sass_file:
+        return pathlib.Path(sass_file).read_text()
+    path = pathlib.Path(module) if module else default_module()
+    if not path.is_file():
+        raise SassError(f"{path}: no such file")
+    cuobjdump = find_cuobjdump()
+    if cuobjdump is None:
+        raise SassError(
+            "cuobjdump (from the CUDA toolkit) was not found on PATH nor under CUDA_HOME; install the toolkit, "
+            "or pass --sass-file with a listing saved by `cuobjdump --dump-sass`"
+        )
+    result = subprocess.run([cuobjdump, "--dump-sass", str(path)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SassError(f"cuobjdump --dump-sass {path} failed (status {result.returncode}):\n{result.stderr.strip()}")
+    return result.stdout
+
+
+def load_kernels(module: str | None, sass_file: str | None) -> tuple[list[KernelCounts], list[SassFunction]]:
+    text = read_sass(module, sass_file)
+    functions = parse_sass(text)
+    if not functions:
+        raise SassError("the listing holds no kernel code (was the extension built for a real architecture?)")
+    return map_to_configs(functions)
+
+
+def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that say where the SASS comes from (shared with sass_diff.py)."""
+    parser.add_argument("--module", metavar="PATH", help="the extension to disassemble (default: flash_attention._C)")
+    parser.add_argument(
+        "--sass-file", metavar="PATH", help="read a listing saved by `cuobjdump --dump-sass` instead of running it"
+    )
+    parser.add_argument("--arch", help="only this architecture, e.g. sm_90 (default: every one in the extension)")
+
+
+# ----------------------------------------------------------------------------------------------
+# Reports
+
+
+def format_family_table(kernels: list[KernelCounts]) -> str:
+    headers = ["config", *FAMILIES, TOTAL]
+    rows = [[kernel.config.short_form(), *(kernel.families[f] for f in (*FAMILIES, TOTAL))] for kernel in kernels]
+    return common.format_table(headers, rows)
+
+
+def format_opcode_table(kernel: KernelCounts) -> str:
+    rows = [[opcode, count] for opcode, count in sorted(kernel.opcodes.items(), key=lambda item: (-item[1], item[0]))]
+    return common.format_table(["opcode", "count"], rows)
+
+
+def csv_rows(kernels: list[KernelCounts]) -> list[dict]:
+    return [
+        {
+            "arch": kernel.arch,
+            "config": kernel.config.short_form(),
+            "opcode": opcode,
+            "family": opcode_family(opcode),
+            "count": count,
+        }
+        for kernel in kernels
+        for opcode, count in sorted(kernel.opcodes.items())
+    ]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_source_arguments(parser)
+    parser.add_argument(
+        "--kernels",
+        help="only these configurations: short forms separated by ';', or a set name (prog, progall, tune, all, "
+        "'B_r,B_c'); default: every configuration in the extension",
+    )
+    parser.add_argument("--opcodes", action="store_true", help="also print each configuration's counts by opcode")
+    parser.add_argument("--csv", metavar="PATH", help="also write the counts by opcode (arch, config, opcode) to PATH")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        kernels, others = load_kernels(args.module, args.sass_file)
+        selected = set(get_kernel_configs(args.kernels)) if args.kernels else None
+    except (SassError, OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    kernels = [
+        kernel
+        for kernel in kernels
+        if (selected is None or kernel.config in selected) and (args.arch is None or kernel.arch == args.arch)
+    ]
+    if others:
+        print(f"note: {len(others)} kernel(s) are not forward-kernel configurations and are left out", file=sys.stderr)
+    if not kernels:
+        print("error: no forward-kernel configuration matches", file=sys.stderr)
+        return 1
+
+    for arch in sorted({kernel.arch for kernel in kernels}):
+        at_arch = [kernel for kernel in kernels if kernel.arch == arch]
+        print(f"{arch}: instructions per family ({len(at_arch)} configurations)")
+        print(format_family_table(at_arch))
+        print()
+        if args.opcodes:
+            for kernel in at_arch:
+                print(f"{arch}: {kernel.config.short_form()}")
+                print(format_opcode_table(kernel))
+                print()
+    if args.csv:
+        common.write_csv(args.csv, csv_rows(kernels), ["arch", "config", "opcode", "family", "count"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""Autotuning: times every compiled configuration of the tuning set at each benchmark shape and
+ranks them.
+
+Configurations: the compiled ones among --kernels, else the KERNELS environment variable, else the
+tuning set ('tune'); build them first, e.g. FLASH_BUILD_KERNELS=tune pip install --no-build-isolation -e .
+Shapes: each dtype, d_head and seq_len of the benchmark shapes (batch 16/16/16/16/8/4 for seq
+512..16384; 16 heads for d_head 128, 32 for d_head 64). Every timing goes to the CSV file as it is
+measured (default profiles/autotune.csv); then the summary ranks, per (dtype, d_head, seq_len), the
+winner, its TFLOP/s, the runner-up and the winner's margin over it, and the top N; and per
+(dtype, d_head), the configurations with the best harmonic mean of TFLOP/s over the sequence
+lengths: the first is the candidate default for that dtype and d_head.
+
+--summary-only CSV ranks an existing CSV file (of this tool or of pt_bench.py --csv) without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import itertools
+import math
+import sys
+
+import bench_common as common
+
+DEFAULT_CSV = common.REPO_ROOT / "profiles" / "autotune.csv"
+DEFAULT_TOP = 5
+
+
+# ----------------------------------------------------------------------------------------------
+# Ranking (no GPU needed)
+
+
+@dataclasses.dataclass
+class ShapeRanking:
+    """The configurations at one (dtype, d_head, seq_len), fastest first."""
+
+    dtype: str
+    d_head: int
+    seq_len: int
+    ranked: list[common.TimingRow]
+
+    @property
+    def winner(self) -> common.TimingRow:
+        return self.ranked[0]
+
+    @property
+    def runner_up(self) -> common.TimingRow | None:
+        return self.ranked[1] if len(self.ranked) > 1 else None
+
+    @property
+    def margin_pct(self) -> float:
+        """How much faster the winner is than the runner-up, in percent (NaN without a runner-up)."""
+        if self.runner_up is None:
+            return math.nan
+        return (self.winner.tflops / self.runner_up.tflops - 1) * 100
+
+
+@dataclasses.dataclass
+class GroupCandidate:
+    """One configuration's harmonic mean of TFLOP/s over the sequence lengths of a (dtype, d_head)."""
+
+    config: str
+    harmonic_mean_tflops: float
+
+
+@dataclasses.dataclass
+class GroupRanking:
+    """The configurations of one (dtype, d_head) by harmonic-mean TFLOP/s over its sequence lengths,
+    counting only configurations measured at every one of them."""
+
+    dtype: str
+    d_head: int
+    seq_lens: list[int]
+    ranked: list[GroupCandidate]
+
+    @property
+    def candidate(self) -> GroupCandidate | None:
+        return self.ranked[0] if self.ranked else None
+
+
+def _group_order(dtype: str, d_head: int) -> tuple[int, int]:
+    """Groups in the order people read them: the dtypes' usual order (fp16 first), then by d_head."""
+    known = common.DTYPE_NAMES
+    return (known.index(dtype) if dtype in known else len(known), d_head)
+
+
+def usable(rows: list[common.TimingRow]) -> list[common.TimingRow]:
+    """Our configurations' timings that ran (SDPA rows of a pt_bench file and NaN times are dropped)."""
+    return [row for row in rows if row.implementation == "ours" and math.isfinite(row.tflops) and row.tflops > 0]
+
+
+def rank_shapes(rows: list[common.TimingRow]) -> list[ShapeRanking]:
+    rows = usable(rows)
+    rankings = []
+    shapes = sorted(
+        {(row.dtype, row.d_head, row.seq_len) for row in rows},
+        key=lambda shape: (_group_order(shape[0], shape[1]), shape[2]),
+    )
+    for dtype, d_head, seq_len in shapes:
+        at_shape = [row for row in rows if (row.dtype, row.d_head, row.seq_len) == (dtype, d_head, seq_len)]
+        # Ties keep the configurations' order, so rankings are reproducible.
+        ranked = sorted(at_shape, key=lambda row: (-row.tflops, row.config))
+        rankings.append(ShapeRanking(dtype, d_head, seq_len, ranked))
+    return rankings
+
+
+def rank_groups(rows: list[common.TimingRow]) -> list[GroupRanking]:
+    rows = usable(rows)
+    rankings = []
+    for dtype, d_head in sorted({(row.dtype, row.d_head) for row in rows}, key=lambda group: _group_order(*group)):
+        group = [row for row in rows if (row.dtype, row.d_head) == (dtype, d_head)]
+        seq_lens = sorted({row.seq_len for row in group})
+        tflops_by_config: dict[str, dict[int, float]] = {}
+        for row in group:
+            tflops_by_config.setdefault(row.config, {})[row.seq_len] = row.tflops
+        # A configuration missing a sequence length (it failed, or its blocks do not divide it)
+        # cannot be the default for all of them.
+        candidates = [
+            GroupCandidate(config, common.harmonic_mean(by_seq.values()))
+            for config, by_seq in tflops_by_config.items()
+            if set(by_seq) == set(seq_lens)
+        ]
+        candidates.sort(key=lambda c: (-c.harmonic_mean_tflops, c.config))
+        rankings.append(GroupRanking(dtype, d_head, seq_lens, candidates))
+    return rankings
+
+
+def format_summary(rows: list[common.TimingRow], top: int = DEFAULT_TOP) -> str:
+    shape_rankings, group_rankings = rank_shapes(rows), rank_groups(rows)
+    if not shape_rankings:
+        return "no timings of our configurations to rank"
+    sections = []
+
+    headers = ["dtype", "d_head", "seq", "winner", "TFLOP/s", "runner-up", "TFLOP/s", "margin %"]
+    table = [
+        [
+            r.dtype,
+            r.d_head,
+            r.seq_len,
+            r.winner.config,
+            r.winner.tflops,
+            r.runner_up.config if r.runner_up else None,
+            r.runner_up.tflops if r.runner_up else None,
+            r.margin_pct,
+        ]
+        for r in shape_rankings
+    ]
+    sections.append("Winner per shape\n" + common.format_table(headers, table, float_formats={7: ".2f"}))
+
+    for r in shape_rankings:
+        table = [[place, row.config, row.tflops, row.time_ms] for place, row in enumerate(r.ranked[:top], start=1)]
+        title = f"Top {min(top, len(r.ranked))} of {len(r.ranked)}: {r.dtype}, d_head {r.d_head}, seq {r.seq_len}"
+        sections.append(
+            title + "\n" + common.format_table(["#", "config", "TFLOP/s", "time (ms)"], table, float_formats={3: ".4f"})
+        )
+
+    for g in group_rankings:
+        seq_lens = ", ".join(map(str, g.seq_lens))
+        title = f"Candidate default for {g.dtype}, d_head {g.d_head}: best harmonic mean of TFLOP/s over seq {seq_lens}"
+        if not g.ranked:
+            sections.append(f"{title}\n(no configuration was measured at every sequence length)")
+            continue
+        table = [[place, c.config, c.harmonic_mean_tflops] for place, c in enumerate(g.ranked[:top], start=1)]
+        sections.append(f"{title}\n" + common.format_table(["#", "config", "harmonic mean TFLOP/s"], table))
+        sections.append(f"candidate default: {g.candidate.config}")
+    return "\n\n".join(sections)
+
+
+# ----------------------------------------------------------------------------------------------
+# Timing (needs the GPU)
+
+
+def sweep(args: argparse.Namespace, configs, csv_writer: common.TimingCsvWriter) -> list[common.TimingRow]:
+    """Times every configuration that fits each shape; rows are written to the CSV as measured."""
+    import flash_attention
+
+    timer, timing = common.make_timer(args.rep_ms)
+    print(f"{len(configs)} configurations; {timing}")
+    shapes = []
+    for dtype_name, d_head, seq_len in itertools.product(args.dtypes, args.d_heads, args.seq_lens):
+        dtype = common.dtype_from_name(dtype_name)
+        fitting = [cfg for cfg in configs if common.fits(cfg, dtype, d_head, seq_len)]
+        if fitting:
+            shapes.append((dtype_name, dtype, d_head, seq_len, fitting))
+
+    rows = []
+    with common.Progress(sum(len(shape[-1]) for shape in shapes), "autotuning") as progress:
+        for dtype_name, dtype, d_head, seq_len, fitting in shapes:
+            progress.set_description(f"{dtype_name} d_head {d_head} seq {seq_len}")
+            batch, heads = common.batch_for_seq_len(seq_len), common.heads_for_d_head(d_head)
+            q, k, v = common.make_inputs(batch, seq_len, heads, d_head, dtype)
+            o = q.new_empty(q.shape)
+            for cfg in fitting:
+                time_ms = timer(functools.partial(flash_attention.forward, cfg, q, k, v, o))
+                row = common.timing_row(dtype_name, d_head, seq_len, batch, heads, "ours", cfg.short_form(), time_ms)
+                csv_writer.write(row)
+                rows.append(row)
+                progress.update()
+    return rows
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--dtypes", nargs="+", choices=common.DTYPE_NAMES, default=list(common.DTYPE_NAMES), help="(default: both)"
+    )
+    parser.add_argument(
+        "--d-heads", nargs="+", type=int, choices=common.D_HEADS, default=list(common.D_HEADS), help="(default: all)"
+    )
+    parser.add_argument(
+        "--seq-lens", nargs="+", type=int, default=list(common.SEQ_LENS), metavar="SEQ", help="(default: 512 ... 16384)"
+    )
+    parser.add_argument(
+        "--kernels",
+        help="configurations to time: short forms separated by ';', or a set name (prog, progall, tune, all, "
+        "'B_r,B_c'); default: the KERNELS environment variable, else 'tune'",
+    )
+    parser.add_argument(
+        "--rep-ms",
+        type=float,
+        default=common.DEFAULT_REP_MS,
+        help="how long each timing repeats the call, in ms (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--csv", metavar="PATH", default=str(DEFAULT_CSV), help="where every timing is written (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--top", type=int, default=DEFAULT_TOP, metavar="N", help="places shown per ranking (default: 5)"
+    )
+    parser.add_argument("--summary", metavar="PATH", help="also write the ranked summary to PATH")
+    parser.add_argument(
+        "--summary-only",
+        metavar="CSV",
+        help="rank the timings in an existing CSV file instead of measuring (no GPU needed)",
+    )
+    args = parser.parse_args(argv)
+    if any(seq_len < 1 for seq_len in args.seq_lens):
+        parser.error("sequence lengths must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.summary_only:
+        try:
+            rows = common.read_timing_csv(args.summary_only)
+        except (OSError, ValueError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+    else:
+        if not common.gpu_available():
+            print(common.no_gpu_message("autotuning"), file=sys.stderr)
+            return 1
+        try:
+            configs = common.select_configs(args.kernels, default_key="tune")
+        except common.ConfigSelectionError as error:
+            print(error, file=sys.stderr)
+            return 1
+        with common.TimingCsvWriter(args.csv) as csv_writer:
+            rows = sweep(args, configs, csv_writer)
+        print(f"timings written to {args.csv}")
+
+    summary = format_summary(rows, args.top)
+    print()
+    print(summary)
+    if args.summary:
+        with open(args.summary, "w") as file:
+            file.write(summary + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,421 @@
+#!/usr/bin/env python3
+"""Profiles the compiled forward kernels (and PyTorch SDPA references) with Nsight Compute.
+
+For each (seq_len, d_head) it runs
+
+    ncu --clock-control none --csv --page raw --metrics <NCU_METRICS> python run_kernels.py SEQ D_HEAD ...
+
+at the benchmark shape (batch 16/16/16/16/8/4 for seq 512..16384; 16 heads for d_head 128, 32 for
+d_head 64), maps each profiled kernel back to its configuration's short form (SDPA kernels to the
+backend's name; other kernels, such as the inputs' random fill, are left out), averages over the
+runs and prints per kernel: duration, cycles, registers per thread, shared memory per block,
+achieved occupancy, L2 hit rate, DRAM throughput, tensor-pipe utilization, and TFLOP/s counting
+all the work (total_flop) or only the two matmuls (attn_flop).
+
+--clock-control none leaves the GPU at its normal clocks, so durations are comparable with the
+benchmark's. Needs Nsight Compute (ncu) and a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import dataclasses
+import itertools
+import math
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import bench_common as common  # first: it makes flash_helpers importable from a bare checkout
+from flash_helpers.kernel_configs import FlashForwardKernelConfig, parse_kernel_name_into_config
+
+RUN_KERNELS = pathlib.Path(__file__).resolve().with_name("run_kernels.py")
+
+# The metrics requested from ncu, by their Nsight Compute names.
+TIME = "gpu__time_duration.sum"
+CYCLES = "sm__cycles_elapsed.max"
+REGISTERS = "launch__registers_per_thread"
+SMEM_DYNAMIC = "launch__shared_mem_per_block_dynamic"
+SMEM_STATIC = "launch__shared_mem_per_block_static"
+OCCUPANCY = "sm__warps_active.avg.pct_of_peak_sustained_active"
+L2_HIT_RATE = "lts__t_sector_hit_rate.pct"
+DRAM_THROUGHPUT = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
+TENSOR_PIPE = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
+NCU_METRICS = (
+    TIME,
+    CYCLES,
+    REGISTERS,
+    SMEM_DYNAMIC,
+    SMEM_STATIC,
+    OCCUPANCY,
+    L2_HIT_RATE,
+    DRAM_THROUGHPUT,
+    TENSOR_PIPE,
+)
+
+# SDPA kernels, recognised by a part of their name (compared in lower case), in the order tried.
+REFERENCE_KERNEL_PATTERNS = (
+    (("flash_fwd",), "SDPA FLASH (FA2)"),
+    (("fmha_cutlass", "mem_efficient"), "SDPA EFFICIENT"),
+    (("cudnn", "sm90_", "xmma"), "SDPA CUDNN"),
+)
+SHORTENED_NAME_LENGTH = 60
+
+# ncu's time units, in nanoseconds (the unit durations are kept in here).
+_TIME_UNITS_NS = {"nsecond": 1, "ns": 1, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6, "second": 1e9, "s": 1e9}
+# Decimal and binary prefixes ncu may put before a countable unit when it scales a value.
+_UNIT_PREFIXES = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+_PREFIXED_UNIT_RE = re.compile(r"(Ki|Mi|Gi|K|M|G|T)(byte|cycle|sector|register|warp|thread|inst|block)")
+_NOT_A_VALUE = {"", "n/a", "N/A", "nan"}
+
+
+class NcuOutputError(ValueError):
+    """ncu's output holds no CSV table that can be read."""
+
+
+@dataclasses.dataclass
+class KernelLaunch:
+    """One profiled kernel launch: its name as ncu prints it and its metrics in base units
+    (durations in nanoseconds, sizes in bytes)."""
+
+    name: str
+    metrics: dict[str, float]
+
+
+@dataclasses.dataclass
+class KernelName:
+    """What a profiled kernel is: one of our configurations, an SDPA reference, or something else."""
+
+    label: str  # the short form, the reference's name, or the shortened kernel name
+    kind: str  # "ours", "reference" or "other"
+    config: FlashForwardKernelConfig | None = None
+
+
+@dataclasses.dataclass
+class KernelSummary:
+    """The launches of one kernel, metrics averaged over them."""
+
+    kernel: KernelName
+    launches: int
+    metrics: dict[str, float]
+
+
+def parse_number(text: str) -> float | None:
+    """A metric value as ncu prints it (``1,234,567.5``: thousands separated by commas), or None."""
+    text = text.strip().replace(",", "")
+    if text in _NOT_A_VALUE:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def to_base_units(value: float, unit: str) -> float:
+    """``value`` in base units: times in nanoseconds, scaled counts (Kbyte, Mcycle, ...) unscaled.
+
+    ``--print-units base`` should already give base units; this keeps the parser right for output
+    made without it. The part of a unit after '/' (byte/block, register/thread) does not scale.
+    """
+    unit = unit.strip().split("/")[0]
+    if unit in _TIME_UNITS_NS:
+        return value * _TIME_UNITS_NS[unit]
+    prefixed = _PREFIXED_UNIT_RE.fullmatch(unit)
+    return value * _UNIT_PREFIXES[prefixed[1]] if prefixed else value
+
+
+def _csv_table(text: str) -> tuple[list[str], list[list[str]]]:
+    """The header and rows of the CSV table in ncu's output.
+
+    ncu's own messages (==PROF==, ==WARNING==) and whatever the profiled program printed surround the
+    table; the header is the first line with a "Kernel Name" field. Lines are parsed one at a time so
+    a stray quote in the program's output cannot swallow the table, and rows of the wrong width are
+    dropped.
+    """
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("==")]
+    parsed = [next(csv.reader([line])) for line in lines]
+    start = next((i for i, fields in enumerate(parsed) if "Kernel Name" in fields), None)
+    if start is None:
+        raise NcuOutputError("no CSV table with a 'Kernel Name' column in ncu's output")
+    header = parsed[start]
+    return header, [fields for fields in parsed[start + 1 :] if len(fields) == len(header)]
+
+
+def parse_ncu_csv(text: str) -> list[KernelLaunch]:
+    """The kernel launches in ncu's CSV output, in launch order.
+
+    Reads both layouts ncu writes: ``--page raw`` (one row per launch, one column per metric, possibly
+    a row of units under the header) and the default details page (one row per launch and metric,
+    with "Metric Name", "Metric Unit" and "Metric Value" columns).
+    """
+    header, rows = _csv_table(text)
+    if {"Metric Name", "Metric Value"} <= set(header):
+        return _parse_details_page(header, rows)
+    return _parse_raw_page(header, rows)
+
+
+def _parse_raw_page(header: list[str], rows: list[list[str]]) -> list[KernelLaunch]:
+    name_column = header.index("Kernel Name")
+    id_column = header.index("ID") if "ID" in header else None
+    # Metric names always contain a double underscore (gpu__time_duration.sum); the launch's
+    # description columns (ID, Kernel Name, Block Size, ...) never do.
+    metric_columns = [i for i, name in enumerate(header) if "__" in name]
+    units: dict[int, str] = {}
+    launches = []
+    for row in rows:
+        if not row[name_column].strip() and (id_column is None or not row[id_column].strip()):
+            units = {i: row[i] for i in metric_columns}  # the units row: no launch, only units
+            continue
+        metrics = {}
+        for i in metric_columns:
+            value = parse_number(row[i])
+            if value is not None:
+                metrics[header[i]] = to_base_units(value, units.get(i, ""))
+        launches.append(KernelLaunch(row[name_column], metrics))
+    return launches
+
+
+def _parse_details_page(header: list[str], rows: list[list[str]]) -> list[KernelLaunch]:
+    column = {name: i for i, name in enumerate(header)}
+    launches: dict[tuple, KernelLaunch] = {}
+    occurrences: collections.Counter = collections.Counter()
+    for row in rows:
+        name, metric = row[column["Kernel Name"]], row[column["Metric Name"]]
+        if "ID" in column:
+            # A launch is identified by its process and its ID within the process.
+            key = (row[column["Process ID"]] if "Process ID" in column else "", row[column["ID"]])
+        else:
+            # Without IDs, the n-th value of a kernel's metric belongs to that kernel's n-th launch.
+            key = (name, occurrences[name, metric])
+            occurrences[name, metric] += 1
+        launch = launches.setdefault(key, KernelLaunch(name, {}))
+        value = parse_number(row[column["Metric Value"]])
+        if value is not None:
+            unit = row[column["Metric Unit"]] if "Metric Unit" in column else ""
+            launch.metrics[metric] = to_base_units(value, unit)
+    return list(launches.values())
+
+
+def shorten_kernel_name(name: str) -> str:
+    """The function's name without 'void', template arguments and parameters, at most 60 characters."""
+    name = name.strip().removeprefix("void ")
+    name = re.split(r"[<(]", name, maxsplit=1)[0].strip() or name
+    return name if len(name) <= SHORTENED_NAME_LENGTH else name[: SHORTENED_NAME_LENGTH - 3] + "..."
+
+
+def classify_kernel(name: str) -> KernelName:
+    """Our configuration (as its short form), an SDPA backend's kernel, or another kernel."""
+    if "FlashForwardKernelConfig" in name:
+        try:
+            cfg = parse_kernel_name_into_config(name)
+        except ValueError:
+            pass
+        else:
+            return KernelName(cfg.short_form(), "ours", cfg)
+    lowered = name.lower()
+    for patterns, label in REFERENCE_KERNEL_PATTERNS:
+        if any(pattern in lowered for pattern in patterns):
+            return KernelName(label, "reference")
+    return KernelName(shorten_kernel_name(name), "other")
+
+
+def summarize(launches: list[KernelLaunch], include_other: bool = False) -> list[KernelSummary]:
+    """Launches grouped by kernel (in order of first launch), each metric averaged over the launches
+    that report it. Kernels that are neither ours nor a reference are left out unless asked for."""
+    groups: dict[str, tuple[KernelName, list[KernelLaunch]]] = {}
+    for launch in launches:
+        kernel = classify_kernel(launch.name)
+        if kernel.kind == "other" and not include_other:
+            continue
+        groups.setdefault(kernel.label, (kernel, []))[1].append(launch)
+    summaries = []
+    for kernel, group in groups.values():
+        values: dict[str, list[float]] = collections.defaultdict(list)
+        for launch in group:
+            for name, value in launch.metrics.items():
+                values[name].append(value)
+        means = {name: sum(samples) / len(samples) for name, samples in values.items()}
+        summaries.append(KernelSummary(kernel, len(group), means))
+    return summaries
+
+
+@dataclasses.dataclass
+class ProfileRow:
+    """One kernel at one shape: a row of the tables and of the CSV file."""
+
+    dtype: str
+    d_head: int
+    seq_len: int
+    batch: int
+    heads: int
+    kernel: str
+    launches: int
+    duration_us: float
+    cycles: float
+    registers: float
+    smem_bytes: float  # static + dynamic shared memory per block
+    occupancy_pct: float
+    l2_hit_pct: float
+    dram_pct: float
+    tensor_pct: float
+    tflops: float  # total_flop / duration
+    attn_tflops: float  # attn_flop / duration
+
+
+def profile_row(summary: KernelSummary, dtype: str, d_head: int, seq_len: int, batch: int, heads: int) -> ProfileRow:
+    metric = summary.metrics.get
+    duration_ms = metric(TIME, math.nan) / 1e6
+    attn_flop, total_flop = common.flop_counts(d_head, batch, heads, seq_len)
+    return ProfileRow(
+        dtype=dtype,
+        d_head=d_head,
+        seq_len=seq_len,
+        batch=batch,
+        heads=heads,
+        kernel=summary.kernel.label,
+        launches=summary.launches,
+        duration_us=duration_ms * 1e3,
+        cycles=metric(CYCLES, math.nan),
+        registers=metric(REGISTERS, math.nan),
+        smem_bytes=metric(SMEM_STATIC, math.nan) + metric(SMEM_DYNAMIC, math.nan),
+        occupancy_pct=metric(OCCUPANCY, math.nan),
+        l2_hit_pct=metric(L2_HIT_RATE, math.nan),
+        dram_pct=metric(DRAM_THROUGHPUT, math.nan),
+        tensor_pct=metric(TENSOR_PIPE, math.nan),
+        tflops=common.tflops(total_flop, duration_ms),
+        attn_tflops=common.tflops(attn_flop, duration_ms),
+    )
+
+
+# Table columns: (header, ProfileRow field, float format).
+TABLE_COLUMNS = (
+    ("kernel", "kernel", None),
+    ("runs", "launches", None),
+    ("time (us)", "duration_us", ".1f"),
+    ("cycles", "cycles", ".0f"),
+    ("regs", "registers", ".0f"),
+    ("smem (B)", "smem_bytes", ".0f"),
+    ("occupancy %", "occupancy_pct", ".1f"),
+    ("L2 hit %", "l2_hit_pct", ".1f"),
+    ("DRAM %", "dram_pct", ".1f"),
+    ("tensor %", "tensor_pct", ".1f"),
+    ("TFLOP/s", "tflops", ".1f"),
+    ("attn TFLOP/s", "attn_tflops", ".1f"),
+)
+
+
+def format_profile_table(rows: list[ProfileRow]) -> str:
+    headers = [header for header, _, _ in TABLE_COLUMNS]
+    formats = {i: fmt for i, (_, _, fmt) in enumerate(TABLE_COLUMNS) if fmt}
+    table = [[getattr(row, field) for _, field, _ in TABLE_COLUMNS] for row in rows]
+    return common.format_table(headers, table, float_formats=formats)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--seq_lens", nargs="+", type=int, default=[4096], metavar="SEQ", help="sequence lengths (default: 4096)"
+    )
+    parser.add_argument(
+        "--d_heads", nargs="+", type=int, choices=common.D_HEADS, default=[128], help="head dimensions (default: 128)"
+    )
+    parser.add_argument("--runs", type=int, default=3, metavar="N", help="profiled runs of each kernel (default: 3)")
+    parser.add_argument(
+        "--kernels",
+        help="configurations to profile: short forms separated by ';', or a set name (prog, progall, tune, all, "
+        "'B_r,B_c'); default: the KERNELS environment variable, else every compiled configuration",
+    )
+    parser.add_argument("--dtype", choices=common.DTYPE_NAMES, default="fp16", help="(default: fp16)")
+    parser.add_argument(
+        "--reference",
+        choices=("none", *common.SDPA_REFERENCES, "all"),
+        default="flash",
+        help="SDPA backend(s) to profile as well (default: flash)",
+    )
+    parser.add_argument("--csv", metavar="PATH", help="also write the averaged table to PATH")
+    parser.add_argument("--ncu", default="ncu", help="the Nsight Compute command line (default: ncu on PATH)")
+    parser.add_argument(
+        "--all-kernels",
+        action="store_true",
+        help="also report kernels that are neither ours nor SDPA's (input fills, ...)",
+    )
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error(f"--runs must be positive, got {args.runs}")
+    return args
+
+
+def ncu_command(ncu: str, args: argparse.Namespace, seq_len: int, d_head: int, batch: int, heads: int) -> list[str]:
+    command = [
+        ncu,
+        "--clock-control", "none",
+        "--csv",
+        "--page", "raw",
+        "--print-units", "base",
+        # Demangled names carry the configuration's template arguments; the default may be the
+        # bare function name, which all our configurations share.
+        "--print-kernel-base", "demangled",
+        "--metrics", ",".join(NCU_METRICS),
+        sys.executable, str(RUN_KERNELS), str(seq_len), str(d_head),
+        "--n_runs", str(args.runs),
+        "--batch", str(batch),
+        "--heads", str(heads),
+        "--dtype", args.dtype,
+        "--reference", args.reference,
+    ]  # fmt: skip
+    if args.kernels:
+        command += ["--kernels", args.kernels]
+    return command
+
+
+def output_tail(result: subprocess.CompletedProcess, lines: int = 25) -> str:
+    text = "\n".join(part for part in (result.stdout, result.stderr) if part)
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    ncu = shutil.which(args.ncu)
+    if ncu is None:
+        print(
+            f"error: Nsight Compute's command line {args.ncu!r} was not found: install Nsight Compute, put ncu "
+            "on PATH or pass --ncu PATH",
+            file=sys.stderr,
+        )
+        return 1
+
+    all_rows, tables, failures = [], [], []
+    shapes = list(itertools.product(args.seq_lens, args.d_heads))
+    for seq_len, d_head in common.track(shapes, description="profiling"):
+        batch, heads = common.batch_for_seq_len(seq_len), common.heads_for_d_head(d_head)
+        where = f"{args.dtype}, seq {seq_len}, d_head {d_head}, batch {batch}, {heads} heads"
+        result = subprocess.run(ncu_command(ncu, args, seq_len, d_head, batch, heads), capture_output=True, text=True)
+        try:
+            summaries = summarize(parse_ncu_csv(result.stdout), include_other=args.all_kernels)
+        except NcuOutputError as error:
+            summaries, problem = [], str(error)
+        else:
+            problem = "" if summaries else "ncu reported none of our or SDPA's kernels"
+        if result.returncode != 0:
+            problem = f"ncu exited with status {result.returncode}" + (f"; {problem}" if problem else "")
+        if problem:
+            failures.append(f"{where}: {problem}\n{output_tail(result)}")
+        rows = [profile_row(summary, args.dtype, d_head, seq_len, batch, heads) for summary in summaries]
+        if rows:
+            tables.append(f"{where} (averages over {args.runs} run(s))\n{format_profile_table(rows)}")
+        all_rows += rows
+
+    print("\n\n".join(tables))
+    if args.csv:
+        common.write_csv(args.csv, all_rows, [field.name for field in dataclasses.fields(ProfileRow)])
+    for failure in failures:
+        print(f"\n{failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Runs compiled forward-kernel configurations (and PyTorch SDPA references) at one shape, so a
+profiler such as Nsight Compute can measure them:
+
+    ncu --metrics gpu__time_duration.sum python tools/benchmark/run_kernels.py 4096 128 --n_runs 3
+
+Every selected compiled configuration with this dtype and d_head whose block sizes divide SEQ_LEN
+runs N times on the same random inputs, then each chosen SDPA backend N times. Batch and heads
+default to the benchmark shape of SEQ_LEN (batch 16/16/16/16/8/4 for seq 512..16384; 16 heads for
+d_head 128, 32 for d_head 64).
+
+--check also compares each configuration's output with a float32 reference (the tests' criterion:
+max|out - ref32| <= 2 * max|ref16 - ref32| + 1e-5 and relative norm error < 1e-2), prints the errors
+and exits with status 1 on any mismatch. Leave it off under a profiler: the reference launches
+many kernels of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import bench_common as common
+
+REFERENCE_CHOICES = ("none", *common.SDPA_REFERENCES, "all")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("seq_len", type=int, metavar="SEQ_LEN", help="sequence length")
+    parser.add_argument("d_head", type=int, choices=common.D_HEADS, metavar="D_HEAD", help="head dimension (64 or 128)")
+    parser.add_argument(
+        "--kernels",
+        help="configurations to run: short forms separated by ';', or a set name (prog, progall, tune, all, "
+        "'B_r,B_c'); default: the KERNELS environment variable, else every compiled configuration",
+    )
+    parser.add_argument("--n_runs", type=int, default=1, metavar="N", help="runs of each kernel (default: 1)")
+    parser.add_argument("--batch", type=int, help="batch size (default: the benchmark shape's)")
+    parser.add_argument("--heads", type=int, help="heads (default: the benchmark shape's)")
+    parser.add_argument("--dtype", choices=common.DTYPE_NAMES, default="fp16", help="(default: fp16)")
+    parser.add_argument(
+        "--reference",
+        choices=REFERENCE_CHOICES,
+        default="flash",
+        help="SDPA backend(s) to run as well (default: flash)",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="compare each configuration's output with a float32 reference"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    args = parser.parse_args(argv)
+    for name in ("seq_len", "n_runs", "batch", "heads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"{name} must be positive, got {value}")
+    return args
+
+
+def chosen_references(reference: str) -> list[str]:
+    if reference == "all":
+        return list(common.SDPA_REFERENCES)
+    return [] if reference == "none" else [reference]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not common.gpu_available():
+        print(common.no_gpu_message("run_kernels.py"), file=sys.stderr)
+        return 1
+
+    import torch
+
+    import flash_attention
+
+    dtype = common.dtype_from_name(args.dtype)
+    batch = args.batch or common.batch_for_seq_len(args.seq_len)
+    heads = args.heads or common.heads_for_d_head(args.d_head)
+    try:
+        selected = common.select_configs(args.kernels)
+    except common.ConfigSelectionError as error:
+        print(error, file=sys.stderr)
+        return 1
+    configs = [cfg for cfg in selected if common.fits(cfg, dtype, args.d_head, args.seq_len)]
+    references = chosen_references(args.reference)
+    skipped = len(selected) - len(configs)
+    print(
+        f"batch {batch}, seq {args.seq_len}, heads {heads}, d_head {args.d_head}, {args.dtype}: "
+        f"{len(configs)} configuration(s), {skipped} skipped (other dtype or d_head, or blocks not dividing seq)"
+    )
+    if not configs and not references:
+        print("nothing to run: no selected configuration fits this shape and --reference is none", file=sys.stderr)
+        return 1
+
+    q, k, v = common.make_inputs(batch, args.seq_len, heads, args.d_head, dtype, seed=args.seed)
+    reference = common.FloatReference(q, k, v) if args.check and configs else None
+    o = torch.empty_like(q)
+    comparisons = {}
+    for cfg in configs:
+        if reference is not None:
+            # Poisoned with NaN so that any element the kernel fails to write shows in the check.
+            o.fill_(float("nan"))
+        for _ in range(args.n_runs):
+            flash_attention.forward(cfg, q, k, v, o)
+        print(f"ran {args.n_runs}x {cfg.short_form()}")
+        if reference is not None:
+            comparisons[cfg.short_form()] = reference.compare(o)
+
+    run_sdpa = common.sdpa_runner(q, k, v)
+    for name in references:
+        # A backend that does not support this GPU or shape is only reported: the references are
+        # there for comparison, our configurations are what is under test.
+        try:
+            with common.use_sdpa_reference(name):
+                for _ in range(args.n_runs):
+                    run_sdpa()
+        except RuntimeError as error:
+            print(f"{common.SDPA_REFERENCES[name]} cannot run this shape: {error}", file=sys.stderr)
+            continue
+        print(f"ran {args.n_runs}x {common.SDPA_REFERENCES[name]}")
+    torch.cuda.synchronize()
+
+    if not comparisons:
+        return 0
+    headers = ["config", "max error", "allowed", "rel. norm error", "result"]
+    table = [
+        [name, c.max_error, c.tolerance, c.relative_norm_error, "ok" if c.passed else "MISMATCH"]
+        for name, c in comparisons.items()
+    ]
+    print(common.format_table(headers, table, float_formats={1: ".3g", 2: ".3g", 3: ".3g"}))
+    mismatches = [name for name, c in comparisons.items() if not c.passed]
+    if mismatches:
+        print(f"{len(mismatches)} configuration(s) do not match the float32 reference", file=sys.stderr)
+    return 1 if mismatches else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
