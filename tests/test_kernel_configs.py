@@ -329,6 +329,8 @@ def test_module_imports_without_torch():
 def test_smem_bytes():
     assert Config(FP16, 128, 64, 64, 4).smem_bytes() == (64 + 2 * 64) * 128 * 2 == 49152
     assert Config(BF16, 64, 128, 32, 8).smem_bytes() == 24576
+    eager = Config(FP16, 128, 128, 64, 4, True, True)
+    assert eager.smem_bytes() == (128 + 2 * 2 * 64) * 128 * 2 == 98304
 
 
 def test_flop_counts():

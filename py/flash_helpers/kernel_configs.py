@@ -216,8 +216,10 @@ class FlashForwardKernelConfig:
         return "_".join(parts)
 
     def smem_bytes(self) -> int:
-        """Dynamic shared memory the kernel uses: the Q tile plus one K and one V tile of 2-byte elements."""
-        return (self.B_r + 2 * self.B_c) * self.d_head * 2
+        """Dynamic shared memory of one block, 2-byte elements: the Q tile, and a K and a V tile per
+        pipeline stage (two with eager_load_blocks, which copies the next tiles into the second)."""
+        stages = 2 if self.eager_load_blocks else 1
+        return (self.B_r + 2 * self.B_c * stages) * self.d_head * 2
 
     def attn_flop(self, batch: int, heads: int, seq_len: int) -> int:
         """FLOPs of the two matmuls (Q K^T and P V): the count every attention TFLOP/s figure uses."""

@@ -31,8 +31,9 @@ struct FlashForwardKernelConfig {
 
     constexpr auto operator<=>(const FlashForwardKernelConfig &) const = default;
 
-    // Dynamic shared memory of one block: the Q tile, one K tile and one V tile of 2-byte elements.
-    constexpr int smem_bytes() const { return (B_r + 2 * B_c) * d_head * 2; }
+    // Dynamic shared memory of one block, 2-byte elements: the Q tile, and a K and a V tile for
+    // each pipeline stage (two with eager_load_blocks, which copies the next tiles meanwhile).
+    constexpr int smem_bytes() const { return (B_r + 2 * B_c * (eager_load_blocks ? 2 : 1)) * d_head * 2; }
 };
 
 // Element strides of one (batch, seq, heads, d_head) tensor; the last dimension is contiguous.

@@ -42,22 +42,26 @@ struct QKChunkFragments {
     std::conditional_t<Kernel::Q_in_registers, NoFragments, typename Kernel::Q_chunk_fragments> Q;
 };
 
-// The copy schedule. Without eager_load_blocks, each iteration starts by issuing its K and V
-// tiles (V's copy overlaps S = Q K^T when async). With it, the next K tile is issued as soon as
-// every warp is done with the current one (after S = Q K^T) and the next V tile after P V, so
-// both copies overlap a whole phase of compute. The cp.async groups stay in the order K_j, V_j,
-// K_{j+1}, V_{j+1}, which is what the wait counts below rely on.
+// The copy schedule. Without eager_load_blocks there is one K and one V tile in shared memory:
+// each iteration issues its K and V copies once every warp is done with the previous ones, and
+// V's copy overlaps S = Q K^T when async. With it there are two stages: iteration j first waits
+// for its own tiles (issued one iteration earlier), then issues the copies of tile j + 1 into the
+// other stage, so they overlap all of iteration j's compute, with a single barrier per tile.
 template <typename Kernel>
 __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const __grid_constant__ ForwardKernelArgs args) {
     using value_t = typename Kernel::value_t;
+    using KV_tile = typename Kernel::KV_tile;
     constexpr bool async_copy = Kernel::async_copy;
     constexpr bool eager = Kernel::eager_load_blocks;
     constexpr int n_threads = Kernel::n_threads;
 
+    // Shared memory: Q, then per stage a K and a V tile.
     extern __shared__ __align__(COPY_BYTES) unsigned char smem[];
     const typename Kernel::Q_tile Q_smem{reinterpret_cast<value_t *>(smem)};
-    const typename Kernel::KV_tile K_smem{Q_smem.data + Kernel::Q_tile::size};
-    const typename Kernel::KV_tile V_smem{K_smem.data + Kernel::KV_tile::size};
+    value_t *const KV_smem = Q_smem.data + Kernel::Q_tile::size;
+    const auto K_smem = [&](int stage) { return KV_tile{KV_smem + stage * Kernel::KV_stage_elems}; };
+    const auto V_smem = [&](int stage) { return KV_tile{KV_smem + stage * Kernel::KV_stage_elems + KV_tile::size}; };
+    constexpr int KV_stage_bytes = Kernel::KV_stage_elems * static_cast<int>(sizeof(value_t));
 
     const int Q_block = blockIdx.x;
     const int head = blockIdx.y;
@@ -70,23 +74,22 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     value_t *O = tensor_rows<value_t>(args.O, args.O_strides, batch, head, Q_block * Kernel::B_r);
     const int64_t K_tile_stride = Kernel::B_c * args.K_strides.seq;
     const int64_t V_tile_stride = Kernel::B_c * args.V_strides.seq;
-    const auto copy_K_tile = [&](int KV_block) {
-        copy_global_to_shared<async_copy, n_threads>(K_smem, K + KV_block * K_tile_stride, args.K_strides.seq);
-    };
-    const auto copy_V_tile = [&](int KV_block) {
-        copy_global_to_shared<async_copy, n_threads>(V_smem, V + KV_block * V_tile_stride, args.V_strides.seq);
+    // Issues the copies of KV tile KV_block into a stage: K's as one cp.async group, then V's.
+    const auto copy_KV_tiles = [&](int KV_block, int stage) {
+        copy_global_to_shared<async_copy, n_threads>(K_smem(stage), K + KV_block * K_tile_stride, args.K_strides.seq);
+        copy_global_to_shared<async_copy, n_threads>(V_smem(stage), V + KV_block * V_tile_stride, args.V_strides.seq);
     };
 
     // Per-lane ldmatrix addresses, computed once: each fragment load adds a compile-time offset.
+    // K's and V's move between the two stages in place, so no second set stays live.
     const auto Q_addresses = A_addresses(Q_smem, warp_first_row);
-    const auto K_addresses = B_from_rows_n_addresses(K_smem);
-    const auto V_addresses = B_from_rows_k_addresses(V_smem);
+    auto K_addresses = B_from_rows_n_addresses(K_smem(0));
+    auto V_addresses = B_from_rows_k_addresses(V_smem(0));
+    int next_stage_shift = KV_stage_bytes;
 
     copy_global_to_shared<async_copy, n_threads>(Q_smem, Q, args.Q_strides.seq);
-    if constexpr (eager) {
-        copy_K_tile(0);
-        copy_V_tile(0);
-    }
+    if constexpr (eager)
+        copy_KV_tiles(0, 0);
     typename Kernel::Q_fragments Q_frags;
     if constexpr (Kernel::Q_in_registers) {
         wait_for_copies<Kernel, eager ? 2 : 0>(); // Q has landed; K_0 and V_0 may be in flight
@@ -99,13 +102,17 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     softmax.init();
 
     const auto process_KV_tile = [&](int KV_block, auto first_tile) {
-        const bool has_next = KV_block + 1 < args.n_KV_blocks;
-        if constexpr (!eager) {
+        const int stage = eager ? KV_block % 2 : 0;
+        if constexpr (eager) {
+            // Tile j (and Q) have landed, and every warp is done with the other stage.
+            wait_for_copies<Kernel, 0>();
+            if (KV_block + 1 < args.n_KV_blocks)
+                copy_KV_tiles(KV_block + 1, 1 - stage);
+        } else {
             __syncthreads(); // every warp is done with the previous K and V tiles
-            copy_K_tile(KV_block);
-            copy_V_tile(KV_block);
+            copy_KV_tiles(KV_block, 0);
+            wait_for_copies<Kernel, 1>(); // K_j (and Q) have landed; V_j may still be in flight
         }
-        wait_for_copies<Kernel, 1>(); // K_j (and Q) have landed; V_j may still be in flight
 
         typename Kernel::S_accumulators S_acc;
         S_acc.zero();
@@ -123,20 +130,12 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
                     warp_gemm<value_t>(S_acc, f.Q, 0, f.K);
             });
 
-        if constexpr (eager) {
-            __syncthreads(); // every warp is done with K_j
-            if (has_next)
-                copy_K_tile(KV_block + 1);
-        }
-
         softmax.template update<decltype(first_tile)::value>(S_acc, O_acc, args.softmax_scale);
         typename Kernel::P_fragments P_frags;
         accumulators_to_A<value_t>(P_frags, S_acc);
 
-        if (eager && has_next)
-            wait_for_copies<Kernel, 1>(); // V_j has landed; K_{j+1} may still be in flight
-        else
-            wait_for_copies<Kernel, 0>();
+        if constexpr (!eager)
+            wait_for_copies<Kernel, 0>(); // V_j has landed
         using V_fragments = typename Kernel::V_fragments;
         chunked_product<Kernel::PV_chunks, Kernel::mma_double_buffer_loads, V_fragments>(
             [&](int chunk, V_fragments &f) { load_B_from_rows_k(f, V_addresses, chunk * Kernel::V_slices_per_load); },
@@ -145,9 +144,9 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
             });
 
         if constexpr (eager) {
-            __syncthreads(); // every warp is done with V_j
-            if (has_next)
-                copy_V_tile(KV_block + 1);
+            K_addresses.shift(next_stage_shift);
+            V_addresses.shift(next_stage_shift);
+            next_stage_shift = -next_stage_shift;
         }
     };
 

@@ -92,6 +92,13 @@ struct LdmatrixAddresses {
             base[p] = ptx::shared_address(tile.at(lane_row, (2 * p + chunk_lsb) * ELEMS_PER_COPY));
     }
 
+    // Moves the addresses to a tile `bytes` further on (another pipeline stage of the same shape).
+    __device__ __forceinline__ void shift(int bytes) {
+#pragma unroll
+        for (int p = 0; p < 4; ++p)
+            base[p] += bytes;
+    }
+
     // Rows lane_row + row_offset (a multiple of 8), chunk 2 * chunk_pair + chunk_lsb.
     __device__ __forceinline__ uint32_t at(int row_offset, int chunk_pair) const {
         return base[chunk_pair % 4] + row_offset * row_bytes + (chunk_pair / 4) * (SWIZZLE_CHUNKS * COPY_BYTES);

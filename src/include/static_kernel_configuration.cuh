@@ -76,10 +76,15 @@ struct StaticForwardKernelConfig {
     using S_accumulators = Accumulators<M_tiles, S_tiles>;
     using O_accumulators = Accumulators<M_tiles, O_tiles>;
 
-    // Shared memory: the Q tile (reused to stage O on the way out), then one K and one V tile.
+    // Shared memory: the Q tile (reused to stage O on the way out), then a K and a V tile per
+    // pipeline stage. eager_load_blocks copies the next K and V tiles into the second stage
+    // while the first is computed on.
     using Q_tile = SmemTile<value_t, B_r, d_head, swizzled>;
     using KV_tile = SmemTile<value_t, B_c, d_head, swizzled>;
-    static constexpr int smem_bytes = (Q_tile::size + 2 * KV_tile::size) * static_cast<int>(sizeof(value_t));
+    static constexpr int KV_stages = eager_load_blocks ? 2 : 1;
+    static constexpr int KV_stage_elems = 2 * KV_tile::size; // one K and one V tile
+    static constexpr int smem_bytes =
+        (Q_tile::size + KV_stages * KV_stage_elems) * static_cast<int>(sizeof(value_t));
     static_assert(smem_bytes == CFG.smem_bytes(), "the kernel's shared memory must match the config's");
 };
 
