@@ -17,8 +17,7 @@ namespace flash {
 // optimized = false, the textbook update: scale every score, take the row maximum, expf(s - max).
 // optimized = true: the maxima stay in raw-score units and the scale is folded into the exponent,
 // exp(scale * (s - max)) = 2^(s * c - max * c) with c = scale * log2(e): one FFMA and one MUFU.EX2
-// per score; the first KV tile skips the rescaling, which cannot matter there, and later tiles
-// skip rescaling the outputs when no row's maximum grew.
+// per score; the first KV tile skips the rescaling, which cannot matter there.
 template <int M_tiles, bool optimized>
 struct OnlineSoftmax {
     float row_max[M_tiles][2]; // of the scores seen so far (scaled unless optimized); quad-uniform
@@ -43,18 +42,17 @@ struct OnlineSoftmax {
                                            float scale) {
         static_assert(optimized || !first_tile, "only the optimized softmax specializes the first tile");
         if constexpr (optimized) {
+            // All rows' probabilities first, then the output rescaling: the multiplications of
+            // the rescaling then sit next to the P V product's MMAs for the scheduler to overlap.
+            // (Skipping them when no maximum grew, with a warp vote, measured slower: the branch
+            // splits the block the scheduler works on.)
             float rescale[M_tiles][2];
-            bool max_grew = false;
 #pragma unroll
             for (int m = 0; m < M_tiles; ++m)
 #pragma unroll
                 for (int h = 0; h < 2; ++h)
-                    max_grew |= update_row_folded<first_tile>(s.r[m], h, row_max[m][h], row_sum[m][h], scale,
-                                                              rescale[m][h]);
-            // Once a row has seen many tiles its maximum rarely grows, and then its factor is
-            // exactly 1: the warp skips the D_tiles * 4 multiplications per row when no row of
-            // any of its lanes grew (a warp-uniform branch).
-            if (!first_tile && __any_sync(0xffffffffu, max_grew))
+                    rescale[m][h] = update_row_folded<first_tile>(s.r[m], h, row_max[m][h], row_sum[m][h], scale);
+            if constexpr (!first_tile)
 #pragma unroll
                 for (int m = 0; m < M_tiles; ++m)
 #pragma unroll
@@ -113,10 +111,10 @@ struct OnlineSoftmax {
         rescale_row(o, h, rescale);
     }
 
-    // Returns whether the row's maximum grew; rescale receives the factor for its outputs (1 if not).
+    // Returns the factor for the row's outputs (unused on the first tile: nothing to rescale yet).
     template <bool first_tile, int N_tiles>
-    static __device__ __forceinline__ bool update_row_folded(float (&s)[N_tiles][4], int h, float &row_max,
-                                                             float &row_sum, float scale, float &rescale) {
+    static __device__ __forceinline__ float update_row_folded(float (&s)[N_tiles][4], int h, float &row_max,
+                                                              float &row_sum, float scale) {
         const float scale_log2 = scale * LOG2_E;
         float tile_max = -INFINITY;
 #pragma unroll
@@ -124,11 +122,11 @@ struct OnlineSoftmax {
             tile_max = fmaxf(tile_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
         tile_max = quad_max(tile_max);
 
-        bool grew = true;
         float new_max = tile_max;
-        rescale = 1.0f; // unused on the first tile: there is nothing to rescale yet
+        float rescale = 1.0f;
         if constexpr (!first_tile) {
-            grew = tile_max > row_max;
+            // Exactly 1 when the maximum did not grow, without a round trip through MUFU.EX2.
+            const bool grew = tile_max > row_max;
             new_max = grew ? tile_max : row_max;
             rescale = grew ? ptx::exp2((row_max - new_max) * scale_log2) : 1.0f;
             row_sum *= rescale;
@@ -145,7 +143,7 @@ struct OnlineSoftmax {
                 tile_sum += s[n][i];
             }
         row_sum += tile_sum;
-        return grew;
+        return rescale;
     }
 
     template <int D_tiles>
