@@ -15,7 +15,6 @@ machine's architecture with TORCH_CUDA_ARCH_LIST (default: the GPU it finds).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import pathlib
 import shutil
@@ -60,19 +59,22 @@ def build(name: str, cache_dir: pathlib.Path = DEFAULT_CACHE, verbose: bool = Fa
 
 
 def check(module, configs: list[FlashForwardKernelConfig]) -> bool:
-    """Runs each configuration once against float32 attention; True if all agree."""
+    """Runs each configuration once against the float32 reference (the tests' criterion)."""
     import torch
+
+    from flash_helpers.reference import FloatReference
 
     ok = True
     for cfg in configs:
         dtype = cfg.dtype.to_torch_dtype()
         q, k, v = (torch.randn(2, 512, 3, cfg.d_head, device="cuda", dtype=dtype) for _ in range(3))
         out, _ = module.forward(cfg, q, k, v)
-        scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) / math.sqrt(cfg.d_head)
-        ref = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v.float())
-        error = (out.float() - ref).norm() / ref.norm()
-        ok &= bool(error < 1e-2)
-        print(f"{cfg.short_form()}: relative error {error:.2e}")
+        comparison = FloatReference(q, k, v).compare(out)
+        ok &= comparison.passed
+        print(
+            f"{cfg.short_form()}: {'ok' if comparison.passed else 'FAILED'}, max error {comparison.max_error:.2e} "
+            f"(allowed {comparison.tolerance:.2e}), relative norm error {comparison.relative_norm_error:.2e}"
+        )
     return ok
 
 
@@ -80,7 +82,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("snapshot", help="directory name under previous_kernels/, e.g. 01_base")
     parser.add_argument("--cache-dir", type=pathlib.Path, default=DEFAULT_CACHE)
-    parser.add_argument("--check", action="store_true", help="run each config once against float32 attention")
+    parser.add_argument("--check", action="store_true", help="run each config once against the float32 reference")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     module = build(args.snapshot, args.cache_dir, args.verbose)

@@ -43,6 +43,7 @@ if not _extension_is_built():
 
 import flash_attention  # noqa: E402
 from flash_attention import _C  # noqa: E402
+from flash_helpers.reference import FloatReference  # noqa: E402
 from flash_helpers.kernel_configs import (  # noqa: E402
     KERNELS_ENV,
     FlashForwardKernelConfig,
@@ -53,9 +54,6 @@ from flash_helpers.kernel_configs import (  # noqa: E402
 
 gpu = pytest.mark.gpu
 
-# Query rows per chunk of the reference are chosen so one chunk's scores hold this many elements
-# (256 MiB in float32): the reference for seq_len 16384 then needs little memory.
-REFERENCE_CHUNK_ELEMENTS = 1 << 26
 # GPU clock cycles the stream test keeps its stream busy for (about 10 ms): far longer than the
 # time it takes to queue the kernel behind it.
 STREAM_BUSY_CYCLES = 20_000_000
@@ -114,56 +112,8 @@ def nan_like(t: torch.Tensor) -> torch.Tensor:
     return torch.full_like(t, float("nan"))
 
 
-def attention(q, k, v, dtype) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d_head)) v with torch ops in ``dtype``, in the (batch, seq, heads, d_head) layout."""
-    q, k, v = (t.to(dtype).transpose(1, 2) for t in (q, k, v))
-    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
-    return (scores.softmax(dim=-1) @ v).transpose(1, 2)
-
-
-@dataclasses.dataclass
-class ReferenceComparison:
-    """The test criterion (the one FlashAttention's own tests use): the output may be off the float32
-    reference by at most twice what computing in the input dtype itself costs."""
-
-    max_error: float  # max |out - ref32|
-    ref16_max_error: float  # max |ref16 - ref32|, ref16 being the same math in the input dtype
-    relative_norm_error: float  # ||out - ref32|| / ||ref32||
-
-    @property
-    def tolerance(self) -> float:
-        return 2 * self.ref16_max_error + 1e-5
-
-    @property
-    def passed(self) -> bool:
-        return self.max_error <= self.tolerance and self.relative_norm_error < 1e-2
-
-
-def compare_with_reference(out, q, k, v) -> ReferenceComparison:
-    """Compares ``out`` with the references chunk by chunk over query rows, so long sequences fit."""
-    batch, seq_len, heads, _ = q.shape
-    rows = max(1, REFERENCE_CHUNK_ELEMENTS // (batch * heads * seq_len))
-    # 0-d tensors, not floats: torch.maximum propagates NaN where Python's max() would drop it.
-    max_error, ref16_max_error = (torch.zeros((), device=q.device) for _ in range(2))
-    squared_error, squared_ref = (torch.zeros((), device=q.device, dtype=torch.float64) for _ in range(2))
-    for start in range(0, seq_len, rows):
-        q_rows, out_rows = q[:, start : start + rows], out[:, start : start + rows]
-        ref32 = attention(q_rows, k, v, torch.float32)
-        ref16 = attention(q_rows, k, v, q.dtype).float()
-        error = out_rows.float() - ref32
-        max_error = torch.maximum(max_error, error.abs().max())
-        ref16_max_error = torch.maximum(ref16_max_error, (ref16 - ref32).abs().max())
-        squared_error += error.double().square().sum()
-        squared_ref += ref32.double().square().sum()
-    return ReferenceComparison(
-        max_error=max_error.item(),
-        ref16_max_error=ref16_max_error.item(),
-        relative_norm_error=(squared_error / squared_ref).sqrt().item(),
-    )
-
-
 def assert_matches_reference(out, q, k, v) -> None:
-    comparison = compare_with_reference(out, q, k, v)
+    comparison = FloatReference(q, k, v).compare(out)
     assert comparison.passed, (
         f"output differs from the float32 reference: max error {comparison.max_error:.3g} "
         f"(allowed {comparison.tolerance:.3g}), relative norm error {comparison.relative_norm_error:.3g} (allowed 1e-2)"

@@ -21,6 +21,7 @@ import argparse
 import sys
 
 import bench_common as common
+from flash_helpers.reference import FloatReference
 
 REFERENCE_CHOICES = ("none", *common.SDPA_REFERENCES, "all")
 
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     q, k, v = common.make_inputs(batch, args.seq_len, heads, args.d_head, dtype, seed=args.seed)
-    reference = common.FloatReference(q, k, v) if args.check and configs else None
+    reference = FloatReference(q, k, v) if args.check and configs else None
     o = torch.empty_like(q)
     comparisons = {}
     for cfg in configs:
