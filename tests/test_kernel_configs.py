@@ -582,3 +582,11 @@ def test_demangled_kernel_name_is_the_demangled_device_symbol():
         "void flash::flash_forward_kernel<flash::StaticForwardKernelConfig<flash::FlashForwardKernelConfig"
         "{(flash::DType)15, 64, 128, 32, 8, false, false, false, 0, 0, 0, false, false}> >(flash::ForwardKernelArgs)"
     )
+
+
+def test_keys_joined_by_plus_select_the_union():
+    union = get_kernel_configs("tune+prog")
+    assert union == sorted(set(get_kernel_configs("tune")) | set(get_kernel_configs("prog")))
+    assert get_kernels_to_build("default+prog") == sorted(set(get_kernels_to_build()) | set(get_kernel_configs("prog")))
+    with pytest.raises(ValueError, match="unknown kernel set"):
+        get_kernel_configs("tune+nonsense")
