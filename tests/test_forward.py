@@ -7,6 +7,7 @@ the KERNELS environment variable selects. The tests at the end need no GPU, only
 
 import dataclasses
 import functools
+import math
 import importlib.machinery
 import importlib.util
 import os
@@ -138,6 +139,26 @@ def test_matches_reference(cfg, shape, rng):
     o = nan_like(q)
     out = flash_attention.forward(cfg, q, k, v, o)
     assert out.data_ptr() == o.data_ptr(), "forward must return the o it was given"
+    assert not out.isnan().any(), "some output elements were not written"
+    assert_matches_reference(out, q, k, v)
+
+
+def ramped_keys(k: torch.Tensor, first: float, last: float) -> torch.Tensor:
+    """k with its rows scaled geometrically from ``first`` to ``last`` along the sequence."""
+    factors = torch.logspace(math.log2(first), math.log2(last), k.shape[1], base=2, device=k.device)
+    return (k.float() * factors[None, :, None, None]).to(k.dtype)
+
+
+@gpu
+@each_config
+@pytest.mark.parametrize("ramp", [(0.25, 8.0), (8.0, 0.25)], ids=["growing_keys", "shrinking_keys"])
+def test_matches_reference_when_row_maxima_move_far(cfg, ramp, rng):
+    """Keys whose scale ramps along the sequence: growing, each row's maximum climbs far beyond
+    what one rescaling covers, again and again, so the outputs must be rescaled on many tiles;
+    shrinking, the first tile holds the maxima and later tiles' probabilities vanish next to it."""
+    q, k, v = random_qkv(cfg, 2, 3, 16 * smallest_seq_len(cfg), rng)
+    k = ramped_keys(k, *ramp)
+    out = flash_attention.forward(cfg, q, k, v, nan_like(q))
     assert not out.isnan().any(), "some output elements were not written"
     assert_matches_reference(out, q, k, v)
 

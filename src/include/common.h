@@ -18,6 +18,9 @@ constexpr int ELEMS_PER_COPY = COPY_BYTES / 2;
 // log2(e): exp(x) = 2^(x * log2(e)).
 constexpr float LOG2_E = 1.4426950408889634f;
 
+// Every lane of a warp takes part in the warp-wide shuffles and votes.
+constexpr unsigned FULL_WARP_MASK = 0xffffffffu;
+
 // Threads of a quad (lane / 4) share the rows of an MMA accumulator fragment.
 constexpr int QUAD_SIZE = 4;
 

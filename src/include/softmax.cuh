@@ -1,6 +1,6 @@
 // Online softmax over the KV tiles (FlashAttention-2): running row maxima and row sums in
-// float32, the output accumulators rescaled whenever a row's maximum grows, and the division by
-// the row sum left to the very end.
+// float32, the output accumulators rescaled when a row's maximum grows, and the division by the
+// row sum left to the very end.
 #pragma once
 
 #include <cmath>
@@ -17,10 +17,18 @@ namespace flash {
 // optimized = false, the textbook update: scale every score, take the row maximum, expf(s - max).
 // optimized = true: the maxima stay in raw-score units and the scale is folded into the exponent,
 // exp(scale * (s - max)) = 2^(s * c - max * c) with c = scale * log2(e): one FFMA and one MUFU.EX2
-// per score; the first KV tile skips the rescaling, which cannot matter there.
+// per score. The first KV tile only sets the maxima. After it, a warp keeps its rows' reference
+// maxima while they are stale by at most MAX_STALE_LOG2 (the probabilities then stay at most
+// 2^MAX_STALE_LOG2, far inside the 16-bit and float32 ranges, and the final division cancels the
+// reference whatever it is), and moves them, rescaling its outputs, only on the tiles where some
+// row's maximum grows by more than that: usually just the first few. On every other tile the
+// outputs' rescaling multiplications and their place on the path to the P V product are gone.
 template <int M_tiles, bool optimized>
 struct OnlineSoftmax {
-    float row_max[M_tiles][2]; // of the scores seen so far (scaled unless optimized); quad-uniform
+    // How far, in log2 units of probability, a row's true maximum may exceed its reference maximum.
+    static constexpr float MAX_STALE_LOG2 = 8.0f;
+
+    float row_max[M_tiles][2]; // reference maxima of the scores (scaled unless optimized); quad-uniform
     float row_sum[M_tiles][2]; // of the probabilities over this lane's columns only
 
     __device__ __forceinline__ void init() {
@@ -34,30 +42,52 @@ struct OnlineSoftmax {
     }
 
     // Turns the raw scores S = Q K^T of one KV tile into unnormalised probabilities
-    // exp(scale * (S - max)) in place, and rescales the output accumulators o by
-    // exp(scale * (old_max - new_max)) so they stay relative to the new maxima. first_tile marks
-    // the first KV tile; only the optimized update uses it.
+    // exp(scale * (S - max)) in place, max being the rows' reference maxima, and when those move
+    // rescales the output accumulators o by exp(scale * (old_max - new_max)) so they stay relative
+    // to them. first_tile marks the first KV tile; only the optimized update uses it.
     template <bool first_tile, int N_tiles, int D_tiles>
     __device__ __forceinline__ void update(Accumulators<M_tiles, N_tiles> &s, Accumulators<M_tiles, D_tiles> &o,
                                            float scale) {
         static_assert(optimized || !first_tile, "only the optimized softmax specializes the first tile");
         if constexpr (optimized) {
-            // All rows' probabilities first, then the output rescaling: the multiplications of
-            // the rescaling then sit next to the P V product's MMAs for the scheduler to overlap.
-            // (Skipping them when no maximum grew, with a warp vote, measured slower: the branch
-            // splits the block the scheduler works on.)
-            float rescale[M_tiles][2];
+            const float scale_log2 = scale * LOG2_E;
+            float tile_max[M_tiles][2];
 #pragma unroll
             for (int m = 0; m < M_tiles; ++m)
 #pragma unroll
                 for (int h = 0; h < 2; ++h)
-                    rescale[m][h] = update_row_folded<first_tile>(s.r[m], h, row_max[m][h], row_sum[m][h], scale);
-            if constexpr (!first_tile)
+                    tile_max[m][h] = quad_max(lane_row_max(s.r[m], h));
+            if constexpr (first_tile) {
 #pragma unroll
                 for (int m = 0; m < M_tiles; ++m)
 #pragma unroll
                     for (int h = 0; h < 2; ++h)
-                        rescale_row(o.r[m], h, rescale[m][h]);
+                        row_max[m][h] = tile_max[m][h];
+            } else {
+                bool too_stale = false;
+#pragma unroll
+                for (int m = 0; m < M_tiles; ++m)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+                        too_stale |= (tile_max[m][h] - row_max[m][h]) * scale_log2 > MAX_STALE_LOG2;
+                // Warp-uniform, so the common path holds no rescaling code at all.
+                if (__any_sync(FULL_WARP_MASK, too_stale))
+#pragma unroll
+                    for (int m = 0; m < M_tiles; ++m)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const float new_max = fmaxf(row_max[m][h], tile_max[m][h]);
+                            const float rescale = ptx::exp2((row_max[m][h] - new_max) * scale_log2);
+                            row_max[m][h] = new_max;
+                            row_sum[m][h] *= rescale;
+                            rescale_row(o.r[m], h, rescale);
+                        }
+            }
+#pragma unroll
+            for (int m = 0; m < M_tiles; ++m)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    row_sum[m][h] += exponentiate_row_folded(s.r[m], h, row_max[m][h], scale_log2);
         } else {
 #pragma unroll
             for (int m = 0; m < M_tiles; ++m)
@@ -111,39 +141,30 @@ struct OnlineSoftmax {
         rescale_row(o, h, rescale);
     }
 
-    // Returns the factor for the row's outputs (unused on the first tile: nothing to rescale yet).
-    template <bool first_tile, int N_tiles>
-    static __device__ __forceinline__ float update_row_folded(float (&s)[N_tiles][4], int h, float &row_max,
-                                                              float &row_sum, float scale) {
-        const float scale_log2 = scale * LOG2_E;
-        float tile_max = -INFINITY;
+    // The maximum of one lane's share of row h of one 16-row tile.
+    template <int N_tiles>
+    static __device__ __forceinline__ float lane_row_max(const float (&s)[N_tiles][4], int h) {
+        float row_max = -INFINITY;
 #pragma unroll
         for (int n = 0; n < N_tiles; ++n)
-            tile_max = fmaxf(tile_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-        tile_max = quad_max(tile_max);
+            row_max = fmaxf(row_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+        return row_max;
+    }
 
-        float new_max = tile_max;
-        float rescale = 1.0f;
-        if constexpr (!first_tile) {
-            // Exactly 1 when the maximum did not grow, without a round trip through MUFU.EX2.
-            const bool grew = tile_max > row_max;
-            new_max = grew ? tile_max : row_max;
-            rescale = grew ? ptx::exp2((row_max - new_max) * scale_log2) : 1.0f;
-            row_sum *= rescale;
-        }
-        row_max = new_max;
-
-        const float exponent_offset = -new_max * scale_log2;
-        float tile_sum = 0.0f;
+    // Turns one lane's share of row h into 2^(s * c - reference_max * c) in place; returns its sum.
+    template <int N_tiles>
+    static __device__ __forceinline__ float exponentiate_row_folded(float (&s)[N_tiles][4], int h, float reference_max,
+                                                                    float scale_log2) {
+        const float exponent_offset = -reference_max * scale_log2;
+        float lane_sum = 0.0f;
 #pragma unroll
         for (int n = 0; n < N_tiles; ++n)
 #pragma unroll
             for (int i = 2 * h; i < 2 * h + 2; ++i) {
                 s[n][i] = ptx::exp2(fmaf(s[n][i], scale_log2, exponent_offset));
-                tile_sum += s[n][i];
+                lane_sum += s[n][i];
             }
-        row_sum += tile_sum;
-        return rescale;
+        return lane_sum;
     }
 
     template <int D_tiles>
@@ -158,14 +179,14 @@ struct OnlineSoftmax {
     static __device__ __forceinline__ float quad_max(float x) {
 #pragma unroll
         for (int offset = 1; offset < QUAD_SIZE; offset *= 2)
-            x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+            x = fmaxf(x, __shfl_xor_sync(FULL_WARP_MASK, x, offset));
         return x;
     }
 
     static __device__ __forceinline__ float quad_sum(float x) {
 #pragma unroll
         for (int offset = 1; offset < QUAD_SIZE; offset *= 2)
-            x += __shfl_xor_sync(0xffffffffu, x, offset);
+            x += __shfl_xor_sync(FULL_WARP_MASK, x, offset);
         return x;
     }
 };
