@@ -21,6 +21,7 @@ sys.path[:0] = [str(BENCHMARK_DIR), str(ANALYSIS_DIR)]
 import autotune  # noqa: E402
 import bench_common as common  # noqa: E402
 import ncu_bench  # noqa: E402
+import progression  # noqa: E402
 import pt_bench  # noqa: E402
 import sass_counts  # noqa: E402
 from flash_helpers.kernel_configs import (  # noqa: E402
@@ -36,6 +37,7 @@ PYTHON_TOOLS = [
     BENCHMARK_DIR / "run_kernels.py",
     BENCHMARK_DIR / "ncu_bench.py",
     BENCHMARK_DIR / "autotune.py",
+    BENCHMARK_DIR / "progression.py",
     ANALYSIS_DIR / "sass_counts.py",
     ANALYSIS_DIR / "sass_diff.py",
 ]
@@ -113,6 +115,7 @@ def test_autotune_script_help():
         [BENCHMARK_DIR / "run_kernels.py", "1024", "128"],
         [BENCHMARK_DIR / "pt_bench.py"],
         [BENCHMARK_DIR / "autotune.py", "--csv", "unused.csv"],
+        [BENCHMARK_DIR / "progression.py", "--csv", "unused.csv"],
     ],
     ids=lambda command: command[0].name,
 )
@@ -620,3 +623,53 @@ def test_autotune_summary_only_rejects_other_files(tmp_path):
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
     result = run_tool(sys.executable, str(BENCHMARK_DIR / "autotune.py"), "--summary-only", str(tmp_path / "other.csv"))
     assert result.returncode == 1 and "not a timing CSV file" in result.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# progression
+
+
+def _progression_timings(steps) -> list:
+    """FLASH at 2.0 ms; the first step 4x and the second 2x slower, each with two configurations
+    (the faster counts) at seq 1024 and 4096."""
+
+    def timing(step, config, seq_len, time_ms):
+        return progression.StepTiming(step, config, "fp16", seq_len, 16, 16, time_ms, 1000 / time_ms)
+
+    timings = []
+    for seq_len in (1024, 4096):
+        timings.append(timing("sdpa_flash", "", seq_len, 2.0))
+        for step, slowdown in zip(steps, (4, 2), strict=True):
+            timings += [timing(step.name, "a", seq_len, 2.0 * slowdown), timing(step.name, "b", seq_len, 100.0)]
+    return timings
+
+
+def test_progression_table_per_step():
+    steps = progression.snapshots.all_steps()[:2]
+    rows = progression.summary_rows(steps, _progression_timings(steps), [1024, 4096])
+    lines = progression.format_summary(rows, [1024, 4096], "fp16").splitlines()
+    assert lines[1].split()[:3] == ["step", "what", "changed"]
+    first, second = lines[3], lines[4]
+    assert first.startswith(steps[0].name) and steps[0].title in first
+    assert first.split()[-3:] == ["25.0", "0.250", "125.0"]  # % of FLASH at 4096, harmonic mean, TFLOP/s
+    assert second.split()[-3:] == ["50.0", "0.500", "250.0"]
+
+
+def test_progression_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    steps = progression.snapshots.all_steps()[:2]
+    timings = _progression_timings(steps)
+    rows = progression.summary_rows(steps, timings, [1024, 4096])
+    progression.plot(str(tmp_path / "steps.png"), rows, timings, [1024, 4096], "fp16")
+    assert (tmp_path / "steps.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_progression_reports_a_tree_that_fails_to_build(tmp_path):
+    result = progression.build_in_subprocess("99_no_such_step", tmp_path, jobs=1)
+    assert result.error.startswith("build failed (exit status 2;")
+    assert "no step '99_no_such_step'" in result.error
+
+
+def test_progression_rejects_an_unknown_step():
+    result = run_tool(sys.executable, str(BENCHMARK_DIR / "progression.py"), "--steps", "99")
+    assert result.returncode == 2 and "no step '99'" in result.stderr

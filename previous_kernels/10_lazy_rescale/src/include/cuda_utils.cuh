@@ -1,0 +1,54 @@
+// Host-side CUDA helpers for the binding: error checks that raise, timing events that are
+// always destroyed.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include <cuda_runtime.h>
+
+namespace flash {
+
+// Throws std::runtime_error (RuntimeError in Python) naming what failed.
+inline void check_cuda(cudaError_t status, const char *what) {
+    if (status != cudaSuccess)
+        throw std::runtime_error(std::string(what) + " failed: " + cudaGetErrorString(status));
+}
+
+// A start/stop pair of CUDA events around work on one stream; destroyed with the object, so an
+// exception between the two records leaks nothing.
+class EventTimer {
+  public:
+    explicit EventTimer(cudaStream_t stream) : stream_(stream) {
+        check_cuda(cudaEventCreate(&start_), "cudaEventCreate");
+        const cudaError_t status = cudaEventCreate(&stop_);
+        if (status != cudaSuccess) {
+            cudaEventDestroy(start_);
+            check_cuda(status, "cudaEventCreate");
+        }
+    }
+    EventTimer(const EventTimer &) = delete;
+    EventTimer &operator=(const EventTimer &) = delete;
+    ~EventTimer() {
+        cudaEventDestroy(start_);
+        cudaEventDestroy(stop_);
+    }
+
+    void start() { check_cuda(cudaEventRecord(start_, stream_), "cudaEventRecord"); }
+    void stop() { check_cuda(cudaEventRecord(stop_, stream_), "cudaEventRecord"); }
+
+    // Waits for the stop event and returns the time between the two records.
+    float elapsed_ms() {
+        check_cuda(cudaEventSynchronize(stop_), "cudaEventSynchronize");
+        float ms = 0.0f;
+        check_cuda(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
+        return ms;
+    }
+
+  private:
+    cudaStream_t stream_;
+    cudaEvent_t start_ = nullptr;
+    cudaEvent_t stop_ = nullptr;
+};
+
+} // namespace flash

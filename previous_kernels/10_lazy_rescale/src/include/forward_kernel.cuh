@@ -1,0 +1,173 @@
+// The FlashAttention-2 forward kernel. One thread block computes O for B_r query rows of one
+// (batch, head): it walks over all KV tiles, computing S = Q K^T, the online softmax and
+// O += P V on tensor cores, and writes O once at the end.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common.h"
+#include "flash_config.cuh"
+#include "forward_kernel_registry.cuh"
+#include "gemm.cuh"
+#include "layout.cuh"
+#include "load_store.cuh"
+#include "ptx.cuh"
+#include "softmax.cuh"
+#include "static_kernel_configuration.cuh"
+
+namespace flash {
+
+// Element pointer to row `row` of one (batch, head) slice of a (batch, seq, heads, d_head) tensor.
+template <typename value_t, typename Ptr>
+__device__ __forceinline__ value_t *tensor_rows(Ptr base, const TensorStrides &strides, int batch, int head, int row) {
+    return static_cast<value_t *>(base) + batch * strides.batch + head * strides.head + row * strides.seq;
+}
+
+// Makes the block's completed tile copies visible to every warp. With cp.async, waits first until
+// at most n_pending of this thread's copy groups are still in flight.
+template <typename Kernel, int n_pending>
+__device__ __forceinline__ void wait_for_copies() {
+    if constexpr (Kernel::async_copy)
+        ptx::cp_async_wait<n_pending>();
+    __syncthreads();
+}
+
+struct NoFragments {};
+
+// The fragments of one k-chunk of S = Q K^T: K's, and Q's unless Q stays in registers.
+template <typename Kernel>
+struct QKChunkFragments {
+    typename Kernel::K_fragments K;
+    std::conditional_t<Kernel::Q_in_registers, NoFragments, typename Kernel::Q_chunk_fragments> Q;
+};
+
+// The copy schedule. Without eager_load_blocks there is one K and one V tile in shared memory:
+// each iteration issues its K and V copies once every warp is done with the previous ones, and
+// V's copy overlaps S = Q K^T when async. With it there are two stages: iteration j first waits
+// for its own tiles (issued one iteration earlier), then issues the copies of tile j + 1 into the
+// other stage, so they overlap all of iteration j's compute, with a single barrier per tile.
+template <typename Kernel>
+__global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const __grid_constant__ ForwardKernelArgs args) {
+    using value_t = typename Kernel::value_t;
+    using KV_tile = typename Kernel::KV_tile;
+    constexpr bool async_copy = Kernel::async_copy;
+    constexpr bool eager = Kernel::eager_load_blocks;
+    constexpr int n_threads = Kernel::n_threads;
+
+    // Shared memory: Q, then per stage a K and a V tile.
+    extern __shared__ __align__(COPY_BYTES) unsigned char smem[];
+    const typename Kernel::Q_tile Q_smem{reinterpret_cast<value_t *>(smem)};
+    value_t *const KV_smem = Q_smem.data + Kernel::Q_tile::size;
+    const auto K_smem = [&](int stage) { return KV_tile{KV_smem + stage * Kernel::KV_stage_elems}; };
+    const auto V_smem = [&](int stage) { return KV_tile{KV_smem + stage * Kernel::KV_stage_elems + KV_tile::size}; };
+    constexpr int KV_stage_bytes = Kernel::KV_stage_elems * static_cast<int>(sizeof(value_t));
+
+    const int Q_block = blockIdx.x;
+    const int head = blockIdx.y;
+    const int batch = blockIdx.z;
+    const int warp_first_row = (threadIdx.x / WARP_SIZE) * Kernel::warp_rows;
+
+    const value_t *Q = tensor_rows<const value_t>(args.Q, args.Q_strides, batch, head, Q_block * Kernel::B_r);
+    const value_t *K = tensor_rows<const value_t>(args.K, args.K_strides, batch, head, 0);
+    const value_t *V = tensor_rows<const value_t>(args.V, args.V_strides, batch, head, 0);
+    value_t *O = tensor_rows<value_t>(args.O, args.O_strides, batch, head, Q_block * Kernel::B_r);
+    const int64_t K_tile_stride = Kernel::B_c * args.K_strides.seq;
+    const int64_t V_tile_stride = Kernel::B_c * args.V_strides.seq;
+    // Issues the copies of KV tile KV_block into a stage: K's as one cp.async group, then V's.
+    const auto copy_KV_tiles = [&](int KV_block, int stage) {
+        copy_global_to_shared<async_copy, n_threads>(K_smem(stage), K + KV_block * K_tile_stride, args.K_strides.seq);
+        copy_global_to_shared<async_copy, n_threads>(V_smem(stage), V + KV_block * V_tile_stride, args.V_strides.seq);
+    };
+
+    // Per-lane ldmatrix addresses, computed once: each fragment load adds a compile-time offset.
+    // K's and V's move between the two stages in place, so no second set stays live.
+    const auto Q_addresses = A_addresses(Q_smem, warp_first_row);
+    auto K_addresses = B_from_rows_n_addresses(K_smem(0));
+    auto V_addresses = B_from_rows_k_addresses(V_smem(0));
+    int next_stage_shift = KV_stage_bytes;
+
+    copy_global_to_shared<async_copy, n_threads>(Q_smem, Q, args.Q_strides.seq);
+    if constexpr (eager)
+        copy_KV_tiles(0, 0);
+    typename Kernel::Q_fragments Q_frags;
+    if constexpr (Kernel::Q_in_registers) {
+        wait_for_copies<Kernel, eager ? 2 : 0>(); // Q has landed; K_0 and V_0 may be in flight
+        load_A(Q_frags, Q_addresses, 0);
+    }
+
+    typename Kernel::O_accumulators O_acc;
+    O_acc.zero();
+    OnlineSoftmax<Kernel::M_tiles, Kernel::optimized_softmax> softmax;
+    softmax.init();
+
+    const auto process_KV_tile = [&](int KV_block, auto first_tile) {
+        const int stage = eager ? KV_block % 2 : 0;
+        if constexpr (eager) {
+            // Tile j (and Q) have landed, and every warp is done with the other stage.
+            wait_for_copies<Kernel, 0>();
+            if (KV_block + 1 < args.n_KV_blocks)
+                copy_KV_tiles(KV_block + 1, 1 - stage);
+        } else {
+            __syncthreads(); // every warp is done with the previous K and V tiles
+            copy_KV_tiles(KV_block, 0);
+            wait_for_copies<Kernel, 1>(); // K_j (and Q) have landed; V_j may still be in flight
+        }
+
+        typename Kernel::S_accumulators S_acc;
+        S_acc.zero();
+        using QK_fragments = QKChunkFragments<Kernel>;
+        chunked_product<Kernel::QK_chunks, Kernel::mma_double_buffer_loads, QK_fragments>(
+            [&](int chunk, QK_fragments &f) {
+                load_B_from_rows_n(f.K, K_addresses, chunk * Kernel::K_slices_per_load);
+                if constexpr (!Kernel::Q_in_registers)
+                    load_A(f.Q, Q_addresses, chunk * Kernel::K_slices_per_load);
+            },
+            [&](int chunk, const QK_fragments &f) {
+                if constexpr (Kernel::Q_in_registers)
+                    warp_gemm<value_t>(S_acc, Q_frags, chunk * Kernel::K_slices_per_load, f.K);
+                else
+                    warp_gemm<value_t>(S_acc, f.Q, 0, f.K);
+            });
+
+        softmax.template update<decltype(first_tile)::value>(S_acc, O_acc, args.softmax_scale);
+        typename Kernel::P_fragments P_frags;
+        accumulators_to_A<value_t>(P_frags, S_acc);
+
+        if constexpr (!eager)
+            wait_for_copies<Kernel, 0>(); // V_j has landed
+        using V_fragments = typename Kernel::V_fragments;
+        chunked_product<Kernel::PV_chunks, Kernel::mma_double_buffer_loads, V_fragments>(
+            [&](int chunk, V_fragments &f) { load_B_from_rows_k(f, V_addresses, chunk * Kernel::V_slices_per_load); },
+            [&](int chunk, const V_fragments &f) {
+                warp_gemm<value_t>(O_acc, P_frags, chunk * Kernel::V_slices_per_load, f);
+            });
+
+        if constexpr (eager) {
+            K_addresses.shift(next_stage_shift);
+            V_addresses.shift(next_stage_shift);
+            next_stage_shift = -next_stage_shift;
+        }
+    };
+
+    // The optimized softmax peels the first KV tile, whose update needs no rescaling.
+    constexpr int first_general_tile = Kernel::optimized_softmax ? 1 : 0;
+    if constexpr (Kernel::optimized_softmax)
+        process_KV_tile(0, std::true_type{});
+    for (int KV_block = first_general_tile; KV_block < args.n_KV_blocks; ++KV_block)
+        process_KV_tile(KV_block, std::false_type{});
+
+    softmax.normalize(O_acc);
+    // O is staged through the Q tile so the global stores are full 16-byte, coalesced rows.
+    __syncthreads();
+    store_accumulators(Q_smem, O_acc, warp_first_row);
+    __syncthreads();
+    copy_shared_to_global<n_threads>(O, args.O_strides.seq, Q_smem);
+}
+
+template <FlashForwardKernelConfig CFG>
+forward_kernel_fn forward_kernel_pointer() {
+    return &flash_forward_kernel<StaticForwardKernelConfig<CFG>>;
+}
+
+} // namespace flash

@@ -1,0 +1,194 @@
+// Online softmax over the KV tiles (FlashAttention-2): running row maxima and row sums in
+// float32, the output accumulators rescaled when a row's maximum grows, and the division by the
+// row sum left to the very end.
+#pragma once
+
+#include <cmath>
+
+#include "common.h"
+#include "layout.cuh"
+#include "ptx.cuh"
+
+namespace flash {
+
+// Row statistics of one warp's M_tiles x 16 query rows. Each lane holds two rows per 16-row tile
+// (lane/4 and lane/4 + 8: index h), shared with the three other lanes of its quad.
+//
+// optimized = false, the textbook update: scale every score, take the row maximum, expf(s - max).
+// optimized = true: the maxima stay in raw-score units and the scale is folded into the exponent,
+// exp(scale * (s - max)) = 2^(s * c - max * c) with c = scale * log2(e): one FFMA and one MUFU.EX2
+// per score. The first KV tile only sets the maxima. After it, a warp keeps its rows' reference
+// maxima while they are stale by at most MAX_STALE_LOG2 (the probabilities then stay at most
+// 2^MAX_STALE_LOG2, far inside the 16-bit and float32 ranges, and the final division cancels the
+// reference whatever it is), and moves them, rescaling its outputs, only on the tiles where some
+// row's maximum grows by more than that: usually just the first few. On every other tile the
+// outputs' rescaling multiplications and their place on the path to the P V product are gone.
+template <int M_tiles, bool optimized>
+struct OnlineSoftmax {
+    // How far, in log2 units of probability, a row's true maximum may exceed its reference maximum.
+    static constexpr float MAX_STALE_LOG2 = 8.0f;
+
+    float row_max[M_tiles][2]; // reference maxima of the scores (scaled unless optimized); quad-uniform
+    float row_sum[M_tiles][2]; // of the probabilities over this lane's columns only
+
+    __device__ __forceinline__ void init() {
+#pragma unroll
+        for (int m = 0; m < M_tiles; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                row_max[m][h] = -INFINITY;
+                row_sum[m][h] = 0.0f;
+            }
+    }
+
+    // Turns the raw scores S = Q K^T of one KV tile into unnormalised probabilities
+    // exp(scale * (S - max)) in place, max being the rows' reference maxima, and when those move
+    // rescales the output accumulators o by exp(scale * (old_max - new_max)) so they stay relative
+    // to them. first_tile marks the first KV tile; only the optimized update uses it.
+    template <bool first_tile, int N_tiles, int D_tiles>
+    __device__ __forceinline__ void update(Accumulators<M_tiles, N_tiles> &s, Accumulators<M_tiles, D_tiles> &o,
+                                           float scale) {
+        static_assert(optimized || !first_tile, "only the optimized softmax specializes the first tile");
+        if constexpr (optimized) {
+            const float scale_log2 = scale * LOG2_E;
+            float tile_max[M_tiles][2];
+#pragma unroll
+            for (int m = 0; m < M_tiles; ++m)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    tile_max[m][h] = quad_max(lane_row_max(s.r[m], h));
+            if constexpr (first_tile) {
+#pragma unroll
+                for (int m = 0; m < M_tiles; ++m)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+                        row_max[m][h] = tile_max[m][h];
+            } else {
+                bool too_stale = false;
+#pragma unroll
+                for (int m = 0; m < M_tiles; ++m)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+                        too_stale |= (tile_max[m][h] - row_max[m][h]) * scale_log2 > MAX_STALE_LOG2;
+                // Warp-uniform, so the common path holds no rescaling code at all.
+                if (__any_sync(FULL_WARP_MASK, too_stale))
+#pragma unroll
+                    for (int m = 0; m < M_tiles; ++m)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const float new_max = fmaxf(row_max[m][h], tile_max[m][h]);
+                            const float rescale = ptx::exp2((row_max[m][h] - new_max) * scale_log2);
+                            row_max[m][h] = new_max;
+                            row_sum[m][h] *= rescale;
+                            rescale_row(o.r[m], h, rescale);
+                        }
+            }
+#pragma unroll
+            for (int m = 0; m < M_tiles; ++m)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    row_sum[m][h] += exponentiate_row_folded(s.r[m], h, row_max[m][h], scale_log2);
+        } else {
+#pragma unroll
+            for (int m = 0; m < M_tiles; ++m)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    update_row_textbook(s.r[m], o.r[m], h, row_max[m][h], row_sum[m][h], scale);
+        }
+    }
+
+    // Divides each output row by its full row sum (this lane's partial sums added over the quad).
+    template <int D_tiles>
+    __device__ __forceinline__ void normalize(Accumulators<M_tiles, D_tiles> &o) const {
+#pragma unroll
+        for (int m = 0; m < M_tiles; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float inv_sum = 1.0f / quad_sum(row_sum[m][h]);
+#pragma unroll
+                for (int d = 0; d < D_tiles; ++d) {
+                    o.r[m][d][2 * h] *= inv_sum;
+                    o.r[m][d][2 * h + 1] *= inv_sum;
+                }
+            }
+    }
+
+  private:
+    // One lane's row h of one 16-row tile: s[n][2h], s[n][2h + 1] over the N_tiles column tiles.
+    template <int N_tiles, int D_tiles>
+    static __device__ __forceinline__ void update_row_textbook(float (&s)[N_tiles][4], float (&o)[D_tiles][4], int h,
+                                                               float &row_max, float &row_sum, float scale) {
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < N_tiles; ++n) {
+            s[n][2 * h] *= scale;
+            s[n][2 * h + 1] *= scale;
+            tile_max = fmaxf(tile_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+        }
+        const float new_max = fmaxf(row_max, quad_max(tile_max));
+        const float rescale = expf(row_max - new_max); // 0 on the first tile: exp(-inf)
+        row_max = new_max;
+
+        float tile_sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < N_tiles; ++n)
+#pragma unroll
+            for (int i = 2 * h; i < 2 * h + 2; ++i) {
+                s[n][i] = expf(s[n][i] - new_max);
+                tile_sum += s[n][i];
+            }
+        row_sum = row_sum * rescale + tile_sum;
+        rescale_row(o, h, rescale);
+    }
+
+    // The maximum of one lane's share of row h of one 16-row tile.
+    template <int N_tiles>
+    static __device__ __forceinline__ float lane_row_max(const float (&s)[N_tiles][4], int h) {
+        float row_max = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < N_tiles; ++n)
+            row_max = fmaxf(row_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+        return row_max;
+    }
+
+    // Turns one lane's share of row h into 2^(s * c - reference_max * c) in place; returns its sum.
+    template <int N_tiles>
+    static __device__ __forceinline__ float exponentiate_row_folded(float (&s)[N_tiles][4], int h, float reference_max,
+                                                                    float scale_log2) {
+        const float exponent_offset = -reference_max * scale_log2;
+        float lane_sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < N_tiles; ++n)
+#pragma unroll
+            for (int i = 2 * h; i < 2 * h + 2; ++i) {
+                s[n][i] = ptx::exp2(fmaf(s[n][i], scale_log2, exponent_offset));
+                lane_sum += s[n][i];
+            }
+        return lane_sum;
+    }
+
+    template <int D_tiles>
+    static __device__ __forceinline__ void rescale_row(float (&o)[D_tiles][4], int h, float rescale) {
+#pragma unroll
+        for (int d = 0; d < D_tiles; ++d) {
+            o[d][2 * h] *= rescale;
+            o[d][2 * h + 1] *= rescale;
+        }
+    }
+
+    static __device__ __forceinline__ float quad_max(float x) {
+#pragma unroll
+        for (int offset = 1; offset < QUAD_SIZE; offset *= 2)
+            x = fmaxf(x, __shfl_xor_sync(FULL_WARP_MASK, x, offset));
+        return x;
+    }
+
+    static __device__ __forceinline__ float quad_sum(float x) {
+#pragma unroll
+        for (int offset = 1; offset < QUAD_SIZE; offset *= 2)
+            x += __shfl_xor_sync(FULL_WARP_MASK, x, offset);
+        return x;
+    }
+};
+
+} // namespace flash

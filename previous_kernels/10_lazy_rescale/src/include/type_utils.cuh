@@ -1,0 +1,29 @@
+// Conversions between float32 and the kernel's 16-bit element types.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "flash_config.cuh"
+
+namespace flash {
+
+template <DType dtype>
+using element_t = std::conditional_t<dtype == DType::FP16, half, nv_bfloat16>;
+
+// Rounds two floats to the 16-bit type and packs them into one register, lo in the low half.
+template <typename value_t>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+    if constexpr (std::is_same_v<value_t, half>) {
+        const half2 pair = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<const uint32_t *>(&pair);
+    } else {
+        const nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<const uint32_t *>(&pair);
+    }
+}
+
+} // namespace flash

@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""The optimisation history, rebuilt and measured: every step of previous_kernels/ against SDPA FLASH.
+
+Builds each step's source tree as its own extension module (previous_kernels/build_snapshot.py:
+one module per tree, cached, the trees compiled in parallel), then at each benchmark shape (d_head
+128, 16 heads, batch 16/16/16/16/8/4 for seq 512/1024/2048/4096/8192/16384) times every step's
+configurations of the chosen dtype and SDPA's FLASH backend (FlashAttention-2) on the same inputs
+in one run. A step's figure at a shape is its fastest configuration there; its output is checked
+against FLASH's once per shape.
+
+Prints per step: what changed (STEP.md's heading), % of FLASH at seq 4096, the harmonic mean of
+ours/FLASH over the sequence lengths and TFLOP/s at 4096. --csv writes every timing, --plot draws
+TFLOP/s by step, one line per sequence length. A tree that fails to build is reported with the
+compiler's last lines, and its steps are left out; the others still run. The exit status is 1 if
+any step failed to build or to match FLASH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import functools
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import bench_common as common
+from pt_bench import MAX_ABS_DIFFERENCE
+
+SNAPSHOTS_DIR = common.REPO_ROOT / "previous_kernels"
+sys.path.insert(0, str(SNAPSHOTS_DIR))
+import build_snapshot as snapshots  # noqa: E402
+
+D_HEAD = 128
+HEADLINE_SEQ_LEN = 4096
+REFERENCE = "flash"
+# Compiler output lines shown for a tree that fails to build.
+BUILD_LOG_TAIL_LINES = 25
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--steps", nargs="+", metavar="STEP", help="steps to run, by directory name or number (default: all)"
+    )
+    parser.add_argument("--seq-lens", nargs="+", type=int, default=list(common.SEQ_LENS), metavar="SEQ")
+    parser.add_argument("--dtype", choices=common.DTYPE_NAMES, default="fp16")
+    parser.add_argument("--rep-ms", type=float, default=common.DEFAULT_REP_MS, help="how long each timing repeats")
+    parser.add_argument("--csv", metavar="PATH", help="also write every timing to PATH")
+    parser.add_argument("--plot", metavar="PATH", help="also draw TFLOP/s by step to the PNG file PATH")
+    parser.add_argument("--cache-dir", type=pathlib.Path, default=snapshots.DEFAULT_CACHE, help="module build cache")
+    parser.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiler processes in all (default: CPUs)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        args.steps = list(snapshots.all_steps()) if not args.steps else [snapshots.find_step(s) for s in args.steps]
+    except ValueError as error:
+        parser.error(str(error))
+    if bad := [s for s in args.seq_lens if s <= 0]:
+        parser.error(f"--seq-lens must be positive, got {bad}")
+    return args
+
+
+# ----------------------------------------------------------------------------------------------
+# Building
+
+
+@dataclasses.dataclass
+class BuildResult:
+    source: str
+    error: str | None  # None when the module built
+
+
+def build_in_subprocess(source: str, cache_dir: pathlib.Path, jobs: int) -> BuildResult:
+    """Compiles one source tree's module in its own process, so trees build side by side."""
+    log = cache_dir / f"{source}.build.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, str(SNAPSHOTS_DIR / "build_snapshot.py"), source, "--cache-dir", str(cache_dir)]
+    with open(log, "w") as log_file:
+        status = subprocess.run(
+            command, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, "MAX_JOBS": str(jobs)}
+        ).returncode
+    if status == 0:
+        return BuildResult(source, None)
+    tail = "\n    ".join(log.read_text(errors="replace").splitlines()[-BUILD_LOG_TAIL_LINES:])
+    return BuildResult(source, f"build failed (exit status {status}; full log: {log}):\n    {tail}")
+
+
+def build_trees(steps: list[snapshots.Step], cache_dir: pathlib.Path, jobs: int) -> dict[str, object]:
+    """The module of every source tree the steps need, built in parallel; trees that fail are
+    reported and left out. Compiler processes are shared out by each tree's number of kernels."""
+    sources = sorted({step.source for step in steps})
+    kernels = {source: len(snapshots.source_configs(source)) for source in sources}
+    total = sum(kernels.values())
+    failed = []
+    print(f"building {len(sources)} source trees ({total} kernels) in {cache_dir}", file=sys.stderr)
+    with concurrent.futures.ThreadPoolExecutor(len(sources)) as pool:
+        futures = [
+            pool.submit(build_in_subprocess, source, cache_dir, max(1, round(jobs * kernels[source] / total)))
+            for source in sources
+        ]
+        for future in common.track(concurrent.futures.as_completed(futures), len(futures), "builds"):
+            if (result := future.result()).error:
+                failed.append(result)
+    for result in failed:
+        users = ", ".join(step.name for step in steps if step.source == result.source)
+        print(f"{result.source} (steps {users}): {result.error}", file=sys.stderr)
+    failed_sources = {result.source for result in failed}
+    # Cached: this only loads the modules just built.
+    return {source: snapshots.build(source, cache_dir) for source in sources if source not in failed_sources}
+
+
+# ----------------------------------------------------------------------------------------------
+# Measuring
+
+
+@dataclasses.dataclass
+class StepTiming:
+    """One configuration of one step (or FLASH, with step "sdpa_flash") at one sequence length."""
+
+    step: str
+    config: str
+    dtype: str
+    seq_len: int
+    batch: int
+    heads: int
+    time_ms: float
+    tflops: float
+
+
+def measure(steps, modules, seq_lens, dtype_name, timer) -> tuple[list[StepTiming], list[str]]:
+    """Times every step's configurations and FLASH at each sequence length; returns the timings and
+    the correctness failures."""
+    dtype = common.dtype_from_name(dtype_name)
+    heads = common.heads_for_d_head(D_HEAD)
+    runs = [(step, cfg) for step in steps if step.source in modules for cfg in step.configs if cfg.dtype == dtype]
+    timings, failures = [], []
+    with common.Progress(len(seq_lens) * (len(runs) + 1), "timing") as progress:
+        for seq_len in seq_lens:
+            batch = common.batch_for_seq_len(seq_len)
+            attn_flop, _ = common.flop_counts(D_HEAD, batch, heads, seq_len)
+            q, k, v = common.make_inputs(batch, seq_len, heads, D_HEAD, dtype)
+            o = q.new_empty(q.shape)
+
+            def record(step: str, config: str, time_ms: float) -> None:
+                tflops = common.tflops(attn_flop, time_ms)
+                timings.append(StepTiming(step, config, dtype_name, seq_len, batch, heads, time_ms, tflops))
+                progress.update()
+
+            run_flash = common.sdpa_runner(q, k, v)
+            with common.use_sdpa_reference(REFERENCE):
+                record(reference_name(), "", timer(run_flash))
+                flash_output = run_flash()
+            checked = set()
+            for step, cfg in runs:
+                module = modules[step.source]
+                if not common.fits(cfg, dtype, D_HEAD, seq_len):
+                    record(step.name, cfg.short_form(), math.nan)
+                    continue
+                record(step.name, cfg.short_form(), timer(functools.partial(module.forward, cfg, q, k, v, o)))
+                if step.name not in checked:
+                    checked.add(step.name)
+                    out, _ = module.forward(cfg, q, k, v)
+                    difference = (out.float() - flash_output.float()).abs().max().item()
+                    if not difference <= MAX_ABS_DIFFERENCE[dtype_name]:  # also catches NaN
+                        failures.append(
+                            f"CORRECTNESS FAILURE: {step.name} {cfg.short_form()} at seq {seq_len}: "
+                            f"max |ours - SDPA FLASH| = {difference:.3g} > {MAX_ABS_DIFFERENCE[dtype_name]}"
+                        )
+    return timings, failures
+
+
+def reference_name() -> str:
+    return f"sdpa_{REFERENCE}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Reporting
+
+
+def best_tflops(timings: list[StepTiming], step: str, seq_len: int) -> float:
+    values = [t.tflops for t in timings if t.step == step and t.seq_len == seq_len and math.isfinite(t.tflops)]
+    return max(values, default=math.nan)
+
+
+def summary_rows(steps, timings, seq_lens) -> list[dict]:
+    """Per step: TFLOP/s at each sequence length, % of FLASH at the headline length, harmonic mean."""
+    flash = {seq_len: best_tflops(timings, reference_name(), seq_len) for seq_len in seq_lens}
+    rows = []
+    for step in steps:
+        tflops = {seq_len: best_tflops(timings, step.name, seq_len) for seq_len in seq_lens}
+        if all(math.isnan(value) for value in tflops.values()):
+            continue
+        ratios = [tflops[s] / flash[s] for s in seq_lens if math.isfinite(tflops[s]) and flash[s] > 0]
+        rows.append(
+            {
+                "step": step.name,
+                "what changed": step.title,
+                "tflops": tflops,
+                "ratio_at_headline": tflops.get(HEADLINE_SEQ_LEN, math.nan) / flash.get(HEADLINE_SEQ_LEN, math.nan),
+                "harmonic_mean": common.harmonic_mean(ratios) if ratios else math.nan,
+            }
+        )
+    return rows
+
+
+def format_summary(rows: list[dict], seq_lens: list[int], dtype_name: str) -> str:
+    headline = HEADLINE_SEQ_LEN in seq_lens
+    headers = ["step", "what changed"]
+    if headline:
+        headers += [f"% of FLASH at {HEADLINE_SEQ_LEN}"]
+    headers += [f"harmonic mean vs FLASH ({min(seq_lens)}-{max(seq_lens)})"]
+    if headline:
+        headers += [f"TFLOP/s at {HEADLINE_SEQ_LEN}"]
+    table = []
+    for row in rows:
+        line = [row["step"], row["what changed"]]
+        if headline:
+            line.append(100 * row["ratio_at_headline"])
+        line.append(row["harmonic_mean"])
+        if headline:
+            line.append(row["tflops"][HEADLINE_SEQ_LEN])
+        table.append(line)
+    mean_column = 3 if headline else 2
+    title = f"{dtype_name}, d_head {D_HEAD}, {common.heads_for_d_head(D_HEAD)} heads; FLASH = SDPA's FlashAttention-2"
+    return "\n".join([title, common.format_table(headers, table, float_formats={mean_column: ".3f"})])
+
+
+def format_tflops_table(rows: list[dict], timings: list[StepTiming], seq_lens: list[int]) -> str:
+    headers = ["step", *(str(s) for s in seq_lens)]
+    table = [[row["step"], *(row["tflops"][s] for s in seq_lens)] for row in rows]
+    table.append(["SDPA FLASH", *(best_tflops(timings, reference_name(), s) for s in seq_lens)])
+    return "TFLOP/s by sequence length\n" + common.format_table(headers, table)
+
+
+def plot(path: str, rows: list[dict], timings: list[StepTiming], seq_lens: list[int], dtype_name: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display is needed (or present on the GPU machine)
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(max(7.0, 0.8 * len(rows) + 3), 5))
+    positions = range(len(rows))
+    for seq_len in seq_lens:
+        line = axis.plot(positions, [row["tflops"][seq_len] for row in rows], marker="o", label=f"seq {seq_len}")
+        flash = best_tflops(timings, reference_name(), seq_len)
+        axis.axhline(flash, color=line[0].get_color(), linestyle=":", linewidth=1)
+    axis.set_xticks(list(positions), [row["step"] for row in rows], rotation=35, ha="right")
+    axis.set_ylim(bottom=0)
+    axis.set_ylabel("TFLOP/s")
+    axis.set_title(f"{dtype_name}, d_head {D_HEAD}: each step (dotted: SDPA FLASH at the same length)")
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    print(f"plot written to {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not common.gpu_available():
+        print(common.no_gpu_message("the progression"), file=sys.stderr)
+        return 1
+    import torch
+
+    modules = build_trees(args.steps, args.cache_dir, args.jobs)
+    timer, timer_description = common.make_timer(args.rep_ms)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {timer_description}")
+    timings, failures = measure(args.steps, modules, args.seq_lens, args.dtype, timer)
+    rows = summary_rows(args.steps, timings, args.seq_lens)
+    print(format_summary(rows, args.seq_lens, args.dtype))
+    print()
+    print(format_tflops_table(rows, timings, args.seq_lens))
+    if args.csv:
+        common.write_csv(args.csv, timings)
+        print(f"timings written to {args.csv}")
+    if args.plot:
+        with common.optional_import_note("matplotlib", "no plot"):
+            plot(args.plot, rows, timings, args.seq_lens, args.dtype)
+    for failure in failures:
+        print(failure, file=sys.stderr)
+    built_all = all(step.source in modules for step in args.steps)
+    return 0 if built_all and not failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
