@@ -670,6 +670,13 @@ def test_progression_reports_a_tree_that_fails_to_build(tmp_path):
     assert "no step '99_no_such_step'" in result.error
 
 
+@pytest.mark.parametrize("flag", ["--seq-lens", "--seq_lens"])
+def test_progression_arguments(flag):
+    args = progression.parse_args(["--steps", "1", "10_lazy_rescale", flag, "512", "4096", "--dtype", "bf16"])
+    assert [step.name for step in args.steps] == ["01_base", "10_lazy_rescale"]
+    assert args.seq_lens == [512, 4096] and args.dtype == "bf16"
+
+
 def test_progression_rejects_an_unknown_step():
     result = run_tool(sys.executable, str(BENCHMARK_DIR / "progression.py"), "--steps", "99")
     assert result.returncode == 2 and "no step '99'" in result.stderr

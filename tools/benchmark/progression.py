@@ -50,7 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--steps", nargs="+", metavar="STEP", help="steps to run, by directory name or number (default: all)"
     )
-    parser.add_argument("--seq-lens", nargs="+", type=int, default=list(common.SEQ_LENS), metavar="SEQ")
+    parser.add_argument(
+        "--seq-lens", "--seq_lens", dest="seq_lens", nargs="+", type=int, default=list(common.SEQ_LENS), metavar="SEQ"
+    )
     parser.add_argument("--dtype", choices=common.DTYPE_NAMES, default="fp16")
     parser.add_argument("--rep-ms", type=float, default=common.DEFAULT_REP_MS, help="how long each timing repeats")
     parser.add_argument("--csv", metavar="PATH", help="also write every timing to PATH")
