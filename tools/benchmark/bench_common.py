@@ -458,6 +458,38 @@ def track(items: Iterable, total: int | None = None, description: str = "") -> I
             progress.update()
 
 
+# ----------------------------------------------------------------------------------------------
+# Plots
+
+
+@contextlib.contextmanager
+def png_figure(path: str, panels: int = 1, panel_size: tuple[float, float] = (5.5, 4.5)):
+    """Yields ``panels`` matplotlib axes side by side; on exit the figure is written to the PNG
+    file ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display is needed (or present on the GPU machine)
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, panels, figsize=(panel_size[0] * panels, panel_size[1]), squeeze=False)
+    try:
+        yield list(axes[0])
+        figure.tight_layout()
+        figure.savefig(path, dpi=120)
+    finally:
+        plt.close(figure)
+    print(f"plot written to {path}")
+
+
+def finish_tflops_axis(axis, title: str, legend_size: str = "medium") -> None:
+    """TFLOP/s from zero on the y axis, the title, a light grid and the legend."""
+    axis.set_ylim(bottom=0)
+    axis.set_ylabel("TFLOP/s")
+    axis.set_title(title)
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=legend_size)
+
+
 @contextlib.contextmanager
 def optional_import_note(module: str, consequence: str):
     """Runs the body; if it fails because ``module`` is missing, prints why and what is skipped."""

@@ -244,27 +244,16 @@ def format_tflops_table(rows: list[dict], timings: list[StepTiming], seq_lens: l
 
 
 def plot(path: str, rows: list[dict], timings: list[StepTiming], seq_lens: list[int], dtype_name: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display is needed (or present on the GPU machine)
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(max(7.0, 0.8 * len(rows) + 3), 5))
-    positions = range(len(rows))
-    for seq_len in seq_lens:
-        line = axis.plot(positions, [row["tflops"][seq_len] for row in rows], marker="o", label=f"seq {seq_len}")
-        flash = best_tflops(timings, reference_name(), seq_len)
-        axis.axhline(flash, color=line[0].get_color(), linestyle=":", linewidth=1)
-    axis.set_xticks(list(positions), [row["step"] for row in rows], rotation=35, ha="right")
-    axis.set_ylim(bottom=0)
-    axis.set_ylabel("TFLOP/s")
-    axis.set_title(f"{dtype_name}, d_head {D_HEAD}: each step (dotted: SDPA FLASH at the same length)")
-    axis.grid(True, alpha=0.3)
-    axis.legend(fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    print(f"plot written to {path}")
+    """TFLOP/s by step, one line per sequence length, FLASH at each length as a dotted line."""
+    with common.png_figure(path, panel_size=(max(7.0, 0.8 * len(rows) + 3), 5)) as (axis,):
+        positions = range(len(rows))
+        for seq_len in seq_lens:
+            line = axis.plot(positions, [row["tflops"][seq_len] for row in rows], marker="o", label=f"seq {seq_len}")
+            flash = best_tflops(timings, reference_name(), seq_len)
+            axis.axhline(flash, color=line[0].get_color(), linestyle=":", linewidth=1)
+        axis.set_xticks(list(positions), [row["step"] for row in rows], rotation=35, ha="right")
+        title = f"{dtype_name}, d_head {D_HEAD}: each step (dotted: SDPA FLASH at the same length)"
+        common.finish_tflops_axis(axis, title, legend_size="small")
 
 
 def main(argv: list[str] | None = None) -> int:

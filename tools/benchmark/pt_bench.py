@@ -160,34 +160,23 @@ def format_group_table(dtype_name: str, d_head: int, rows: list[common.TimingRow
 
 def plot(path: str, rows: list[common.TimingRow]) -> None:
     """TFLOP/s against seq, one panel per (dtype, d_head): our best configuration and each backend."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display is needed (or present on the GPU machine)
-    import matplotlib.pyplot as plt
-
     groups = sorted({(r.dtype, r.d_head) for r in rows})
-    figure, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.5), squeeze=False)
-    for axis, (dtype_name, d_head) in zip(axes[0], groups, strict=True):
-        group = [r for r in rows if (r.dtype, r.d_head) == (dtype_name, d_head)]
-        seq_lens = sorted({r.seq_len for r in group})
-        at_seq = {seq_len: [r for r in group if r.seq_len == seq_len] for seq_len in seq_lens}
-        best = [best_ours(at_seq[s]) for s in seq_lens]
-        lines = [("ours (best config)", [b.tflops if b else math.nan for b in best])]
-        lines += [(f"SDPA {ref.upper()}", [reference_tflops(at_seq[s], ref) for s in seq_lens]) for ref in REFERENCES]
-        for label, values in lines:
-            axis.plot(seq_lens, values, marker="o", label=label)
-        axis.set_xscale("log", base=2)
-        axis.set_xticks(seq_lens, [str(s) for s in seq_lens])
-        axis.set_ylim(bottom=0)
-        axis.set_title(f"{dtype_name}, d_head {d_head}")
-        axis.set_xlabel("sequence length")
-        axis.set_ylabel("TFLOP/s")
-        axis.grid(True, alpha=0.3)
-        axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    print(f"plot written to {path}")
+    with common.png_figure(path, panels=len(groups)) as axes:
+        for axis, (dtype_name, d_head) in zip(axes, groups, strict=True):
+            group = [r for r in rows if (r.dtype, r.d_head) == (dtype_name, d_head)]
+            seq_lens = sorted({r.seq_len for r in group})
+            at_seq = {seq_len: [r for r in group if r.seq_len == seq_len] for seq_len in seq_lens}
+            best = [best_ours(at_seq[s]) for s in seq_lens]
+            lines = [("ours (best config)", [b.tflops if b else math.nan for b in best])]
+            lines += [
+                (f"SDPA {ref.upper()}", [reference_tflops(at_seq[s], ref) for s in seq_lens]) for ref in REFERENCES
+            ]
+            for label, values in lines:
+                axis.plot(seq_lens, values, marker="o", label=label)
+            axis.set_xscale("log", base=2)
+            axis.set_xticks(seq_lens, [str(s) for s in seq_lens])
+            axis.set_xlabel("sequence length")
+            common.finish_tflops_axis(axis, f"{dtype_name}, d_head {d_head}")
 
 
 def main(argv: list[str] | None = None) -> int:
