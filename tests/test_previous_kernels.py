@@ -29,7 +29,7 @@ def test_steps_are_numbered_in_order():
 @pytest.mark.parametrize("step", STEPS, ids=lambda step: step.name)
 def test_step_is_complete(step):
     heading = (step.path / "STEP.md").read_text().splitlines()[0]
-    number, name = step.name.split("_", 1)
+    number = step.name.split("_", 1)[0]
     assert heading.startswith(f"# {number} "), "STEP.md's heading starts with the step's number"
     assert step.title, "STEP.md's heading says what changed after a ':'"
     src = build_snapshot.SNAPSHOTS_DIR / step.source / "src"

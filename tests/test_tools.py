@@ -677,6 +677,18 @@ def test_progression_arguments(flag):
     assert args.seq_lens == [512, 4096] and args.dtype == "bf16"
 
 
+@pytest.mark.parametrize("error, fails", [(0.005, False), (0.02, True), (math.nan, True)])
+def test_flash_mismatch(error, fails):
+    torch = pytest.importorskip("torch")
+    flash_output = torch.zeros(2, 3)
+    out = flash_output.clone()
+    out[1, 2] = error
+    message = common.flash_mismatch(out, flash_output, "fp16", "cfg X at seq 512")
+    assert (message is not None) == fails
+    if fails:
+        assert message.startswith("CORRECTNESS FAILURE: cfg X at seq 512: max |ours - SDPA FLASH|")
+
+
 def test_progression_rejects_an_unknown_step():
     result = run_tool(sys.executable, str(BENCHMARK_DIR / "progression.py"), "--steps", "99")
     assert result.returncode == 2 and "no step '99'" in result.stderr

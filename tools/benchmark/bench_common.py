@@ -204,6 +204,23 @@ def sdpa_runner(q, k, v) -> Callable[[], object]:
     return lambda: F.scaled_dot_product_attention(q, k, v).transpose(1, 2)
 
 
+# Largest |ours - SDPA FLASH| accepted: a loose sanity bound for outputs of magnitude up to ~1, where
+# one unit in the last place is about 1e-3 in fp16 and 8e-3 in bf16 (the tests check precisely).
+MAX_ABS_DIFFERENCE = {"fp16": 1e-2, "bf16": 4e-2}
+
+
+def flash_mismatch(out, flash_output, dtype_name: str, what: str) -> str | None:
+    """The correctness-failure message for ``what`` when ``out`` is further from SDPA FLASH's output
+    than MAX_ABS_DIFFERENCE allows (or is NaN), else None."""
+    difference = (out.float() - flash_output.float()).abs().max().item()
+    if difference <= MAX_ABS_DIFFERENCE[dtype_name]:
+        return None
+    return (
+        f"CORRECTNESS FAILURE: {what}: max |ours - {SDPA_REFERENCES['flash']}| = {difference:.3g} "
+        f"> {MAX_ABS_DIFFERENCE[dtype_name]}"
+    )
+
+
 # ----------------------------------------------------------------------------------------------
 # Selecting configurations
 

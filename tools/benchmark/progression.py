@@ -28,7 +28,6 @@ import subprocess
 import sys
 
 import bench_common as common
-from pt_bench import MAX_ABS_DIFFERENCE
 
 SNAPSHOTS_DIR = common.REPO_ROOT / "previous_kernels"
 sys.path.insert(0, str(SNAPSHOTS_DIR))
@@ -171,12 +170,9 @@ def measure(steps, modules, seq_lens, dtype_name, timer) -> tuple[list[StepTimin
                 if step.name not in checked:
                     checked.add(step.name)
                     out, _ = module.forward(cfg, q, k, v)
-                    difference = (out.float() - flash_output.float()).abs().max().item()
-                    if not difference <= MAX_ABS_DIFFERENCE[dtype_name]:  # also catches NaN
-                        failures.append(
-                            f"CORRECTNESS FAILURE: {step.name} {cfg.short_form()} at seq {seq_len}: "
-                            f"max |ours - SDPA FLASH| = {difference:.3g} > {MAX_ABS_DIFFERENCE[dtype_name]}"
-                        )
+                    what = f"{step.name} {cfg.short_form()} at seq {seq_len}"
+                    if failure := common.flash_mismatch(out, flash_output, dtype_name, what):
+                        failures.append(failure)
     return timings, failures
 
 
