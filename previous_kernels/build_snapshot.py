@@ -91,10 +91,19 @@ def read_step(path: pathlib.Path) -> Step:
     return Step(path.name, source, title, read_configs(path / "kernels.txt"))
 
 
+def _holds_files(path: pathlib.Path) -> bool:
+    return any(entry.is_file() for entry in path.rglob("*"))
+
+
 @functools.cache
 def all_steps() -> tuple[Step, ...]:
-    """Every step, in order."""
-    return tuple(read_step(path) for path in sorted(SNAPSHOTS_DIR.iterdir()) if path.is_dir() and path.name[:2].isdigit())
+    """Every step, in order. Numbered directories holding no file at all are skipped: git leaves such
+    empty trees behind where a renamed step used to be."""
+    return tuple(
+        read_step(path)
+        for path in sorted(SNAPSHOTS_DIR.iterdir())
+        if path.is_dir() and path.name[:2].isdigit() and _holds_files(path)
+    )
 
 
 def find_step(key: str) -> Step:

@@ -14,7 +14,7 @@ import build_snapshot  # noqa: E402
 from flash_helpers.kernel_configs import DType  # noqa: E402
 
 STEPS = build_snapshot.all_steps()
-STEP_DIRS = sorted(path for path in (REPO_ROOT / "previous_kernels").iterdir() if path.is_dir())
+STEP_DIRS = sorted(path for path in (REPO_ROOT / "previous_kernels").iterdir() if path.is_dir() and any(entry.is_file() for entry in path.rglob("*")))
 
 
 def test_every_directory_is_a_step_and_the_first_is_the_base_kernel():
@@ -61,3 +61,14 @@ def test_steps_are_found_by_name_or_number(key):
 def test_an_unknown_step_is_named_in_the_error():
     with pytest.raises(ValueError, match="no step '42'"):
         build_snapshot.find_step("42")
+
+
+def test_an_empty_leftover_directory_is_not_a_step(tmp_path, monkeypatch):
+    (tmp_path / "01_base").symlink_to(build_snapshot.SNAPSHOTS_DIR / "01_base", target_is_directory=True)
+    (tmp_path / "02_renamed_away" / "src" / "include").mkdir(parents=True)
+    monkeypatch.setattr(build_snapshot, "SNAPSHOTS_DIR", tmp_path)
+    build_snapshot.all_steps.cache_clear()
+    try:
+        assert [step.name for step in build_snapshot.all_steps()] == ["01_base"]
+    finally:
+        build_snapshot.all_steps.cache_clear()
