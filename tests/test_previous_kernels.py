@@ -14,7 +14,11 @@ import build_snapshot  # noqa: E402
 from flash_helpers.kernel_configs import DType  # noqa: E402
 
 STEPS = build_snapshot.all_steps()
-STEP_DIRS = sorted(path for path in (REPO_ROOT / "previous_kernels").iterdir() if path.is_dir() and any(entry.is_file() for entry in path.rglob("*")))
+STEP_DIRS = sorted(
+    path
+    for path in (REPO_ROOT / "previous_kernels").iterdir()
+    if path.is_dir() and any(entry.is_file() for entry in path.rglob("*"))
+)
 
 
 def test_every_directory_is_a_step_and_the_first_is_the_base_kernel():
