@@ -14,7 +14,7 @@ from setuptools import setup
 ROOT = Path(__file__).parent.resolve()
 sys.path[:0] = [str(ROOT / "py"), str(ROOT / "tools" / "build")]
 
-from flash_helpers.kernel_configs import get_kernels_to_build, resolve_build_kernels_key  # noqa: E402
+from flash_helpers.kernel_sets import get_kernels_to_build, resolve_build_kernels_key  # noqa: E402
 from generate_kernel_instantiations import generate  # noqa: E402
 
 os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
@@ -30,7 +30,7 @@ setup(
         CUDAExtension(
             name="flash_attention._C",
             sources=sources,
-            include_dirs=[str(ROOT / "src" / "include")],
+            include_dirs=[str(ROOT / "src")],
             extra_compile_args={
                 "cxx": ["-O3", "-std=c++20"],
                 # 3189 and relaxed constexpr: torch's own headers, read by nvcc in C++20 mode.

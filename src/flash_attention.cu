@@ -1,98 +1,68 @@
-// The Python binding: validates the arguments, looks the configuration up in the generated kernel
-// map and launches that kernel on the current torch stream.
+// The Python binding: validates the arguments, builds the call's parameter block, looks the kernel
+// up in the registry by (family configuration, problem variant) and has its launcher run it on the
+// current torch stream. It holds no kernel code and no launch geometry: those are the families'.
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <mutex>
-#include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
-#include "common.h"
-#include "cuda_utils.cuh"
-#include "flash_config.cuh"
-#include "flash_kernels.cuh"
+#include "common/common.h"
+#include "common/cuda_utils.cuh"
+#include "common/forward_params.h"
+#include "common/python_fields.h"
+#include "generated/kernel_registry.h"
+#include "sm80/binding.h"
 
 namespace py = pybind11;
 
 namespace flash {
 namespace {
 
-constexpr const char *REBUILD_HINT =
-    "build a set containing it: FLASH_BUILD_KERNELS=<default|prog|progall|tune|all|B_r,B_c> "
-    "pip install --no-build-isolation -e .";
+// Every kernel family of this build. A new family adds its binding header above and its Family here.
+using Families = std::tuple<sm80::Family>;
 
-std::string type_name(py::handle obj) { return py::str(py::type::handle_of(obj).attr("__name__")); }
-
-py::object config_field(py::handle cfg, const char *field) {
-    if (!py::hasattr(cfg, field))
-        throw py::type_error(std::string("kernel_cfg: missing field '") + field +
-                             "'; expected a FlashForwardKernelConfig");
-    return cfg.attr(field);
+// Calls visit(Family{}) for the family named `name`; false if there is none.
+template <typename Visit>
+bool visit_family(const std::string &name, Visit &&visit) {
+    return std::apply([&](auto... family) { return ((name == decltype(family)::name && (visit(family), true)) || ...); },
+                      Families{});
 }
 
-int int_field(py::handle cfg, const char *field) {
-    const py::object value = config_field(cfg, field);
-    if (py::isinstance<py::bool_>(value) || !py::isinstance<py::int_>(value))
-        throw py::type_error(std::string("kernel_cfg.") + field + ": expected an int, got " + type_name(value));
-    const long long v = value.cast<long long>();
-    if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
-        throw py::value_error(std::string("kernel_cfg.") + field + ": " + std::to_string(v) + " is out of range");
-    return static_cast<int>(v);
+std::string family_names() {
+    std::string names;
+    std::apply([&](auto... family) { ((names += (names.empty() ? "'" : ", '") + std::string(decltype(family)::name) + "'"), ...); },
+               Families{});
+    return names;
 }
 
-bool bool_field(py::handle cfg, const char *field) {
-    const py::object value = config_field(cfg, field);
-    if (!py::isinstance<py::bool_>(value))
-        throw py::type_error(std::string("kernel_cfg.") + field + ": expected a bool, got " + type_name(value));
-    return value.cast<bool>();
+std::string family_of(py::handle kernel_cfg) {
+    if (!py::hasattr(kernel_cfg, "family") || !py::isinstance<py::str>(kernel_cfg.attr("family")))
+        throw py::type_error("kernel_cfg: expected a kernel configuration (an object with a 'family' name), got " +
+                             type_name(kernel_cfg));
+    return kernel_cfg.attr("family").cast<std::string>();
 }
 
-// Reads the 13 fields by name from any object that has them (the Python dataclass normally).
-FlashForwardKernelConfig config_from_python(py::handle cfg) {
-    const int dtype = int_field(cfg, "dtype");
-    if (dtype != static_cast<int>(DType::FP16) && dtype != static_cast<int>(DType::BF16))
-        throw py::value_error("kernel_cfg.dtype: expected FP16 (5) or BF16 (15), got " + std::to_string(dtype));
-    return FlashForwardKernelConfig{static_cast<DType>(dtype),
-                                    int_field(cfg, "d_head"),
-                                    int_field(cfg, "B_r"),
-                                    int_field(cfg, "B_c"),
-                                    int_field(cfg, "n_warps"),
-                                    bool_field(cfg, "async_copy"),
-                                    bool_field(cfg, "eager_load_blocks"),
-                                    bool_field(cfg, "swizzled"),
-                                    int_field(cfg, "Q_mma_load_K_tiles"),
-                                    int_field(cfg, "K_mma_load_K_tiles"),
-                                    int_field(cfg, "V_mma_load_K_tiles"),
-                                    bool_field(cfg, "mma_double_buffer_loads"),
-                                    bool_field(cfg, "optimized_softmax")};
+// Runs visit(Family{}, config) for kernel_cfg's family.
+template <typename Visit>
+void with_config(py::handle kernel_cfg, Visit &&visit) {
+    const std::string family = family_of(kernel_cfg);
+    if (!visit_family(family, [&](auto f) { visit(f, decltype(f)::from_python(kernel_cfg)); }))
+        throw py::value_error("kernel_cfg: unknown kernel family '" + family + "'; this build has " + family_names());
 }
 
-py::tuple config_to_python(const FlashForwardKernelConfig &c) {
-    return py::make_tuple(static_cast<int>(c.dtype), c.d_head, c.B_r, c.B_c, c.n_warps, c.async_copy,
-                          c.eager_load_blocks, c.swizzled, c.Q_mma_load_K_tiles, c.K_mma_load_K_tiles,
-                          c.V_mma_load_K_tiles, c.mma_double_buffer_loads, c.optimized_softmax);
-}
-
-std::string describe(const FlashForwardKernelConfig &c) {
-    const auto flag = [](bool b) { return std::string(b ? "true" : "false"); };
-    return "FlashForwardKernelConfig{" + std::string(c.dtype == DType::FP16 ? "FP16" : "BF16") + ", " +
-           std::to_string(c.d_head) + ", " + std::to_string(c.B_r) + ", " + std::to_string(c.B_c) + ", " +
-           std::to_string(c.n_warps) + ", " + flag(c.async_copy) + ", " + flag(c.eager_load_blocks) + ", " +
-           flag(c.swizzled) + ", " + std::to_string(c.Q_mma_load_K_tiles) + ", " +
-           std::to_string(c.K_mma_load_K_tiles) + ", " + std::to_string(c.V_mma_load_K_tiles) + ", " +
-           flag(c.mma_double_buffer_loads) + ", " + flag(c.optimized_softmax) + "}";
-}
-
-forward_kernel_fn lookup_kernel(const FlashForwardKernelConfig &cfg) {
-    const auto it = forward_kernels.find(cfg);
-    if (it == forward_kernels.end())
-        throw py::value_error("kernel_cfg: " + describe(cfg) + " is not compiled into this build (kernel set '" +
-                              compiled_kernel_set + "'); " + REBUILD_HINT);
+template <typename Family>
+const ForwardLauncher &lookup(const typename Family::Config &cfg, const ProblemVariant &variant) {
+    const auto &kernels = Family::kernels();
+    const auto it = kernels.find({cfg, variant});
+    if (it == kernels.end())
+        throw py::value_error("kernel_cfg: " + Family::describe(cfg) + " is not compiled into this build (kernel set '" +
+                              compiled_kernel_set + "'); " + rebuild_hint);
     return it->second;
 }
 
@@ -134,7 +104,7 @@ void check_tensor(const at::Tensor &t, const char *name) {
                                   std::to_string(t.stride(2)));
 }
 
-// The rules tying one tensor to q and to the configuration.
+// The rules tying one tensor to q.
 void check_matches_q(const at::Tensor &t, const char *name, const at::Tensor &q) {
     if (t.device() != q.device())
         throw py::value_error(std::string(name) + ": is on " + t.device().str() + " but q is on " + q.device().str() +
@@ -166,38 +136,32 @@ void check_no_overlap(const at::Tensor &o, const at::Tensor &input, const char *
                               " in memory; the output must not share memory with an input");
 }
 
-void check_device(const at::Tensor &q, const FlashForwardKernelConfig &cfg) {
+template <typename Family>
+void check_device(const at::Tensor &q, const ForwardLauncher &launcher) {
     const cudaDeviceProp *props = at::cuda::getDeviceProperties(q.device().index());
-    if (props->major < 8)
-        throw py::value_error("q: " + q.device().str() + " (" + props->name + ") is sm_" +
-                              std::to_string(props->major * 10 + props->minor) +
-                              "; the kernels need sm_80 or newer (mma.sync.m16n8k16, ldmatrix, cp.async)");
-    if (static_cast<size_t>(cfg.smem_bytes()) > props->sharedMemPerBlockOptin)
-        throw py::value_error("kernel_cfg: needs " + std::to_string(cfg.smem_bytes()) +
+    const int capability = props->major * 10 + props->minor;
+    if (capability < Family::min_compute_capability)
+        throw py::value_error("q: " + q.device().str() + " (" + props->name + ") is sm_" + std::to_string(capability) +
+                              "; the " + Family::name + " kernels need sm_" +
+                              std::to_string(Family::min_compute_capability) + " or newer (" + Family::instructions +
+                              ")");
+    if (static_cast<size_t>(launcher.smem_bytes) > props->sharedMemPerBlockOptin)
+        throw py::value_error("kernel_cfg: needs " + std::to_string(launcher.smem_bytes) +
                               " bytes of shared memory per block; " + q.device().str() + " allows " +
                               std::to_string(props->sharedMemPerBlockOptin));
 }
 
-// Kernels start with a 48 KB dynamic shared-memory limit; raise it to what the config uses, once
-// per (device, kernel), the first time the kernel runs there.
-void ensure_smem_limit(forward_kernel_fn kernel, int smem_bytes, int device) {
-    static std::mutex mutex;
-    static std::set<std::pair<int, forward_kernel_fn>> raised;
-    const std::lock_guard<std::mutex> lock(mutex);
-    if (raised.count({device, kernel}))
-        return;
-    check_cuda(cudaFuncSetAttribute(reinterpret_cast<const void *>(kernel),
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
-               "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-    raised.insert({device, kernel});
-}
-
 TensorStrides strides_of(const at::Tensor &t) { return TensorStrides{t.stride(0), t.stride(1), t.stride(2)}; }
 
-py::tuple forward(py::handle kernel_cfg, py::handle q_obj, py::handle k_obj, py::handle v_obj, py::handle o_obj,
-                  bool benchmark) {
-    const FlashForwardKernelConfig cfg = config_from_python(kernel_cfg);
+int int_extent(int64_t value, const char *what) {
+    if (value > std::numeric_limits<int>::max())
+        throw py::value_error(std::string("q: ") + what + " " + std::to_string(value) + " exceeds 2^31 - 1");
+    return static_cast<int>(value);
+}
 
+template <typename Family>
+py::tuple forward_with(const typename Family::Config &cfg, py::handle q_obj, py::handle k_obj, py::handle v_obj,
+                       py::handle o_obj, bool benchmark) {
     const at::Tensor q = tensor_argument(q_obj, "q");
     const at::Tensor k = tensor_argument(k_obj, "k");
     const at::Tensor v = tensor_argument(v_obj, "v");
@@ -206,23 +170,16 @@ py::tuple forward(py::handle kernel_cfg, py::handle q_obj, py::handle k_obj, py:
     check_tensor(v, "v");
     check_matches_q(k, "k", q);
     check_matches_q(v, "v", q);
-    const at::ScalarType cfg_dtype = cfg.dtype == DType::FP16 ? at::kHalf : at::kBFloat16;
+    const at::ScalarType cfg_dtype = Family::dtype(cfg) == DType::FP16 ? at::kHalf : at::kBFloat16;
     if (q.scalar_type() != cfg_dtype)
         throw py::type_error("q: dtype " + std::string(c10::toString(q.scalar_type())) +
                              " does not match kernel_cfg.dtype (" + std::string(c10::toString(cfg_dtype)) + ")");
-
-    const int64_t batch = q.size(0), seq_len = q.size(1), n_heads = q.size(2), d_head = q.size(3);
-    if (d_head != cfg.d_head)
-        throw py::value_error("q: d_head (last dimension) is " + std::to_string(d_head) + " but kernel_cfg.d_head is " +
-                              std::to_string(cfg.d_head));
-    if (seq_len % cfg.B_r != 0 || seq_len % cfg.B_c != 0)
-        throw py::value_error("q: seq_len " + std::to_string(seq_len) + " must be a multiple of kernel_cfg.B_r (" +
-                              std::to_string(cfg.B_r) + ") and kernel_cfg.B_c (" + std::to_string(cfg.B_c) + ")");
-    if (seq_len > std::numeric_limits<int>::max())
-        throw py::value_error("q: seq_len " + std::to_string(seq_len) + " exceeds 2^31 - 1");
-    if (n_heads > 65535 || batch > 65535)
+    if (q.size(3) != Family::d_head(cfg))
+        throw py::value_error("q: d_head (last dimension) is " + std::to_string(q.size(3)) +
+                              " but kernel_cfg.d_head is " + std::to_string(Family::d_head(cfg)));
+    if (q.size(0) > 65535 || q.size(2) > 65535)
         throw py::value_error("q: batch and heads must each be at most 65535 (CUDA grid limits), got batch " +
-                              std::to_string(batch) + ", heads " + std::to_string(n_heads));
+                              std::to_string(q.size(0)) + ", heads " + std::to_string(q.size(2)));
 
     at::Tensor o;
     if (o_obj.is_none()) {
@@ -237,65 +194,89 @@ py::tuple forward(py::handle kernel_cfg, py::handle q_obj, py::handle k_obj, py:
         check_no_overlap(o, v, "v");
     }
 
-    const forward_kernel_fn kernel = lookup_kernel(cfg);
-    check_device(q, cfg);
-    if (batch == 0 || seq_len == 0 || n_heads == 0)
+    ForwardParams params{};
+    params.q = q.data_ptr();
+    params.k = k.data_ptr();
+    params.v = v.data_ptr();
+    params.o = o.data_ptr();
+    params.lse = nullptr;
+    params.q_strides = strides_of(q);
+    params.k_strides = strides_of(k);
+    params.v_strides = strides_of(v);
+    params.o_strides = strides_of(o);
+    params.batch = static_cast<int>(q.size(0));
+    params.seqlen_q = int_extent(q.size(1), "seqlen_q");
+    params.seqlen_k = int_extent(k.size(1), "seqlen_k");
+    params.heads_q = static_cast<int>(q.size(2));
+    params.heads_kv = static_cast<int>(k.size(2));
+    params.d_head = static_cast<int>(q.size(3));
+    params.softmax_scale = 1.0f / std::sqrt(static_cast<float>(params.d_head));
+    params.mask = MaskParams{false, -1, -1, 0.0f, nullptr, 0};
+
+    const ForwardLauncher &launcher = lookup<Family>(cfg, Family::variant(cfg, params));
+    check_device<Family>(q, launcher);
+    if (params.batch == 0 || params.seqlen_q == 0 || params.heads_q == 0)
         return py::make_tuple(o, benchmark ? py::object(py::float_(0.0)) : py::object(py::none()));
 
     const c10::cuda::CUDAGuard guard(q.device());
-    const int smem_bytes = cfg.smem_bytes();
-    ensure_smem_limit(kernel, smem_bytes, q.device().index());
-
-    ForwardKernelArgs args{};
-    args.Q = q.data_ptr();
-    args.K = k.data_ptr();
-    args.V = v.data_ptr();
-    args.O = o.data_ptr();
-    args.Q_strides = strides_of(q);
-    args.K_strides = strides_of(k);
-    args.V_strides = strides_of(v);
-    args.O_strides = strides_of(o);
-    args.softmax_scale = 1.0f / std::sqrt(static_cast<float>(cfg.d_head));
-    args.seq_len = static_cast<int>(seq_len);
-    args.n_heads = static_cast<int>(n_heads);
-    args.n_Q_blocks = static_cast<int>(seq_len / cfg.B_r);
-    args.n_KV_blocks = static_cast<int>(seq_len / cfg.B_c);
-
-    const dim3 grid(args.n_Q_blocks, static_cast<unsigned>(n_heads), static_cast<unsigned>(batch));
-    const dim3 block(cfg.n_warps * WARP_SIZE);
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
-
     if (!benchmark) {
-        kernel<<<grid, block, smem_bytes, stream>>>(args);
-        check_cuda(cudaGetLastError(), "kernel launch");
+        launcher.launch(params, stream);
         return py::make_tuple(o, py::none());
     }
     EventTimer timer(stream);
     timer.start();
-    kernel<<<grid, block, smem_bytes, stream>>>(args);
-    check_cuda(cudaGetLastError(), "kernel launch");
+    launcher.launch(params, stream);
     timer.stop();
     return py::make_tuple(o, timer.elapsed_ms());
 }
 
+py::tuple forward(py::handle kernel_cfg, py::handle q, py::handle k, py::handle v, py::handle o, bool benchmark) {
+    py::tuple result;
+    with_config(kernel_cfg, [&](auto family, const auto &cfg) {
+        result = forward_with<decltype(family)>(cfg, q, k, v, o, benchmark);
+    });
+    return result;
+}
+
+// (family name, configuration fields) of every compiled kernel, each configuration once.
 py::list compiled_configs() {
     py::list configs;
-    for (const auto &[cfg, kernel] : forward_kernels)
-        configs.append(config_to_python(cfg));
+    std::apply(
+        [&](auto... family) {
+            (
+                [&] {
+                    using Family = decltype(family);
+                    const typename Family::Config *previous = nullptr;
+                    for (const auto &[key, launcher] : Family::kernels()) {
+                        if (!previous || *previous != key.first)
+                            configs.append(py::make_tuple(Family::name, Family::to_python(key.first)));
+                        previous = &key.first;
+                    }
+                }(),
+                ...);
+        },
+        Families{});
     return configs;
 }
 
+// Attributes of the kernel compiled for kernel_cfg (its first problem variant: they share the tuning).
 py::dict kernel_attributes(py::handle kernel_cfg) {
-    const FlashForwardKernelConfig cfg = config_from_python(kernel_cfg);
-    cudaFuncAttributes attributes{};
-    check_cuda(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void *>(lookup_kernel(cfg))),
-               "cudaFuncGetAttributes");
     py::dict result;
-    result["registers"] = attributes.numRegs;
-    result["local_bytes"] = attributes.localSizeBytes;
-    result["static_smem_bytes"] = attributes.sharedSizeBytes;
-    result["dynamic_smem_bytes"] = cfg.smem_bytes();
-    result["max_threads_per_block"] = attributes.maxThreadsPerBlock;
+    with_config(kernel_cfg, [&](auto family, const auto &cfg) {
+        using Family = decltype(family);
+        const auto &kernels = Family::kernels();
+        const auto entry = kernels.lower_bound({cfg, ProblemVariant{}});
+        const ForwardLauncher &launcher =
+            entry != kernels.end() && entry->first.first == cfg ? entry->second : lookup<Family>(cfg, ProblemVariant{});
+        cudaFuncAttributes attributes{};
+        check_cuda(cudaFuncGetAttributes(&attributes, launcher.kernel), "cudaFuncGetAttributes");
+        result["registers"] = attributes.numRegs;
+        result["local_bytes"] = attributes.localSizeBytes;
+        result["static_smem_bytes"] = attributes.sharedSizeBytes;
+        result["dynamic_smem_bytes"] = launcher.smem_bytes;
+        result["max_threads_per_block"] = attributes.maxThreadsPerBlock;
+    });
     return result;
 }
 
@@ -303,14 +284,14 @@ py::dict kernel_attributes(py::handle kernel_cfg) {
 } // namespace flash
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.doc() = "FlashAttention-2 forward kernels on SM80 tensor-core instructions, one per compiled configuration.";
+    m.doc() = "FlashAttention-2 forward kernels written from scratch, one per compiled configuration.";
     m.def("forward", &flash::forward, py::arg("kernel_cfg"), py::arg("q"), py::arg("k"), py::arg("v"),
           py::arg("o") = py::none(), py::arg("benchmark") = false,
           "forward(kernel_cfg, q, k, v, o=None, benchmark=False) -> (o, runtime_ms or None)\n\n"
           "Attention over (batch, seq, heads, d_head) CUDA tensors with the kernel compiled for kernel_cfg, "
           "launched on the current stream; with benchmark=True also returns its run time in milliseconds.");
     m.def("compiled_configs", &flash::compiled_configs,
-          "The compiled configurations as 13-tuples, in the kernel map's order.");
+          "The compiled configurations as (family, fields) pairs, in the registry's order.");
     m.def("compiled_kernel_set", [] { return std::string(flash::compiled_kernel_set); },
           "The name of the kernel set this module was built with (FLASH_BUILD_KERNELS).");
     m.def("kernel_attributes", &flash::kernel_attributes, py::arg("kernel_cfg"),

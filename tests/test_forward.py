@@ -45,13 +45,13 @@ if not _extension_is_built():
 import flash_attention  # noqa: E402
 from flash_attention import _C  # noqa: E402
 from flash_helpers.reference import FloatReference  # noqa: E402
-from flash_helpers.kernel_configs import (  # noqa: E402
+from flash_helpers.kernel_sets import (  # noqa: E402
     KERNELS_ENV,
-    FlashForwardKernelConfig,
     get_all_kernel_configs,
     get_kernel_configs,
     get_kernels_to_build,
 )
+from flash_helpers.sm80_config import FlashForwardKernelConfig  # noqa: E402
 
 gpu = pytest.mark.gpu
 
@@ -238,7 +238,9 @@ def test_kernel_attributes(cfg):
         "dynamic_smem_bytes",
         "max_threads_per_block",
     }
-    assert attributes["dynamic_smem_bytes"] == cfg.smem_bytes()
+    # The Q tile, and a K and a V tile per stage (two with eager loads), of 2-byte elements.
+    stages = 2 if cfg.eager_load_blocks else 1
+    assert attributes["dynamic_smem_bytes"] == (cfg.B_r + 2 * stages * cfg.B_c) * cfg.d_head * 2
     assert 0 < attributes["registers"] <= 255
     assert attributes["max_threads_per_block"] >= 32 * cfg.n_warps, "the kernel cannot launch with n_warps warps"
 
@@ -475,14 +477,14 @@ def test_rejects_config_not_compiled(entry_point, valid_call, rng):
     assert_still_usable(valid_call)
 
 
-# The binding accepts any object with the configuration's 13 fields (the dataclass normally).
+# The binding accepts any object with a family name and that family's fields (the dataclass normally).
 CONFIG_FIELDS = [field.name for field in dataclasses.fields(FlashForwardKernelConfig)]
 
 
 def plain_config(cfg: FlashForwardKernelConfig) -> types.SimpleNamespace:
     fields = {name: getattr(cfg, name) for name in CONFIG_FIELDS}
     fields["dtype"] = int(cfg.dtype)  # a plain int: what C++ receives either way
-    return types.SimpleNamespace(**fields)
+    return types.SimpleNamespace(family=cfg.family, **fields)
 
 
 @gpu
@@ -502,6 +504,19 @@ def test_binding_rejects_a_config_missing_a_field(field, valid_call):
     delattr(cfg, field)
     call = valid_call
     assert_rejected(lambda: _C.forward(cfg, call.q, call.k, call.v), (TypeError, ValueError), ("kernel_cfg",), field)
+    assert_still_usable(valid_call)
+
+
+@gpu
+@pytest.mark.parametrize(("family", "error"), [(None, TypeError), ("sm70", ValueError)], ids=["missing", "unknown"])
+def test_binding_rejects_a_config_without_a_known_family(family, error, valid_call):
+    cfg = plain_config(valid_call.cfg)
+    if family is None:
+        delattr(cfg, "family")
+    else:
+        cfg.family = family
+    call = valid_call
+    assert_rejected(lambda: _C.forward(cfg, call.q, call.k, call.v), error, ("kernel_cfg",), "family")
     assert_still_usable(valid_call)
 
 
@@ -530,7 +545,8 @@ def test_rejects_gpus_older_than_sm80(valid_call):
 
 
 def test_compiled_configs_are_the_build_set_in_python_order():
-    from_cpp = [FlashForwardKernelConfig(*fields) for fields in _C.compiled_configs()]
+    assert {family for family, _ in _C.compiled_configs()} <= {"sm80"}
+    from_cpp = [FlashForwardKernelConfig(*fields) for _, fields in _C.compiled_configs()]
     # The C++ map iterates in operator< order: it must be the dataclass order, without repeats.
     assert from_cpp == sorted(set(from_cpp))
     assert from_cpp == sorted(get_kernels_to_build(flash_attention.compiled_kernel_set()))

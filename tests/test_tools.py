@@ -24,10 +24,11 @@ import ncu_bench  # noqa: E402
 import progression  # noqa: E402
 import pt_bench  # noqa: E402
 import sass_counts  # noqa: E402
-from flash_helpers.kernel_configs import (  # noqa: E402
+from flash_helpers.dtypes import DType  # noqa: E402
+from flash_helpers.problem import attention_flop, total_flop  # noqa: E402
+from flash_helpers.kernel_sets import (  # noqa: E402
     BUILD_KERNELS_ENV,
     KERNELS_ENV,
-    DType,
     get_all_kernel_configs,
     get_autotuning_kernel_configs,
 )
@@ -50,8 +51,9 @@ CFG_B = next(cfg for cfg in TUNE if cfg.d_head == 128 and (cfg.B_r, cfg.B_c) != 
 NOT_TUNED = next(cfg for cfg in get_all_kernel_configs() if cfg not in set(TUNE))
 
 
-# nvcc's device symbols hold all 13 fields of the configuration, trailing zeros too (checked
-# against nvcc 13 with readelf on a cubin); ncu prints them demangled.
+# nvcc's device symbols hold all 13 fields of the configuration, trailing zeros too, then the
+# problem variant's mask kind and masked tails (checked against nvcc 13 on an object file); ncu
+# prints them demangled.
 
 
 def nvcc_demangled_name(cfg) -> str:
@@ -64,8 +66,8 @@ def nvcc_demangled_name(cfg) -> str:
 
     items = ", ".join(literal(value) for value in dataclasses.astuple(cfg))
     return (
-        "void flash::flash_forward_kernel<flash::StaticForwardKernelConfig<flash::FlashForwardKernelConfig{"
-        f"{items}}}> >(flash::ForwardKernelArgs)"
+        "void flash::sm80::flash_forward_kernel<flash::sm80::StaticForwardKernelConfig<"
+        f"flash::sm80::FlashForwardKernelConfig{{{items}}}>, (flash::MaskKind)0, false>(flash::ForwardParams)"
     )
 
 
@@ -79,8 +81,8 @@ def nvcc_device_symbol(cfg) -> str:
 
     items = "".join(literal(value) for value in dataclasses.astuple(cfg))
     return (
-        "_ZN5flash20flash_forward_kernelINS_25StaticForwardKernelConfigIXtlNS_24FlashForwardKernelConfigE"
-        f"{items}EEEEEEvNS_17ForwardKernelArgsE"
+        "_ZN5flash4sm8020flash_forward_kernelINS0_25StaticForwardKernelConfigIXtlNS0_24FlashForwardKernelConfigE"
+        f"{items}EEEELNS_8MaskKindE0ELb0EEEvNS_13ForwardParamsE"
     )
 
 
@@ -141,8 +143,8 @@ def test_benchmark_shapes():
     assert common.HEADS_BY_D_HEAD == {64: 32, 128: 16}
 
 
-def test_flop_counts_match_the_configuration():
-    assert common.flop_counts(128, 4, 16, 2048) == (CFG_A.attn_flop(4, 16, 2048), CFG_A.total_flop(4, 16, 2048))
+def test_flop_counts_are_the_problem_counts():
+    assert common.flop_counts(128, 4, 16, 2048) == (attention_flop(4, 16, 2048, 128), total_flop(4, 16, 2048, 128))
     assert common.tflops(2e12, 1000.0) == pytest.approx(2.0)
     assert math.isnan(common.tflops(1e12, math.nan))
 
@@ -323,8 +325,8 @@ def test_ncu_raw_page_averages_and_names():
     assert row.duration_us == pytest.approx(1400.0)
     assert row.registers == 255 and row.smem_bytes == 49152
     assert row.occupancy_pct == pytest.approx(12.25) and row.dram_pct == pytest.approx(11.0)
-    assert row.tflops == pytest.approx(CFG_A.total_flop(16, 16, 4096) / 1.4e-3 / 1e12)
-    assert row.attn_tflops == pytest.approx(CFG_A.attn_flop(16, 16, 4096) / 1.4e-3 / 1e12)
+    assert row.tflops == pytest.approx(total_flop(16, 16, 4096, 128) / 1.4e-3 / 1e12)
+    assert row.attn_tflops == pytest.approx(attention_flop(16, 16, 4096, 128) / 1.4e-3 / 1e12)
     assert "SDPA FLASH (FA2)" in ncu_bench.format_profile_table(
         [row, ncu_bench.profile_row(flash, "fp16", 128, 4096, 16, 16)]
     )

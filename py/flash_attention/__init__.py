@@ -1,4 +1,4 @@
-"""FlashAttention-2 forward pass on SM80 tensor cores, one compiled kernel per configuration.
+"""FlashAttention-2 forward pass written from scratch, one compiled kernel per configuration.
 
     import flash_attention as fa
     cfg = "(FP16, 128, 64, 64, 4): async+load_0_2_2_tiles"
@@ -13,7 +13,11 @@ from __future__ import annotations
 import functools
 
 import torch  # noqa: F401  (loads the libraries _C links against: libc10, libtorch)
-from flash_helpers.kernel_configs import DType, FlashForwardKernelConfig, parse_kernel_name_into_config
+from flash_helpers.dtypes import DType
+from flash_helpers.families import FAMILIES
+from flash_helpers.kernel_names import parse_kernel_name_into_config
+from flash_helpers.kernel_sets import REBUILD_HINT
+from flash_helpers.sm80_config import FlashForwardKernelConfig
 
 from . import _C
 
@@ -29,9 +33,9 @@ __all__ = [
 
 
 @functools.cache
-def compiled_configs() -> list[FlashForwardKernelConfig]:
-    """The configurations compiled into this build, in the kernel map's order."""
-    return [FlashForwardKernelConfig(*fields) for fields in _C.compiled_configs()]
+def compiled_configs() -> list:
+    """The configurations compiled into this build, each family's in its registry's order."""
+    return [FAMILIES[family](*fields) for family, fields in _C.compiled_configs()]
 
 
 def compiled_kernel_set() -> str:
@@ -43,22 +47,21 @@ def _as_config(cfg: FlashForwardKernelConfig | str) -> FlashForwardKernelConfig:
     """Accepts a config or its short form, and rejects invalid or uncompiled ones with the reason."""
     if isinstance(cfg, str):
         cfg = parse_kernel_name_into_config(cfg)
-    if not isinstance(cfg, FlashForwardKernelConfig):
-        raise TypeError(f"kernel_cfg: expected a FlashForwardKernelConfig or its short form, got {type(cfg).__name__}")
+    if not isinstance(cfg, tuple(FAMILIES.values())):
+        raise TypeError(f"kernel_cfg: expected a kernel configuration or its short form, got {type(cfg).__name__}")
     reason = cfg.validity_error()
     if reason is not None:
         raise ValueError(f"kernel_cfg: {cfg.short_form()} is not a valid configuration: {reason}")
     if cfg not in _compiled_set():
         raise ValueError(
             f"kernel_cfg: {cfg.short_form()} is not compiled into this build (kernel set "
-            f"'{compiled_kernel_set()}'); build a set containing it: "
-            "FLASH_BUILD_KERNELS=<default|prog|progall|tune|all|B_r,B_c> pip install --no-build-isolation -e ."
+            f"'{compiled_kernel_set()}'); {REBUILD_HINT}"
         )
     return cfg
 
 
 @functools.cache
-def _compiled_set() -> frozenset[FlashForwardKernelConfig]:
+def _compiled_set() -> frozenset:
     return frozenset(compiled_configs())
 
 

@@ -1,17 +1,28 @@
-"""Shared helpers for the build, the tests and the benchmarks: kernel configurations, their textual
-forms and the named configuration sets. Importable without torch."""
+"""Shared helpers for the build, the tests and the benchmarks: the kernel families' configurations,
+their textual forms, problem variants and the named configuration sets. Importable without torch.
 
-from flash_helpers.kernel_configs import (
-    DType,
-    FlashForwardKernelConfig,
-    get_kernel_configs,
-    get_kernels_to_build,
-    parse_kernel_name_into_config,
-)
+- ``dtypes``: the element types;
+- ``problem``: problem variants and FLOP counts;
+- ``sm80_config``: the SM80 family's configuration, its values and validity rules;
+- ``kernel_names``: parsing short forms and demangled kernel names;
+- ``kernel_sets``: the named sets, and the build's selection;
+- ``families``: every family's configuration type, by name;
+- ``reference``: the float32 reference and the correctness criterion (needs torch when called).
+"""
+
+from flash_helpers.dtypes import DType
+from flash_helpers.families import FAMILIES
+from flash_helpers.kernel_names import parse_kernel_name_into_config
+from flash_helpers.kernel_sets import get_kernel_configs, get_kernels_to_build
+from flash_helpers.problem import MaskKind, ProblemVariant
+from flash_helpers.sm80_config import FlashForwardKernelConfig
 
 __all__ = [
+    "FAMILIES",
     "DType",
     "FlashForwardKernelConfig",
+    "MaskKind",
+    "ProblemVariant",
     "get_kernel_configs",
     "get_kernels_to_build",
     "parse_kernel_name_into_config",

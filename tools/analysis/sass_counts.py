@@ -30,11 +30,8 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmark"))
 import bench_common as common  # noqa: E402  (also makes flash_helpers importable from a bare checkout)
-from flash_helpers.kernel_configs import (  # noqa: E402
-    FlashForwardKernelConfig,
-    get_all_kernel_configs,
-    get_kernel_configs,
-)
+from flash_helpers.kernel_sets import get_all_kernel_configs, get_kernel_configs  # noqa: E402
+from flash_helpers.sm80_config import FlashForwardKernelConfig  # noqa: E402
 
 # The families shown in the tables, in column order; "total" is every instruction but padding.
 FAMILIES = (

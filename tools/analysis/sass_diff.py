@@ -18,7 +18,8 @@ import sys
 import sass_counts  # first: it makes bench_common and flash_helpers importable
 
 import bench_common as common
-from flash_helpers.kernel_configs import FlashForwardKernelConfig, parse_kernel_name_into_config
+from flash_helpers.kernel_names import parse_kernel_name_into_config
+from flash_helpers.sm80_config import FlashForwardKernelConfig
 
 
 def diff_rows(a: collections.Counter, b: collections.Counter, keys=None) -> list[list]:

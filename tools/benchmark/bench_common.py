@@ -27,18 +27,10 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(REPO_ROOT / "py") not in sys.path:
     sys.path.insert(0, str(REPO_ROOT / "py"))
 
-from flash_helpers.kernel_configs import (  # noqa: E402
-    B_CS,
-    B_RS,
-    BUILD_KERNELS_ENV,
-    D_HEADS,
-    DTYPES,
-    KERNELS_ENV,
-    N_WARPS,
-    DType,
-    FlashForwardKernelConfig,
-    get_kernel_configs,
-)
+from flash_helpers.dtypes import DTYPES, DType  # noqa: E402
+from flash_helpers.kernel_sets import BUILD_KERNELS_ENV, KERNELS_ENV, get_kernel_configs  # noqa: E402
+from flash_helpers.problem import attention_flop, total_flop  # noqa: E402
+from flash_helpers.sm80_config import D_HEADS, FlashForwardKernelConfig  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------
 # Benchmark shapes
@@ -74,13 +66,8 @@ def dtype_from_name(name: str) -> DType:
 
 
 def flop_counts(d_head: int, batch: int, heads: int, seq_len: int) -> tuple[int, int]:
-    """(attention FLOPs, total FLOPs) of one forward pass, as FlashForwardKernelConfig counts them.
-
-    Both depend only on the shape, so a stand-in configuration with this d_head gives the count for
-    the SDPA references too, without a second copy of the formulas.
-    """
-    stand_in = FlashForwardKernelConfig(DType.FP16, d_head, B_RS[0], B_CS[0], N_WARPS[0])
-    return stand_in.attn_flop(batch, heads, seq_len), stand_in.total_flop(batch, heads, seq_len)
+    """(attention FLOPs, total FLOPs) of one forward pass: the counts of ``flash_helpers.problem``."""
+    return attention_flop(batch, heads, seq_len, d_head), total_flop(batch, heads, seq_len, d_head)
 
 
 def tflops(flop: float, time_ms: float) -> float:

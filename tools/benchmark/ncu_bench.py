@@ -31,7 +31,8 @@ import subprocess
 import sys
 
 import bench_common as common  # first: it makes flash_helpers importable from a bare checkout
-from flash_helpers.kernel_configs import FlashForwardKernelConfig, parse_kernel_name_into_config
+from flash_helpers.kernel_names import parse_kernel_name_into_config
+from flash_helpers.sm80_config import FlashForwardKernelConfig
 
 RUN_KERNELS = pathlib.Path(__file__).resolve().with_name("run_kernels.py")
 

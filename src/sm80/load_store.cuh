@@ -8,13 +8,13 @@
 
 #include <cstdint>
 
-#include "common.h"
-#include "layout.cuh"
-#include "ptx.cuh"
-#include "swizzling.cuh"
-#include "type_utils.cuh"
+#include "common/common.h"
+#include "common/ptx.cuh"
+#include "common/swizzling.cuh"
+#include "common/type_utils.cuh"
+#include "sm80/layout.cuh"
 
-namespace flash {
+namespace flash::sm80 {
 
 // How a block's threads cover a tile in 16-byte chunks: thread t copies the chunk column
 // t % chunks_per_row of rows t / chunks_per_row + i * rows_per_step, consecutive threads on
@@ -28,7 +28,7 @@ struct TileCopyPlan {
     static_assert(rows_per_step % SWIZZLE_CHUNKS == 0, "a thread's rows must keep one swizzled column");
     static_assert(Tile::rows % rows_per_step == 0, "the block's threads must evenly divide the tile's chunks");
     static constexpr int steps = Tile::rows / rows_per_step;
-    static constexpr int smem_step_bytes = rows_per_step * Tile::cols * 2;
+    static constexpr int smem_step_bytes = rows_per_step * Tile::cols * static_cast<int>(sizeof(typename Tile::value_t));
 
     static __device__ __forceinline__ int first_row() { return threadIdx.x / chunks_per_row; }
     static __device__ __forceinline__ int col() { return (threadIdx.x % chunks_per_row) * ELEMS_PER_COPY; }
@@ -83,7 +83,7 @@ __device__ __forceinline__ void copy_shared_to_global(typename Tile::value_t *ds
 // byte offset (8 rows, and 8 chunks = 128 bytes, leave the swizzle unchanged).
 template <typename Tile>
 struct LdmatrixAddresses {
-    static constexpr int row_bytes = Tile::cols * 2;
+    static constexpr int row_bytes = Tile::cols * static_cast<int>(sizeof(typename Tile::value_t));
     uint32_t base[4];
 
     __device__ __forceinline__ LdmatrixAddresses(const Tile &tile, int lane_row, int chunk_lsb) {
@@ -198,4 +198,4 @@ __device__ __forceinline__ void store_accumulators(const Tile &tile, const Accum
             }
 }
 
-} // namespace flash
+} // namespace flash::sm80

@@ -7,7 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "flash_config.cuh"
+#include "common/dtype.h"
 
 namespace flash {
 

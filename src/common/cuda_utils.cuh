@@ -1,9 +1,12 @@
-// Host-side CUDA helpers for the binding: error checks that raise, timing events that are
-// always destroyed.
+// Host-side CUDA helpers for the binding and the launchers: error checks that raise, the
+// shared-memory limit raised once per kernel and device, timing events that are always destroyed.
 #pragma once
 
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include <cuda_runtime.h>
 
@@ -13,6 +16,21 @@ namespace flash {
 inline void check_cuda(cudaError_t status, const char *what) {
     if (status != cudaSuccess)
         throw std::runtime_error(std::string(what) + " failed: " + cudaGetErrorString(status));
+}
+
+// Kernels start with a 48 KB dynamic shared-memory limit; raises it to what `kernel` uses, once per
+// (device, kernel), the first time the kernel runs on the current device.
+inline void ensure_dynamic_smem_limit(const void *kernel, int smem_bytes) {
+    static std::mutex mutex;
+    static std::set<std::pair<int, const void *>> raised;
+    int device = 0;
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (raised.count({device, kernel}))
+        return;
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
+               "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    raised.insert({device, kernel});
 }
 
 // A start/stop pair of CUDA events around work on one stream; destroyed with the object, so an

@@ -5,7 +5,7 @@
 // keeping every chunk, and the 8 elements inside it, contiguous.
 #pragma once
 
-#include "common.h"
+#include "common/common.h"
 
 namespace flash {
 

@@ -2,11 +2,11 @@
 // turns one product's accumulators into the next product's A operand.
 #pragma once
 
-#include "layout.cuh"
-#include "ptx.cuh"
-#include "type_utils.cuh"
+#include "common/ptx.cuh"
+#include "common/type_utils.cuh"
+#include "sm80/layout.cuh"
 
-namespace flash {
+namespace flash::sm80 {
 
 // acc += A[:, a_first_slice : a_first_slice + K_slices] * B, all B's k-slices.
 template <typename value_t, int M, int N, int A_slices, int K_slices>
@@ -63,4 +63,4 @@ __device__ __forceinline__ void accumulators_to_A(FragmentsA<M, N / 2> &a, const
         }
 }
 
-} // namespace flash
+} // namespace flash::sm80

@@ -5,11 +5,11 @@
 
 #include <cmath>
 
-#include "common.h"
-#include "layout.cuh"
-#include "ptx.cuh"
+#include "common/common.h"
+#include "common/ptx.cuh"
+#include "sm80/layout.cuh"
 
-namespace flash {
+namespace flash::sm80 {
 
 // Row statistics of one warp's M_tiles x 16 query rows. Each lane holds two rows per 16-row tile
 // (lane/4 and lane/4 + 8: index h), shared with the three other lanes of its quad.
@@ -191,4 +191,4 @@ struct OnlineSoftmax {
     }
 };
 
-} // namespace flash
+} // namespace flash::sm80

@@ -1,22 +1,22 @@
-// The FlashAttention-2 forward kernel. One thread block computes O for B_r query rows of one
-// (batch, head): it walks over all KV tiles, computing S = Q K^T, the online softmax and
-// O += P V on tensor cores, and writes O once at the end.
+// The SM80 family's FlashAttention-2 forward kernel. One thread block computes O for B_r query
+// rows of one (batch, head): it walks over all KV tiles, computing S = Q K^T, the online softmax
+// and O += P V on tensor cores, and writes O once at the end.
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 
-#include "common.h"
-#include "flash_config.cuh"
-#include "forward_kernel_registry.cuh"
-#include "gemm.cuh"
-#include "layout.cuh"
-#include "load_store.cuh"
-#include "ptx.cuh"
-#include "softmax.cuh"
-#include "static_kernel_configuration.cuh"
+#include "common/common.h"
+#include "common/forward_params.h"
+#include "common/problem_variant.h"
+#include "common/ptx.cuh"
+#include "sm80/gemm.cuh"
+#include "sm80/layout.cuh"
+#include "sm80/load_store.cuh"
+#include "sm80/softmax.cuh"
+#include "sm80/traits.cuh"
 
-namespace flash {
+namespace flash::sm80 {
 
 // Element pointer to row `row` of one (batch, head) slice of a (batch, seq, heads, d_head) tensor.
 template <typename value_t, typename Ptr>
@@ -47,8 +47,11 @@ struct QKChunkFragments {
 // V's copy overlaps S = Q K^T when async. With it there are two stages: iteration j first waits
 // for its own tiles (issued one iteration earlier), then issues the copies of tile j + 1 into the
 // other stage, so they overlap all of iteration j's compute, with a single barrier per tile.
-template <typename Kernel>
-__global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const __grid_constant__ ForwardKernelArgs args) {
+// The problem variant's fields are separate template arguments: nvcc's host stubs cannot spell a
+// class-type template argument whose fields are all zero.
+template <typename Kernel, MaskKind MASK, bool MASKED_TAILS>
+__global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const __grid_constant__ ForwardParams params) {
+    static_assert(MASK == MaskKind::NONE && !MASKED_TAILS, "the SM80 kernel computes unmasked attention over whole blocks only");
     using value_t = typename Kernel::value_t;
     using KV_tile = typename Kernel::KV_tile;
     constexpr bool async_copy = Kernel::async_copy;
@@ -65,19 +68,22 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
 
     const int Q_block = blockIdx.x;
     const int head = blockIdx.y;
+    const int kv_head = head / (params.heads_q / params.heads_kv);
     const int batch = blockIdx.z;
     const int warp_first_row = (threadIdx.x / WARP_SIZE) * Kernel::warp_rows;
+    // Unsigned: a shift, with no sign correction to keep a register for.
+    const int n_KV_blocks = static_cast<unsigned>(params.seqlen_k) / Kernel::B_c;
 
-    const value_t *Q = tensor_rows<const value_t>(args.Q, args.Q_strides, batch, head, Q_block * Kernel::B_r);
-    const value_t *K = tensor_rows<const value_t>(args.K, args.K_strides, batch, head, 0);
-    const value_t *V = tensor_rows<const value_t>(args.V, args.V_strides, batch, head, 0);
-    value_t *O = tensor_rows<value_t>(args.O, args.O_strides, batch, head, Q_block * Kernel::B_r);
-    const int64_t K_tile_stride = Kernel::B_c * args.K_strides.seq;
-    const int64_t V_tile_stride = Kernel::B_c * args.V_strides.seq;
+    const value_t *Q = tensor_rows<const value_t>(params.q, params.q_strides, batch, head, Q_block * Kernel::B_r);
+    const value_t *K = tensor_rows<const value_t>(params.k, params.k_strides, batch, kv_head, 0);
+    const value_t *V = tensor_rows<const value_t>(params.v, params.v_strides, batch, kv_head, 0);
+    value_t *O = tensor_rows<value_t>(params.o, params.o_strides, batch, head, Q_block * Kernel::B_r);
+    const int64_t K_tile_stride = Kernel::B_c * params.k_strides.seq;
+    const int64_t V_tile_stride = Kernel::B_c * params.v_strides.seq;
     // Issues the copies of KV tile KV_block into a stage: K's as one cp.async group, then V's.
     const auto copy_KV_tiles = [&](int KV_block, int stage) {
-        copy_global_to_shared<async_copy, n_threads>(K_smem(stage), K + KV_block * K_tile_stride, args.K_strides.seq);
-        copy_global_to_shared<async_copy, n_threads>(V_smem(stage), V + KV_block * V_tile_stride, args.V_strides.seq);
+        copy_global_to_shared<async_copy, n_threads>(K_smem(stage), K + KV_block * K_tile_stride, params.k_strides.seq);
+        copy_global_to_shared<async_copy, n_threads>(V_smem(stage), V + KV_block * V_tile_stride, params.v_strides.seq);
     };
 
     // Per-lane ldmatrix addresses, computed once: each fragment load adds a compile-time offset.
@@ -87,7 +93,7 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     auto V_addresses = B_from_rows_k_addresses(V_smem(0));
     int next_stage_shift = KV_stage_bytes;
 
-    copy_global_to_shared<async_copy, n_threads>(Q_smem, Q, args.Q_strides.seq);
+    copy_global_to_shared<async_copy, n_threads>(Q_smem, Q, params.q_strides.seq);
     if constexpr (eager)
         copy_KV_tiles(0, 0);
     typename Kernel::Q_fragments Q_frags;
@@ -106,7 +112,7 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
         if constexpr (eager) {
             // Tile j (and Q) have landed, and every warp is done with the other stage.
             wait_for_copies<Kernel, 0>();
-            if (KV_block + 1 < args.n_KV_blocks)
+            if (KV_block + 1 < n_KV_blocks)
                 copy_KV_tiles(KV_block + 1, 1 - stage);
         } else {
             __syncthreads(); // every warp is done with the previous K and V tiles
@@ -130,7 +136,7 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
                     warp_gemm<value_t>(S_acc, f.Q, 0, f.K);
             });
 
-        softmax.template update<decltype(first_tile)::value>(S_acc, O_acc, args.softmax_scale);
+        softmax.template update<decltype(first_tile)::value>(S_acc, O_acc, params.softmax_scale);
         typename Kernel::P_fragments P_frags;
         accumulators_to_A<value_t>(P_frags, S_acc);
 
@@ -154,7 +160,7 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     constexpr int first_general_tile = Kernel::optimized_softmax ? 1 : 0;
     if constexpr (Kernel::optimized_softmax)
         process_KV_tile(0, std::true_type{});
-    for (int KV_block = first_general_tile; KV_block < args.n_KV_blocks; ++KV_block)
+    for (int KV_block = first_general_tile; KV_block < n_KV_blocks; ++KV_block)
         process_KV_tile(KV_block, std::false_type{});
 
     softmax.normalize(O_acc);
@@ -162,12 +168,7 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     __syncthreads();
     store_accumulators(Q_smem, O_acc, warp_first_row);
     __syncthreads();
-    copy_shared_to_global<n_threads>(O, args.O_strides.seq, Q_smem);
+    copy_shared_to_global<n_threads>(O, params.o_strides.seq, Q_smem);
 }
 
-template <FlashForwardKernelConfig CFG>
-forward_kernel_fn forward_kernel_pointer() {
-    return &flash_forward_kernel<StaticForwardKernelConfig<CFG>>;
-}
-
-} // namespace flash
+} // namespace flash::sm80

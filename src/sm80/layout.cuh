@@ -4,9 +4,9 @@
 
 #include <cstdint>
 
-#include "swizzling.cuh"
+#include "common/swizzling.cuh"
 
-namespace flash {
+namespace flash::sm80 {
 
 // A row-major rows x cols tile of 16-bit elements in shared memory, optionally with each row's
 // 16-byte chunks XOR-swizzled (swizzling.cuh). Every access goes through at(), so the layout is
@@ -66,4 +66,4 @@ struct Accumulators {
     }
 };
 
-} // namespace flash
+} // namespace flash::sm80

@@ -1,6 +1,8 @@
 // Constants shared by every kernel header: warp size, the MMA instruction's shape and copy widths.
 #pragma once
 
+#include "common/dtype.h"
+
 namespace flash {
 
 constexpr int WARP_SIZE = 32;
@@ -13,7 +15,7 @@ constexpr int MMA_K = 16;
 // Global<->shared copies move 16 bytes per thread per instruction (cp.async.cg's only size, and
 // the widest vector load/store), i.e. 8 half-precision elements.
 constexpr int COPY_BYTES = 16;
-constexpr int ELEMS_PER_COPY = COPY_BYTES / 2;
+constexpr int ELEMS_PER_COPY = COPY_BYTES / ELEMENT_BYTES;
 
 // log2(e): exp(x) = 2^(x * log2(e)).
 constexpr float LOG2_E = 1.4426950408889634f;

@@ -1,14 +1,15 @@
-// StaticForwardKernelConfig<CFG>: every compile-time quantity the kernel needs, derived from one
-// run-time configuration, with static_asserts that reject the configurations the kernel cannot do
-// (the Python validity rules reject the same ones first, with the same reasons).
+// The SM80 family's traits, StaticForwardKernelConfig<CFG>: every compile-time quantity the kernel
+// and its launcher need, derived from one configuration, with static_asserts that guard against
+// the configurations the kernel cannot do (the Python validity rules reject them first, with the
+// reasons).
 #pragma once
 
-#include "common.h"
-#include "flash_config.cuh"
-#include "layout.cuh"
-#include "type_utils.cuh"
+#include "common/common.h"
+#include "common/type_utils.cuh"
+#include "sm80/config.h"
+#include "sm80/layout.cuh"
 
-namespace flash {
+namespace flash::sm80 {
 
 template <FlashForwardKernelConfig CFG>
 struct StaticForwardKernelConfig {
@@ -83,9 +84,7 @@ struct StaticForwardKernelConfig {
     using KV_tile = SmemTile<value_t, B_c, d_head, swizzled>;
     static constexpr int KV_stages = eager_load_blocks ? 2 : 1;
     static constexpr int KV_stage_elems = 2 * KV_tile::size; // one K and one V tile
-    static constexpr int smem_bytes =
-        (Q_tile::size + KV_stages * KV_stage_elems) * static_cast<int>(sizeof(value_t));
-    static_assert(smem_bytes == CFG.smem_bytes(), "the kernel's shared memory must match the config's");
+    static constexpr int smem_bytes = (Q_tile::size + KV_stages * KV_stage_elems) * static_cast<int>(sizeof(value_t));
 };
 
-} // namespace flash
+} // namespace flash::sm80

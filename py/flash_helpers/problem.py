@@ -1,0 +1,47 @@
+"""The problem side of a kernel: problem variants (the compile-time specializations a problem needs
+and a tuning choice does not) and the FLOP counts every TFLOP/s figure uses.
+
+Importable without torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+__all__ = ["MaskKind", "ProblemVariant", "attention_flop", "total_flop"]
+
+
+class MaskKind(enum.IntEnum):
+    """Which keys a query row attends; the values are the C++ ``MaskKind``'s."""
+
+    NONE = 0  # every key
+    CAUSAL = 1  # keys up to the bottom-right-aligned diagonal
+    LOCAL = 2  # keys inside a window around that diagonal
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class ProblemVariant:
+    """Half of a kernel's registry key: the mask kind, and whether the last query block and key/value
+    tile may be partial (sequence lengths that are not multiples of the block sizes)."""
+
+    mask: MaskKind = MaskKind.NONE
+    masked_tails: bool = False
+
+    def to_cpp_struct(self) -> str:
+        """The C++ aggregate initializer, as the generator writes it."""
+        return f"ProblemVariant{{MaskKind::{self.mask.name}, {'true' if self.masked_tails else 'false'}}}"
+
+
+def attention_flop(batch: int, heads: int, seq_len: int, d_head: int) -> int:
+    """FLOPs of the two matmuls (Q K^T and P V): the count every attention TFLOP/s figure uses."""
+    return 4 * batch * heads * seq_len**2 * d_head
+
+
+def total_flop(batch: int, heads: int, seq_len: int, d_head: int) -> int:
+    """All floating-point work: the two matmuls (``attention_flop``), plus the online softmax's five
+    elementwise operations per score (scale, max, subtract, exp, sum), plus normalising each output
+    element by its row sum once at the end."""
+    softmax = 5 * batch * heads * seq_len**2
+    normalisation = batch * heads * seq_len * d_head
+    return attention_flop(batch, heads, seq_len, d_head) + softmax + normalisation

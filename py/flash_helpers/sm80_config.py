@@ -1,0 +1,198 @@
+"""The SM80 family's configuration: the Python mirror of the C++ ``flash::sm80::FlashForwardKernelConfig``.
+
+A configuration names one tuning of the SM80 forward kernel (mma.sync, ldmatrix, cp.async): its
+fields, the values each can take, the rules that say which combinations the kernel can run, and its
+textual forms (the short form people read and type, the C++ initializer the generator writes, the
+demangled name profilers print). Parsing those forms back is ``kernel_names``; the named sets are
+``kernel_sets``. Importable without torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from flash_helpers.dtypes import DType, coerce_dtype
+from flash_helpers.problem import ProblemVariant
+
+__all__ = ["B_CS", "B_RS", "D_HEADS", "FlashForwardKernelConfig", "LOAD_TILES", "N_WARPS", "SHORT_FORM_EXAMPLE"]
+
+# The values each dimension of the configuration space can take. The first four are also what the
+# kernel supports (validity rule 1); the load-tile counts and booleans are further constrained by
+# the other rules.
+D_HEADS = (64, 128)
+B_RS = (64, 128)
+B_CS = (32, 64, 128)
+N_WARPS = (4, 8)
+LOAD_TILES = (0, 1, 2, 4)
+
+
+# The k-dimension of one mma.sync.m16n8k16 instruction: GEMMs are split into slices this deep.
+_MMA_K = 16
+# The M of one mma.sync.m16n8k16 instruction: the granularity of a warp's query rows.
+_MMA_M = 16
+
+SHORT_FORM_EXAMPLE = "(FP16, 128, 64, 64, 4): async+load_0_2_2_tiles"
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class FlashForwardKernelConfig:
+    """One configuration of the SM80 family's forward kernel.
+
+    Field order is the C++ struct's order and defines the ordering (dtype by its code, False < True),
+    so sorting here and iterating the C++ ``std::map`` agree. Construction checks types only; whether
+    the kernel can run the combination is answered by ``validity_error()``.
+    """
+
+    # The family's name: the binding's and the generator's key for this class.
+    family: ClassVar[str] = "sm80"
+
+    dtype: DType
+    d_head: int
+    B_r: int
+    B_c: int
+    n_warps: int
+    async_copy: bool = False
+    eager_load_blocks: bool = False
+    swizzled: bool = False
+    Q_mma_load_K_tiles: int = 0
+    K_mma_load_K_tiles: int = 0
+    V_mma_load_K_tiles: int = 0
+    mma_double_buffer_loads: bool = False
+    optimized_softmax: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", coerce_dtype(self.dtype))
+        # Field types are the annotation strings ("int", "bool"): annotations are postponed here.
+        for field in dataclasses.fields(self)[1:]:
+            value = getattr(self, field.name)
+            if field.type == "bool":
+                if not isinstance(value, bool):
+                    raise TypeError(f"{field.name} must be a bool, got {type(value).__name__} {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{field.name} must be an int, got {type(value).__name__} {value!r}")
+
+    def _flags(self) -> list[str]:
+        """The short form's flags, in their fixed order."""
+        tiles = (self.Q_mma_load_K_tiles, self.K_mma_load_K_tiles, self.V_mma_load_K_tiles)
+        candidates = (
+            ("async", self.async_copy),
+            ("eager", self.eager_load_blocks),
+            ("swizzled", self.swizzled),
+            ("load_{}_{}_{}_tiles".format(*tiles), any(tiles)),
+            ("buffer", self.mma_double_buffer_loads),
+            ("opt_softmax", self.optimized_softmax),
+        )
+        return [flag for flag, present in candidates if present]
+
+    def short_form(self) -> str:
+        """The human-readable form, e.g. ``(FP16, 128, 64, 64, 4): async+load_0_2_2_tiles``."""
+        head = f"({self.dtype.name}, {self.d_head}, {self.B_r}, {self.B_c}, {self.n_warps})"
+        flags = self._flags()
+        return f"{head}: {'+'.join(flags)}" if flags else head
+
+    def to_cpp_struct(self) -> str:
+        """The C++ aggregate initializer with all 13 fields, as the generator writes it."""
+        items = [_cpp_literal(value) for value in dataclasses.astuple(self)]
+        return f"FlashForwardKernelConfig{{{', '.join(items)}}}"
+
+    def demangled_kernel_name(self, variant: ProblemVariant = ProblemVariant()) -> str:
+        """The kernel's name as Nsight Compute prints it: the demangled device symbol, which spells
+        all 13 fields (the dtype as a cast) and then the problem variant's fields."""
+        items = [
+            f"(flash::DType){int(value)}" if isinstance(value, DType) else _cpp_literal(value)
+            for value in dataclasses.astuple(self)
+        ]
+        return (
+            "void flash::sm80::flash_forward_kernel<flash::sm80::StaticForwardKernelConfig<"
+            f"flash::sm80::FlashForwardKernelConfig{{{', '.join(items)}}}>, "
+            f"(flash::MaskKind){int(variant.mask)}, {_cpp_literal(variant.masked_tails)}>(flash::ForwardParams)"
+        )
+
+    def mangled_kernel_name(self, variant: ProblemVariant = ProblemVariant()) -> str:
+        """The kernel's device symbol (Itanium mangling), as ``cuobjdump`` lists it in the SASS."""
+        items = "".join(
+            f"LNS_5DTypeE{int(value)}E" if isinstance(value, DType)
+            else f"Lb{int(value)}E" if isinstance(value, bool)
+            else f"Li{value}E"
+            for value in dataclasses.astuple(self)
+        )  # fmt: skip
+        return (
+            "_ZN5flash4sm8020flash_forward_kernelINS0_25StaticForwardKernelConfigIXtlNS0_24FlashForwardKernelConfigE"
+            f"{items}EEEELNS_8MaskKindE{int(variant.mask)}ELb{int(variant.masked_tails)}EEEvNS_13ForwardParamsE"
+        )
+
+    def file_stem(self) -> str:
+        """A unique, filesystem-safe name, e.g. ``fp16_d128_br64_bc64_w4_async_load_0_2_2``.
+
+        The flags are the short form's (their fixed set and order keep the name unique); the tile
+        flag's ``_tiles`` suffix adds nothing in a file name and is dropped.
+        """
+        parts = [self.dtype.name.lower(), f"d{self.d_head}", f"br{self.B_r}", f"bc{self.B_c}", f"w{self.n_warps}"]
+        parts += [flag.removesuffix("_tiles") for flag in self._flags()]
+        return "_".join(parts)
+
+    def problem_variants(self) -> list[ProblemVariant]:
+        """The problem variants compiled for this configuration."""
+        return [ProblemVariant()]
+
+    def validity_error(self) -> str | None:
+        """Why the kernel cannot run this configuration (the first failing rule), or None if it can."""
+        for field, supported in (("d_head", D_HEADS), ("B_r", B_RS), ("B_c", B_CS), ("n_warps", N_WARPS)):
+            value = getattr(self, field)
+            if value not in supported:
+                return f"{field} must be one of {', '.join(map(str, supported))}; got {value}."
+
+        rows_multiple = _MMA_M * self.n_warps
+        if self.B_r % rows_multiple:
+            return (
+                f"B_r ({self.B_r}) must be a multiple of 16 * n_warps = {rows_multiple}: each of the "
+                f"{self.n_warps} warps owns B_r / n_warps query rows, which must be a multiple of 16, the MMA's M."
+            )
+
+        if self.eager_load_blocks and not self.async_copy:
+            return "eager_load_blocks requires async_copy: only cp.async copies can be in flight during compute."
+
+        for field, extent, gemm in (
+            ("Q_mma_load_K_tiles", "d_head", "Q K^T"),
+            ("K_mma_load_K_tiles", "d_head", "Q K^T"),
+            ("V_mma_load_K_tiles", "B_c", "P V"),
+        ):
+            tiles = getattr(self, field)
+            slices = getattr(self, extent) // _MMA_K
+            if tiles != 0 and not (tiles > 0 and tiles & (tiles - 1) == 0 and tiles < slices):
+                return (
+                    f"{field} must be 0 (the whole operand at once) or a power of two (1, 2, 4, ...) below "
+                    f"the {slices} k-slices of the {gemm} GEMM ({extent} / 16); got {tiles}."
+                )
+
+        if self.Q_mma_load_K_tiles not in (0, self.K_mma_load_K_tiles):
+            return (
+                f"Q_mma_load_K_tiles must be 0 (Q fragments loaded once and kept in registers) or equal to "
+                f"K_mma_load_K_tiles = {self.K_mma_load_K_tiles} (Q and K slices loaded together); "
+                f"got {self.Q_mma_load_K_tiles}."
+            )
+
+        if self.mma_double_buffer_loads and not (self.K_mma_load_K_tiles or self.V_mma_load_K_tiles):
+            return (
+                "mma_double_buffer_loads needs K or V loaded in chunks (a nonzero K_mma_load_K_tiles or "
+                "V_mma_load_K_tiles): with whole operands there is no next chunk to load early."
+            )
+        return None
+
+    def is_valid(self) -> bool:
+        return self.validity_error() is None
+
+    def validate(self) -> None:
+        """Raise ValueError with the reason if the kernel cannot run this configuration."""
+        reason = self.validity_error()
+        if reason is not None:
+            raise ValueError(reason)
+
+
+def _cpp_literal(value) -> str:
+    if isinstance(value, DType):
+        return value.to_cpp_str()
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

@@ -1,0 +1,21 @@
+// What the registry maps a (family configuration, problem variant) to: everything the binding needs
+// to run and describe one compiled kernel without including any kernel code.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "forward_params.h"
+
+namespace flash {
+
+struct ForwardLauncher {
+    // The __global__ function, for attribute queries (registers, spills).
+    const void *kernel;
+    // Dynamic shared memory of one block.
+    int smem_bytes;
+    // Computes the grid and block, raises the kernel's shared-memory limit on first use on the
+    // current device, and launches on `stream`; throws std::runtime_error on a CUDA error.
+    void (*launch)(const ForwardParams &params, cudaStream_t stream);
+};
+
+} // namespace flash

@@ -1,0 +1,25 @@
+// A problem variant: the compile-time specialization a problem needs and a tuning choice does not.
+// It is half of a kernel's registry key (the other half is the family's tuning configuration), so
+// the masking code exists only in the kernels that need it and interior tiles pay for none of it.
+#pragma once
+
+#include <compare>
+
+namespace flash {
+
+enum class MaskKind : int {
+    NONE = 0,   // every key is attended
+    CAUSAL = 1, // keys past the bottom-right-aligned diagonal are masked
+    LOCAL = 2,  // keys outside a window around that diagonal are masked
+};
+
+struct ProblemVariant {
+    MaskKind mask;
+    // The last query block and the last key/value tile may be partial: seqlen_q and seqlen_k need
+    // not be multiples of the block sizes.
+    bool masked_tails;
+
+    constexpr auto operator<=>(const ProblemVariant &) const = default;
+};
+
+} // namespace flash

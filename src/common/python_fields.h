@@ -1,0 +1,63 @@
+// Reading a family configuration's fields from a Python object, and writing them back, by type:
+// a family lists its fields once (name and C++ type) and these do the rest. Binding code only.
+#pragma once
+
+#include <limits>
+#include <string>
+
+#include <pybind11/pybind11.h>
+
+#include "common/dtype.h"
+
+namespace flash {
+
+namespace py = pybind11;
+
+inline std::string type_name(py::handle obj) { return py::str(py::type::handle_of(obj).attr("__name__")); }
+
+inline py::object config_field(py::handle cfg, const char *field) {
+    if (!py::hasattr(cfg, field))
+        throw py::type_error(std::string("kernel_cfg: missing field '") + field + "'; expected a kernel configuration");
+    return cfg.attr(field);
+}
+
+template <typename T>
+T field_from_python(py::handle cfg, const char *field);
+
+template <>
+inline int field_from_python<int>(py::handle cfg, const char *field) {
+    const py::object value = config_field(cfg, field);
+    if (py::isinstance<py::bool_>(value) || !py::isinstance<py::int_>(value))
+        throw py::type_error(std::string("kernel_cfg.") + field + ": expected an int, got " + type_name(value));
+    const long long v = value.cast<long long>();
+    if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
+        throw py::value_error(std::string("kernel_cfg.") + field + ": " + std::to_string(v) + " is out of range");
+    return static_cast<int>(v);
+}
+
+template <>
+inline bool field_from_python<bool>(py::handle cfg, const char *field) {
+    const py::object value = config_field(cfg, field);
+    if (!py::isinstance<py::bool_>(value))
+        throw py::type_error(std::string("kernel_cfg.") + field + ": expected a bool, got " + type_name(value));
+    return value.cast<bool>();
+}
+
+template <>
+inline DType field_from_python<DType>(py::handle cfg, const char *field) {
+    const int code = field_from_python<int>(cfg, field);
+    if (code != static_cast<int>(DType::FP16) && code != static_cast<int>(DType::BF16))
+        throw py::value_error(std::string("kernel_cfg.") + field + ": expected FP16 (5) or BF16 (15), got " +
+                              std::to_string(code));
+    return static_cast<DType>(code);
+}
+
+inline py::object field_to_python(int value) { return py::int_(value); }
+inline py::object field_to_python(bool value) { return py::bool_(value); }
+inline py::object field_to_python(DType value) { return py::int_(static_cast<int>(value)); }
+
+inline std::string field_text(int value) { return std::to_string(value); }
+inline std::string field_text(bool value) { return value ? "true" : "false"; }
+inline std::string field_text(DType value) { return value == DType::FP16 ? "FP16" : "BF16"; }
+
+} // namespace flash

@@ -1,0 +1,66 @@
+// The SM80 family as the binding sees it: its configuration read from and written to Python, the
+// device it needs, and the problem variant a call selects. Binding code only (pybind11).
+#pragma once
+
+#include <string>
+
+#include <pybind11/pybind11.h>
+
+#include "common/forward_params.h"
+#include "common/problem_variant.h"
+#include "common/python_fields.h"
+#include "generated/kernel_registry.h"
+#include "sm80/config.h"
+
+namespace flash::sm80 {
+
+namespace py = pybind11;
+
+struct Family {
+    using Config = FlashForwardKernelConfig;
+    static constexpr const char *name = "sm80";
+    static constexpr int min_compute_capability = 80;
+    static constexpr const char *instructions = "mma.sync.m16n8k16, ldmatrix, cp.async";
+
+    // Reads the fields by name from any object that has them (the Python dataclass normally).
+    static Config from_python(py::handle cfg) {
+        return Config{
+#define FLASH_READ_FIELD(type, name) field_from_python<type>(cfg, #name),
+            FLASH_SM80_CONFIG_FIELDS(FLASH_READ_FIELD)
+#undef FLASH_READ_FIELD
+        };
+    }
+
+    static py::tuple to_python(const Config &c) {
+        py::list fields;
+#define FLASH_WRITE_FIELD(type, name) fields.append(field_to_python(c.name));
+        FLASH_SM80_CONFIG_FIELDS(FLASH_WRITE_FIELD)
+#undef FLASH_WRITE_FIELD
+        return py::tuple(fields);
+    }
+
+    static std::string describe(const Config &c) {
+        std::string text;
+#define FLASH_DESCRIBE_FIELD(type, name) text += (text.empty() ? "" : ", ") + field_text(c.name);
+        FLASH_SM80_CONFIG_FIELDS(FLASH_DESCRIBE_FIELD)
+#undef FLASH_DESCRIBE_FIELD
+        return "FlashForwardKernelConfig{" + text + "}";
+    }
+
+    // Its compiled kernels, from the generated registry.
+    static const auto &kernels() { return compiled_kernels; }
+
+    static DType dtype(const Config &c) { return c.dtype; }
+    static int d_head(const Config &c) { return c.d_head; }
+
+    // The variant this call needs; raises where no variant of the family can compute it.
+    static ProblemVariant variant(const Config &c, const ForwardParams &params) {
+        if (params.seqlen_q % c.B_r != 0 || params.seqlen_k % c.B_c != 0)
+            throw py::value_error("q: seq_len " + std::to_string(params.seqlen_q) +
+                                  " must be a multiple of kernel_cfg.B_r (" + std::to_string(c.B_r) +
+                                  ") and kernel_cfg.B_c (" + std::to_string(c.B_c) + ")");
+        return ProblemVariant{MaskKind::NONE, false};
+    }
+};
+
+} // namespace flash::sm80

@@ -1,0 +1,34 @@
+// The SM80 family's launcher: one thread block per B_r query rows of one (batch, head), n_warps
+// warps, the traits' dynamic shared memory.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "common/cuda_utils.cuh"
+#include "sm80/forward_kernel.cuh"
+#include "sm80/launcher.h"
+#include "sm80/traits.cuh"
+
+namespace flash::sm80 {
+
+template <typename Kernel, ProblemVariant VARIANT>
+constexpr auto kernel_of = &flash_forward_kernel<Kernel, VARIANT.mask, VARIANT.masked_tails>;
+
+template <typename Kernel, ProblemVariant VARIANT>
+void launch(const ForwardParams &params, cudaStream_t stream) {
+    const auto kernel = kernel_of<Kernel, VARIANT>;
+    ensure_dynamic_smem_limit(reinterpret_cast<const void *>(kernel), Kernel::smem_bytes);
+    const dim3 grid((params.seqlen_q + Kernel::B_r - 1) / Kernel::B_r, static_cast<unsigned>(params.heads_q),
+                    static_cast<unsigned>(params.batch));
+    kernel<<<grid, Kernel::n_threads, Kernel::smem_bytes, stream>>>(params);
+    check_cuda(cudaGetLastError(), "kernel launch");
+}
+
+template <FlashForwardKernelConfig CFG, ProblemVariant VARIANT>
+ForwardLauncher launcher() {
+    using Kernel = StaticForwardKernelConfig<CFG>;
+    return ForwardLauncher{reinterpret_cast<const void *>(kernel_of<Kernel, VARIANT>), Kernel::smem_bytes,
+                           &launch<Kernel, VARIANT>};
+}
+
+} // namespace flash::sm80
