@@ -2,11 +2,13 @@
 """The optimisation history, rebuilt and measured: every step of previous_kernels/ against SDPA FLASH.
 
 Builds each step's source tree as its own extension module (previous_kernels/build_snapshot.py:
-one module per tree, cached, the trees compiled in parallel), then at each benchmark shape (d_head
+one module per tree, built with the tree's own generator and configuration code, cached, the trees
+compiled in parallel), then at each benchmark shape (d_head
 128, 16 heads, batch 16/16/16/16/8/4 for seq 512/1024/2048/4096/8192/16384) times every step's
 configurations of the chosen dtype and SDPA's FLASH backend (FlashAttention-2) on the same inputs
 in one run. A step's figure at a shape is its fastest configuration there; its output is checked
-against FLASH's once per shape.
+against FLASH's once per shape. A step's configurations are objects of its tree's own configuration
+class, parsed from its kernels.txt by the tree's own code, so today's py/ plays no part in them.
 
 Prints per step: what changed (STEP.md's heading), % of FLASH at seq 4096, the harmonic mean of
 ours/FLASH over the sequence lengths and TFLOP/s at 4096. --csv writes every timing, --plot draws
@@ -29,11 +31,13 @@ import sys
 
 import bench_common as common
 
-SNAPSHOTS_DIR = common.REPO_ROOT / "previous_kernels"
+SNAPSHOTS_DIR = pathlib.Path(__file__).resolve().parents[2] / "previous_kernels"
 sys.path.insert(0, str(SNAPSHOTS_DIR))
 import build_snapshot as snapshots  # noqa: E402
 
 D_HEAD = 128
+# The dtypes every step is measured in, as the command line and the CSV file spell them.
+DTYPE_NAMES = ("fp16", "bf16")
 HEADLINE_SEQ_LEN = 4096
 REFERENCE = "flash"
 # Compiler output lines shown for a tree that fails to build.
@@ -52,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--seq-lens", "--seq_lens", dest="seq_lens", nargs="+", type=int, default=list(common.SEQ_LENS), metavar="SEQ"
     )
-    parser.add_argument("--dtype", choices=common.DTYPE_NAMES, default="fp16")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="fp16")
     parser.add_argument("--rep-ms", type=float, default=common.DEFAULT_REP_MS, help="how long each timing repeats")
     parser.add_argument("--csv", metavar="PATH", help="also write every timing to PATH")
     parser.add_argument("--plot", metavar="PATH", help="also draw TFLOP/s by step to the PNG file PATH")
@@ -95,11 +99,19 @@ def build_in_subprocess(source: str, cache_dir: pathlib.Path, jobs: int) -> Buil
     return BuildResult(source, f"build failed (exit status {status}; full log: {log}):\n    {tail}")
 
 
-def build_trees(steps: list[snapshots.Step], cache_dir: pathlib.Path, jobs: int) -> dict[str, object]:
-    """The module of every source tree the steps need, built in parallel; trees that fail are
-    reported and left out. Compiler processes are shared out by each tree's number of kernels."""
+@dataclasses.dataclass
+class BuiltTree:
+    tree: snapshots.Tree  # the tree written to the cache: its configurations come from its own code
+    module: object  # the compiled module
+
+
+def build_trees(steps: list[snapshots.Step], cache_dir: pathlib.Path, jobs: int) -> dict[str, BuiltTree]:
+    """The tree and module of every source tree the steps need, built in parallel; trees that fail
+    are reported and left out. Compiler processes are shared out by each tree's number of kernels."""
     sources = sorted({step.source for step in steps})
-    kernels = {source: len(snapshots.source_configs(source)) for source in sources}
+    # Written here, before the builds, so the parallel builds find their trees up to date.
+    trees = {source: snapshots.source_tree(source, cache_dir) for source in sources}
+    kernels = {source: len(trees[source].configs()) for source in sources}
     total = sum(kernels.values())
     failed = []
     print(f"building {len(sources)} source trees ({total} kernels) in {cache_dir}", file=sys.stderr)
@@ -116,7 +128,11 @@ def build_trees(steps: list[snapshots.Step], cache_dir: pathlib.Path, jobs: int)
         print(f"{result.source} (steps {users}): {result.error}", file=sys.stderr)
     failed_sources = {result.source for result in failed}
     # Cached: this only loads the modules just built.
-    return {source: snapshots.build(source, cache_dir) for source in sources if source not in failed_sources}
+    return {
+        source: BuiltTree(trees[source], snapshots.build(source, cache_dir))
+        for source in sources
+        if source not in failed_sources
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -137,18 +153,43 @@ class StepTiming:
     tflops: float
 
 
-def measure(steps, modules, seq_lens, dtype_name, timer) -> tuple[list[StepTiming], list[str]]:
+def fits(cfg, dtype_name: str, seq_len: int) -> bool:
+    """Whether a step's configuration runs the benchmark shape: its dtype, d_head D_HEAD, block sizes
+    dividing seq_len. ``cfg`` is of its tree's own class, so the dtype is compared by name."""
+    return (
+        cfg.dtype.name.lower() == dtype_name
+        and cfg.d_head == D_HEAD
+        and seq_len % cfg.B_r == 0
+        and seq_len % cfg.B_c == 0
+    )
+
+
+def make_inputs(batch: int, seq_len: int, dtype_name: str):
+    """Random q, k, v of shape (batch, seq_len, heads, D_HEAD) on the GPU."""
+    import torch
+
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
+    shape = (batch, seq_len, common.heads_for_d_head(D_HEAD), D_HEAD)
+    return tuple(torch.randn(shape, dtype=dtype, device="cuda") for _ in range(3))
+
+
+def measure(steps, built, seq_lens, dtype_name, timer) -> tuple[list[StepTiming], list[str]]:
     """Times every step's configurations and FLASH at each sequence length; returns the timings and
-    the correctness failures."""
-    dtype = common.dtype_from_name(dtype_name)
+    the correctness failures. ``built`` maps a source tree to its BuiltTree."""
     heads = common.heads_for_d_head(D_HEAD)
-    runs = [(step, cfg) for step in steps if step.source in modules for cfg in step.configs if cfg.dtype == dtype]
+    runs = [
+        (step, cfg)
+        for step in steps
+        if step.source in built
+        for cfg in built[step.source].tree.step_configs(step)
+        if cfg.dtype.name.lower() == dtype_name
+    ]
     timings, failures = [], []
     with common.Progress(len(seq_lens) * (len(runs) + 1), "timing") as progress:
         for seq_len in seq_lens:
             batch = common.batch_for_seq_len(seq_len)
             attn_flop, _ = common.flop_counts(D_HEAD, batch, heads, seq_len)
-            q, k, v = common.make_inputs(batch, seq_len, heads, D_HEAD, dtype)
+            q, k, v = make_inputs(batch, seq_len, dtype_name)
             o = q.new_empty(q.shape)
 
             def record(step: str, config: str, time_ms: float) -> None:
@@ -162,8 +203,8 @@ def measure(steps, modules, seq_lens, dtype_name, timer) -> tuple[list[StepTimin
                 flash_output = run_flash()
             checked = set()
             for step, cfg in runs:
-                module = modules[step.source]
-                if not common.fits(cfg, dtype, D_HEAD, seq_len):
+                module = built[step.source].module
+                if not fits(cfg, dtype_name, seq_len):
                     record(step.name, cfg.short_form(), math.nan)
                     continue
                 record(step.name, cfg.short_form(), timer(functools.partial(module.forward, cfg, q, k, v, o)))
@@ -259,10 +300,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     import torch
 
-    modules = build_trees(args.steps, args.cache_dir, args.jobs)
+    built = build_trees(args.steps, args.cache_dir, args.jobs)
     timer, timer_description = common.make_timer(args.rep_ms)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {timer_description}")
-    timings, failures = measure(args.steps, modules, args.seq_lens, args.dtype, timer)
+    timings, failures = measure(args.steps, built, args.seq_lens, args.dtype, timer)
     rows = summary_rows(args.steps, timings, args.seq_lens)
     print(format_summary(rows, args.seq_lens, args.dtype))
     print()
@@ -275,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             plot(args.plot, rows, timings, args.seq_lens, args.dtype)
     for failure in failures:
         print(failure, file=sys.stderr)
-    built_all = all(step.source in modules for step in args.steps)
+    built_all = all(step.source in built for step in args.steps)
     return 0 if built_all and not failures else 1
 
 
