@@ -56,14 +56,26 @@ void with_config(py::handle kernel_cfg, Visit &&visit) {
         throw py::value_error("kernel_cfg: unknown kernel family '" + family + "'; this build has " + family_names());
 }
 
+std::string describe(const ProblemVariant &variant) {
+    const char *masks[] = {"no mask", "a causal mask", "a local window"};
+    return std::string(masks[static_cast<int>(variant.mask)]) +
+           (variant.masked_tails ? ", lengths that are not multiples of the block sizes" : "") +
+           (variant.score_mods ? ", softcap or ALiBi" : "");
+}
+
 template <typename Family>
 const ForwardLauncher &lookup(const typename Family::Config &cfg, const ProblemVariant &variant) {
     const auto &kernels = Family::kernels();
     const auto it = kernels.find({cfg, variant});
-    if (it == kernels.end())
-        throw py::value_error("kernel_cfg: " + Family::describe(cfg) + " is not compiled into this build (kernel set '" +
-                              compiled_kernel_set + "'); " + rebuild_hint);
-    return it->second;
+    if (it != kernels.end())
+        return it->second;
+    const auto same_config = kernels.lower_bound({cfg, ProblemVariant{}});
+    if (same_config != kernels.end() && same_config->first.first == cfg)
+        throw py::value_error("kernel_cfg: " + Family::describe(cfg) + " has no kernel for this problem (" +
+                              describe(variant) + ") in this build (kernel set '" + compiled_kernel_set + "'); " +
+                              rebuild_hint);
+    throw py::value_error("kernel_cfg: " + Family::describe(cfg) + " is not compiled into this build (kernel set '" +
+                          compiled_kernel_set + "'); " + rebuild_hint);
 }
 
 // Built without iostreams: string streams inside an extension module have crashed on some
@@ -104,17 +116,36 @@ void check_tensor(const at::Tensor &t, const char *name) {
                                   std::to_string(t.stride(2)));
 }
 
-// The rules tying one tensor to q.
-void check_matches_q(const at::Tensor &t, const char *name, const at::Tensor &q) {
+// The rules tying one tensor to q: device and dtype.
+void check_device_and_dtype(const at::Tensor &t, const char *name, const at::Tensor &q) {
     if (t.device() != q.device())
         throw py::value_error(std::string(name) + ": is on " + t.device().str() + " but q is on " + q.device().str() +
                               "; all tensors must be on one device");
     if (t.scalar_type() != q.scalar_type())
         throw py::type_error(std::string(name) + ": dtype " + std::string(c10::toString(t.scalar_type())) +
                              " differs from q's " + std::string(c10::toString(q.scalar_type())));
-    if (t.sizes() != q.sizes())
-        throw py::value_error(std::string(name) + ": shape " + shape_str(t) + " differs from q's " + shape_str(q) +
-                              "; q, k, v and o must have the same (batch, seq, heads, d_head) shape");
+}
+
+// k and v: (batch, seqlen_k, heads_kv, d_head) with q's batch and d_head, heads_kv dividing
+// heads_q; v of k's shape.
+void check_kv_shapes(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v) {
+    if (k.size(0) != q.size(0) || k.size(3) != q.size(3))
+        throw py::value_error("k: shape " + shape_str(k) + " must be (batch, seqlen_k, heads_kv, d_head) with q's batch and "
+                              "d_head, q being " + shape_str(q));
+    if (k.size(2) == 0 || q.size(2) % k.size(2) != 0)
+        throw py::value_error("k: heads_q (" + std::to_string(q.size(2)) + ") must be a multiple of heads_kv (" +
+                              std::to_string(k.size(2)) + ")");
+    if (v.sizes() != k.sizes())
+        throw py::value_error("v: shape " + shape_str(v) + " differs from k's " + shape_str(k) +
+                              "; k and v must have the same (batch, seqlen_k, heads_kv, d_head) shape");
+}
+
+// o: q's shape.
+void check_matches_q(const at::Tensor &o, const at::Tensor &q) {
+    check_device_and_dtype(o, "o", q);
+    if (o.sizes() != q.sizes())
+        throw py::value_error("o: shape " + shape_str(o) + " differs from q's " + shape_str(q) +
+                              "; o must have q's (batch, seqlen_q, heads_q, d_head) shape");
 }
 
 // Byte range [first, last) that a strided tensor can touch.
@@ -153,23 +184,104 @@ void check_device(const at::Tensor &q, const ForwardLauncher &launcher) {
 
 TensorStrides strides_of(const at::Tensor &t) { return TensorStrides{t.stride(0), t.stride(1), t.stride(2)}; }
 
-int int_extent(int64_t value, const char *what) {
-    if (value > std::numeric_limits<int>::max())
-        throw py::value_error(std::string("q: ") + what + " " + std::to_string(value) + " exceeds 2^31 - 1");
-    return static_cast<int>(value);
+int seqlen_of(const at::Tensor &t, const char *name) {
+    if (t.size(1) > MAX_SEQLEN)
+        throw py::value_error(std::string(name) + ": sequence length " + std::to_string(t.size(1)) + " exceeds " +
+                              std::to_string(MAX_SEQLEN));
+    return static_cast<int>(t.size(1));
+}
+
+// The problem-side arguments of one call, as Python gave them.
+struct ProblemArguments {
+    bool causal;
+    py::handle softmax_scale; // None: 1 / sqrt(d_head)
+    py::handle window_left;
+    py::handle window_right;
+    py::handle softcap;
+    py::handle alibi_slopes; // None or a tensor
+    bool return_lse;
+};
+
+int window_side(py::handle value, const char *side) {
+    if (py::isinstance<py::bool_>(value) || !py::isinstance<py::int_>(value))
+        throw py::type_error(std::string("window_size: ") + side + " must be an int, got " + type_name(value));
+    const long long v = value.cast<long long>();
+    if (v < -1)
+        throw py::value_error(std::string("window_size: ") + side + " must be -1 (unbounded) or >= 0, got " +
+                              std::to_string(v));
+    return static_cast<int>(std::min<long long>(v, UNBOUNDED_WINDOW));
+}
+
+float finite_float(py::handle value, const char *name) {
+    if (py::isinstance<py::bool_>(value) || !(py::isinstance<py::float_>(value) || py::isinstance<py::int_>(value)))
+        throw py::type_error(std::string(name) + ": expected a float, got " + type_name(value));
+    const double v = value.cast<double>();
+    if (!std::isfinite(v))
+        throw py::value_error(std::string(name) + ": must be finite, got " + std::to_string(v));
+    return static_cast<float>(v);
+}
+
+// Fills params.softmax_scale and params.mask, and names the mask kind and whether the scores are
+// modified. A window side that reaches past every key is unbounded, so the variant is the cheapest
+// that computes the same result.
+std::pair<MaskKind, bool> describe_problem(const ProblemArguments &args, const at::Tensor &q, ForwardParams &params) {
+    params.softmax_scale = 1.0f / std::sqrt(static_cast<float>(params.d_head));
+    if (!args.softmax_scale.is_none()) {
+        params.softmax_scale = finite_float(args.softmax_scale, "softmax_scale");
+        if (!(params.softmax_scale > 0.0f))
+            throw py::value_error("softmax_scale: must be a finite positive number, got " + std::to_string(params.softmax_scale));
+    }
+    const float softcap = finite_float(args.softcap, "softcap");
+    if (softcap < 0.0f)
+        throw py::value_error("softcap: must be >= 0 (0 turns it off), got " + std::to_string(softcap));
+
+    const int left = window_side(args.window_left, "left");
+    const int right = args.causal ? 0 : window_side(args.window_right, "right");
+    // Left bounds nothing when even the last query's window reaches key 0; right, when even the
+    // first query's reaches the last key.
+    const bool left_bounded = left >= 0 && left < params.seqlen_k - 1;
+    const bool right_bounded = right >= 0 && right < params.seqlen_q - 1;
+    params.mask.window_left = left_bounded ? left : UNBOUNDED_WINDOW;
+    params.mask.window_right = right_bounded ? right : UNBOUNDED_WINDOW;
+    const MaskKind mask = !left_bounded && !right_bounded            ? MaskKind::NONE
+                          : !left_bounded && right_bounded && right == 0 ? MaskKind::CAUSAL
+                                                                        : MaskKind::LOCAL;
+    params.mask.softcap = softcap;
+
+    params.mask.alibi_slopes = nullptr;
+    params.mask.alibi_batch_stride = 0;
+    if (!args.alibi_slopes.is_none()) {
+        const at::Tensor slopes = tensor_argument(args.alibi_slopes, "alibi_slopes");
+        if (slopes.scalar_type() != at::kFloat)
+            throw py::type_error("alibi_slopes: dtype must be float32, got " + std::string(c10::toString(slopes.scalar_type())));
+        if (slopes.device() != q.device())
+            throw py::value_error("alibi_slopes: is on " + slopes.device().str() + " but q is on " + q.device().str());
+        const bool per_head = slopes.dim() == 1 && slopes.size(0) == params.heads_q;
+        const bool per_batch = slopes.dim() == 2 && slopes.size(0) == params.batch && slopes.size(1) == params.heads_q;
+        if (!per_head && !per_batch)
+            throw py::value_error("alibi_slopes: shape " + shape_str(slopes) + " must be (heads_q,) = (" +
+                                  std::to_string(params.heads_q) + ",) or (batch, heads_q) = (" +
+                                  std::to_string(params.batch) + ", " + std::to_string(params.heads_q) + ")");
+        if (slopes.size(-1) > 1 && slopes.stride(-1) != 1)
+            throw py::value_error("alibi_slopes: the heads dimension must be contiguous (stride 1)");
+        params.mask.alibi_slopes = slopes.data_ptr<float>();
+        params.mask.alibi_batch_stride = per_batch ? slopes.stride(0) : 0;
+    }
+    return {mask, softcap > 0.0f || params.mask.alibi_slopes != nullptr};
 }
 
 template <typename Family>
 py::tuple forward_with(const typename Family::Config &cfg, py::handle q_obj, py::handle k_obj, py::handle v_obj,
-                       py::handle o_obj, bool benchmark) {
+                       py::handle o_obj, bool benchmark, const ProblemArguments &problem) {
     const at::Tensor q = tensor_argument(q_obj, "q");
     const at::Tensor k = tensor_argument(k_obj, "k");
     const at::Tensor v = tensor_argument(v_obj, "v");
     check_tensor(q, "q");
     check_tensor(k, "k");
     check_tensor(v, "v");
-    check_matches_q(k, "k", q);
-    check_matches_q(v, "v", q);
+    check_device_and_dtype(k, "k", q);
+    check_device_and_dtype(v, "v", q);
+    check_kv_shapes(q, k, v);
     const at::ScalarType cfg_dtype = Family::dtype(cfg) == DType::FP16 ? at::kHalf : at::kBFloat16;
     if (q.scalar_type() != cfg_dtype)
         throw py::type_error("q: dtype " + std::string(c10::toString(q.scalar_type())) +
@@ -188,7 +300,7 @@ py::tuple forward_with(const typename Family::Config &cfg, py::handle q_obj, py:
     } else {
         o = tensor_argument(o_obj, "o");
         check_tensor(o, "o");
-        check_matches_q(o, "o", q);
+        check_matches_q(o, q);
         check_no_overlap(o, q, "q");
         check_no_overlap(o, k, "k");
         check_no_overlap(o, v, "v");
@@ -199,65 +311,83 @@ py::tuple forward_with(const typename Family::Config &cfg, py::handle q_obj, py:
     params.k = k.data_ptr();
     params.v = v.data_ptr();
     params.o = o.data_ptr();
-    params.lse = nullptr;
     params.q_strides = strides_of(q);
     params.k_strides = strides_of(k);
     params.v_strides = strides_of(v);
     params.o_strides = strides_of(o);
     params.batch = static_cast<int>(q.size(0));
-    params.seqlen_q = int_extent(q.size(1), "seqlen_q");
-    params.seqlen_k = int_extent(k.size(1), "seqlen_k");
+    params.seqlen_q = seqlen_of(q, "q");
+    params.seqlen_k = seqlen_of(k, "k");
     params.heads_q = static_cast<int>(q.size(2));
     params.heads_kv = static_cast<int>(k.size(2));
     params.d_head = static_cast<int>(q.size(3));
-    params.softmax_scale = 1.0f / std::sqrt(static_cast<float>(params.d_head));
-    params.mask = MaskParams{false, -1, -1, 0.0f, nullptr, 0};
+    const auto [mask, score_mods] = describe_problem(problem, q, params);
 
-    const ForwardLauncher &launcher = lookup<Family>(cfg, Family::variant(cfg, params));
+    at::Tensor lse;
+    if (problem.return_lse) {
+        const c10::cuda::CUDAGuard guard(q.device());
+        lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
+        params.lse = lse.data_ptr<float>();
+    }
+    const py::object lse_result = problem.return_lse ? py::cast(lse) : py::object(py::none());
+
+    const ProblemVariant variant{mask, Family::needs_masked_tails(cfg, params), score_mods};
+    const ForwardLauncher &launcher = lookup<Family>(cfg, variant);
     check_device<Family>(q, launcher);
     if (params.batch == 0 || params.seqlen_q == 0 || params.heads_q == 0)
-        return py::make_tuple(o, benchmark ? py::object(py::float_(0.0)) : py::object(py::none()));
+        return py::make_tuple(o, lse_result, benchmark ? py::object(py::float_(0.0)) : py::object(py::none()));
+    if (params.seqlen_k == 0) {
+        // No key at all: every row attends nothing.
+        o.zero_();
+        if (problem.return_lse)
+            lse.fill_(std::numeric_limits<float>::infinity());
+        return py::make_tuple(o, lse_result, benchmark ? py::object(py::float_(0.0)) : py::object(py::none()));
+    }
 
     const c10::cuda::CUDAGuard guard(q.device());
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
     if (!benchmark) {
         launcher.launch(params, stream);
-        return py::make_tuple(o, py::none());
+        return py::make_tuple(o, lse_result, py::none());
     }
     EventTimer timer(stream);
     timer.start();
     launcher.launch(params, stream);
     timer.stop();
-    return py::make_tuple(o, timer.elapsed_ms());
+    return py::make_tuple(o, lse_result, timer.elapsed_ms());
 }
 
-py::tuple forward(py::handle kernel_cfg, py::handle q, py::handle k, py::handle v, py::handle o, bool benchmark) {
+py::tuple forward(py::handle kernel_cfg, py::handle q, py::handle k, py::handle v, py::handle o, bool benchmark,
+                  bool causal, py::handle softmax_scale, py::handle window_left, py::handle window_right,
+                  py::handle softcap, py::handle alibi_slopes, bool return_lse) {
+    const ProblemArguments problem{causal, softmax_scale, window_left, window_right, softcap, alibi_slopes, return_lse};
     py::tuple result;
     with_config(kernel_cfg, [&](auto family, const auto &cfg) {
-        result = forward_with<decltype(family)>(cfg, q, k, v, o, benchmark);
+        result = forward_with<decltype(family)>(cfg, q, k, v, o, benchmark, problem);
     });
     return result;
 }
 
-// (family name, configuration fields) of every compiled kernel, each configuration once.
-py::list compiled_configs() {
-    py::list configs;
+// (family name, configuration fields, (mask kind, masked tails, score mods)) of every compiled
+// kernel, in the registries' order.
+py::list compiled_kernels() {
+    py::list kernels;
     std::apply(
         [&](auto... family) {
             (
                 [&] {
                     using Family = decltype(family);
-                    const typename Family::Config *previous = nullptr;
                     for (const auto &[key, launcher] : Family::kernels()) {
-                        if (!previous || *previous != key.first)
-                            configs.append(py::make_tuple(Family::name, Family::to_python(key.first)));
-                        previous = &key.first;
+                        const auto &[cfg, variant] = key;
+                        kernels.append(py::make_tuple(
+                            Family::name, Family::to_python(cfg),
+                            py::make_tuple(static_cast<int>(variant.mask), variant.masked_tails, variant.score_mods)));
                     }
                 }(),
                 ...);
         },
         Families{});
-    return configs;
+    return kernels;
 }
 
 // Attributes of the kernel compiled for kernel_cfg (its first problem variant: they share the tuning).
@@ -286,12 +416,18 @@ py::dict kernel_attributes(py::handle kernel_cfg) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "FlashAttention-2 forward kernels written from scratch, one per compiled configuration.";
     m.def("forward", &flash::forward, py::arg("kernel_cfg"), py::arg("q"), py::arg("k"), py::arg("v"),
-          py::arg("o") = py::none(), py::arg("benchmark") = false,
-          "forward(kernel_cfg, q, k, v, o=None, benchmark=False) -> (o, runtime_ms or None)\n\n"
-          "Attention over (batch, seq, heads, d_head) CUDA tensors with the kernel compiled for kernel_cfg, "
-          "launched on the current stream; with benchmark=True also returns its run time in milliseconds.");
-    m.def("compiled_configs", &flash::compiled_configs,
-          "The compiled configurations as (family, fields) pairs, in the registry's order.");
+          py::arg("o") = py::none(), py::arg("benchmark") = false, py::kw_only(), py::arg("causal") = false,
+          py::arg("softmax_scale") = py::none(), py::arg("window_left") = -1, py::arg("window_right") = -1,
+          py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(), py::arg("return_lse") = false,
+          "forward(kernel_cfg, q, k, v, o=None, benchmark=False, *, causal=False, softmax_scale=None, "
+          "window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, return_lse=False) "
+          "-> (o, lse or None, runtime_ms or None)\n\n"
+          "Attention (FlashAttention-2's semantics) with the kernel compiled for kernel_cfg and the problem's "
+          "variant, launched on the current stream; with benchmark=True also returns its run time in "
+          "milliseconds.");
+    m.def("compiled_kernels", &flash::compiled_kernels,
+          "The compiled kernels as (family, configuration fields, (mask kind, masked tails, score mods)), in the "
+          "registries' order.");
     m.def("compiled_kernel_set", [] { return std::string(flash::compiled_kernel_set); },
           "The name of the kernel set this module was built with (FLASH_BUILD_KERNELS).");
     m.def("kernel_attributes", &flash::kernel_attributes, py::arg("kernel_cfg"),

@@ -10,8 +10,14 @@ import pytest
 import generate_kernel_instantiations as generator
 from flash_helpers.dtypes import DType
 from flash_helpers.kernel_names import parse_kernel_name_into_config
-from flash_helpers.kernel_sets import BUILD_KERNELS_ENV, REBUILD_HINT, get_kernel_configs
-from flash_helpers.problem import ProblemVariant
+from flash_helpers.kernel_sets import (
+    BUILD_KERNELS_ENV,
+    REBUILD_HINT,
+    get_kernel_configs,
+    get_kernels_to_build,
+    variants_to_build,
+)
+from flash_helpers.problem import ALL_VARIANTS, BENCHMARK_VARIANTS
 from flash_helpers.sm80_config import FlashForwardKernelConfig
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -77,12 +83,20 @@ def test_header_lists_the_configs_in_sorted_order_with_their_short_forms(tmp_pat
     ) in lines
 
     entry_indices = [i for i, line in enumerate(lines) if line.startswith("    {{FlashForwardKernelConfig{")]
-    assert [parse_kernel_name_into_config(lines[i]) for i in entry_indices] == SORTED_CONFIGS
-    variant = ProblemVariant().to_cpp_struct()
-    for i, cfg in zip(entry_indices, SORTED_CONFIGS):
+    entries = [(cfg, variant) for cfg in SORTED_CONFIGS for variant in variants_to_build(cfg)]
+    assert [parse_kernel_name_into_config(lines[i]) for i in entry_indices] == [cfg for cfg, _ in entries]
+    for i, (cfg, variant) in zip(entry_indices, entries):
         assert lines[i - 1] == f"    // {cfg.short_form()}"
-        assert lines[i] == f"    {{{{{cfg.to_cpp_struct()}, {variant}}},"
-        assert lines[i + 1] == f"     launcher<{cfg.to_cpp_struct()}, {variant}>()}},"
+        assert lines[i] == f"    {{{{{cfg.to_cpp_struct()}, {variant.to_cpp_struct()}}},"
+        assert lines[i + 1] == f"     launcher<{cfg.to_cpp_struct()}, {variant.to_cpp_struct()}>()}},"
+
+
+def test_default_configurations_get_every_variant_and_others_the_benchmark_ones():
+    default = get_kernels_to_build("default")
+    assert all(variants_to_build(cfg) == ALL_VARIANTS for cfg in default)
+    assert all(variants_to_build(cfg) == BENCHMARK_VARIANTS for cfg in CONFIGS if cfg not in default)
+    assert len(set(ALL_VARIANTS)) == 9 and set(BENCHMARK_VARIANTS) <= set(ALL_VARIANTS)
+    assert all(variant.masked_tails for variant in ALL_VARIANTS if variant.score_mods)
 
 
 def test_set_name_is_a_well_formed_cpp_string(tmp_path):
@@ -102,7 +116,7 @@ def test_one_translation_unit_per_config(tmp_path):
         instantiations = [line for line in lines if line.startswith("template ")]
         assert instantiations == [
             f"template ForwardLauncher launcher<{cfg.to_cpp_struct()}, {variant.to_cpp_struct()}>();"
-            for variant in cfg.problem_variants()
+            for variant in variants_to_build(cfg)
         ]
 
 

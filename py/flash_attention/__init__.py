@@ -17,6 +17,7 @@ from flash_helpers.dtypes import DType
 from flash_helpers.families import FAMILIES
 from flash_helpers.kernel_names import parse_kernel_name_into_config
 from flash_helpers.kernel_sets import REBUILD_HINT
+from flash_helpers.problem import MaskKind, ProblemVariant
 from flash_helpers.sm80_config import FlashForwardKernelConfig
 
 from . import _C
@@ -24,7 +25,11 @@ from . import _C
 __all__ = [
     "DType",
     "FlashForwardKernelConfig",
+    "MaskKind",
+    "ProblemVariant",
     "compiled_configs",
+    "compiled_kernels",
+    "compiled_variants",
     "compiled_kernel_set",
     "forward",
     "forward_timed",
@@ -33,9 +38,24 @@ __all__ = [
 
 
 @functools.cache
+def compiled_kernels() -> list[tuple[object, ProblemVariant]]:
+    """Every compiled kernel as (configuration, problem variant), each family's in its registry's order."""
+    return [
+        (FAMILIES[family](*fields), ProblemVariant(MaskKind(mask), masked_tails, score_mods))
+        for family, fields, (mask, masked_tails, score_mods) in _C.compiled_kernels()
+    ]
+
+
+@functools.cache
 def compiled_configs() -> list:
-    """The configurations compiled into this build, each family's in its registry's order."""
-    return [FAMILIES[family](*fields) for family, fields in _C.compiled_configs()]
+    """The configurations compiled into this build, each once, in the registries' order."""
+    return list(dict.fromkeys(cfg for cfg, _ in compiled_kernels()))
+
+
+def compiled_variants(cfg) -> list[ProblemVariant]:
+    """The problem variants compiled for one configuration (or its short form)."""
+    cfg = _as_config(cfg)
+    return [variant for compiled, variant in compiled_kernels() if compiled == cfg]
 
 
 def compiled_kernel_set() -> str:
@@ -65,20 +85,85 @@ def _compiled_set() -> frozenset:
     return frozenset(compiled_configs())
 
 
-def forward(cfg, q, k, v, o=None):
-    """softmax(q k^T / sqrt(d_head)) v for (batch, seq, heads, d_head) tensors; returns o.
+def forward(
+    cfg,
+    q,
+    k,
+    v,
+    o=None,
+    *,
+    causal=False,
+    softmax_scale=None,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    return_lse=False,
+):
+    """Attention with FlashAttention-2's semantics; returns o, or (o, lse) with return_lse.
 
-    q, k, v (and o, if given) must share device, dtype (cfg.dtype) and shape; only the last
-    dimension must be contiguous. seq must be a multiple of cfg.B_r and cfg.B_c. Runs on the
-    current CUDA stream.
+    q is (batch, seqlen_q, heads_q, d_head); k and v are (batch, seqlen_k, heads_kv, d_head), with
+    heads_q a multiple of heads_kv (query head h reads key/value head h // (heads_q // heads_kv)).
+    The lengths are any values >= 1. The masks are aligned to the bottom-right corner of the score
+    matrix: with causal, query i attends key j iff j <= i + seqlen_k - seqlen_q; window_size
+    (left, right) keeps i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right, -1
+    meaning unbounded on that side (right is 0 with causal). softmax_scale defaults to
+    1/sqrt(d_head); softcap > 0 caps the scaled scores at softcap * tanh(score / softcap);
+    alibi_slopes (float32, (heads_q) or (batch, heads_q)) adds -slope * |i + seqlen_k - seqlen_q - j|.
+    A query row that attends no key outputs 0, and its lse is +inf. lse is float32,
+    (batch, heads_q, seqlen_q), natural log. Runs on the current CUDA stream.
     """
-    out, _ = _C.forward(_as_config(cfg), q, k, v, o, False)
-    return out
+    out, lse, _ = _call(cfg, q, k, v, o, False, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse)
+    return (out, lse) if return_lse else out
 
 
-def forward_timed(cfg, q, k, v, o=None):
-    """As forward, and also the kernel's run time in milliseconds (CUDA events; synchronizes)."""
-    return _C.forward(_as_config(cfg), q, k, v, o, True)
+def forward_timed(
+    cfg,
+    q,
+    k,
+    v,
+    o=None,
+    *,
+    causal=False,
+    softmax_scale=None,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    return_lse=False,
+):
+    """As forward, and also the kernel's run time in milliseconds (CUDA events; synchronizes):
+    (o, runtime_ms), or (o, lse, runtime_ms) with return_lse."""
+    out, lse, runtime_ms = _call(
+        cfg, q, k, v, o, True, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse
+    )
+    return (out, lse, runtime_ms) if return_lse else (out, runtime_ms)
+
+
+def _call(cfg, q, k, v, o, benchmark, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse):
+    left, right = _window(window_size)
+    return _C.forward(
+        _as_config(cfg),
+        q,
+        k,
+        v,
+        o,
+        benchmark,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        window_left=left,
+        window_right=right,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        return_lse=return_lse,
+    )
+
+
+def _window(window_size) -> tuple[int, int]:
+    """The (left, right) pair of window_size; the values themselves are checked by the binding."""
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise TypeError(f"window_size: expected a pair (left, right) of ints, got {window_size!r}") from None
+    return left, right
 
 
 def kernel_attributes(cfg) -> dict:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 
 from flash_helpers.dtypes import DTYPES, DType, coerce_dtype
 from flash_helpers.kernel_names import parse_kernel_name_into_config
+from flash_helpers.problem import ALL_VARIANTS, BENCHMARK_VARIANTS, ProblemVariant
 from flash_helpers.sm80_config import B_CS, B_RS, D_HEADS, LOAD_TILES, N_WARPS, SHORT_FORM_EXAMPLE, FlashForwardKernelConfig
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "get_kernels_to_build",
     "resolve_build_kernels_key",
     "should_autotune_config",
+    "variants_to_build",
 ]
 
 _BOOLS = (False, True)
@@ -167,13 +169,16 @@ def _parse_valid_config(text: str) -> FlashForwardKernelConfig:
 
 # The small set compiled by default, so a build takes minutes: per dtype and d_head, the tuning
 # set's configuration with the best harmonic mean of TFLOP/s over the autotuned sequence lengths
-# on the H200 (BENCHMARKS.md).
-DEFAULT_BUILD_KERNELS = (
-    "(FP16, 64, 128, 64, 4): async+eager+swizzled+load_0_1_1_tiles+buffer+opt_softmax",
-    "(FP16, 128, 128, 64, 4): async+eager+swizzled+load_1_1_2_tiles+buffer+opt_softmax",
-    "(BF16, 64, 128, 64, 4): async+eager+swizzled+load_0_1_1_tiles+buffer+opt_softmax",
-    "(BF16, 128, 128, 64, 4): async+eager+swizzled+load_1_1_2_tiles+buffer+opt_softmax",
+# on the H200 (BENCHMARKS.md). Every problem variant is compiled for these (variants_to_build).
+_DEFAULT_TUNINGS = (
+    "32, 128, 64, 4): async+eager+swizzled+load_0_1_1_tiles+buffer+opt_softmax",
+    "64, 128, 64, 4): async+eager+swizzled+load_0_1_1_tiles+buffer+opt_softmax",
+    "96, 128, 64, 4): async+eager+swizzled+load_1_1_1_tiles+buffer+opt_softmax",
+    "128, 128, 64, 4): async+eager+swizzled+load_1_1_2_tiles+buffer+opt_softmax",
+    "192, 64, 64, 4): async+eager+swizzled+load_1_1_1_tiles+buffer+opt_softmax",
+    "256, 64, 64, 4): async+eager+swizzled+load_1_1_1_tiles+buffer+opt_softmax",
 )
+DEFAULT_BUILD_KERNELS = tuple(f"({dtype.name}, {tuning}" for dtype in DTYPES for tuning in _DEFAULT_TUNINGS)
 BUILD_KERNELS_ENV = "FLASH_BUILD_KERNELS"
 # What to do about a configuration that is not compiled; the binding's message says it too (the
 # generator writes it into the registry).
@@ -185,6 +190,18 @@ _BUILD_KERNEL_SETS = {
     "default": functools.partial(get_kernel_configs, ";".join(DEFAULT_BUILD_KERNELS)),
     **_NAMED_KERNEL_SETS,
 }
+
+
+def variants_to_build(cfg: FlashForwardKernelConfig) -> tuple[ProblemVariant, ...]:
+    """The problem variants compiled for ``cfg``: every variant for the default set's configurations
+    (what a plain install serves), the benchmark shapes' for the others (what tuning and the
+    progression measure), so large sets stay quick to build."""
+    return ALL_VARIANTS if cfg in _default_configs() else BENCHMARK_VARIANTS
+
+
+@functools.cache
+def _default_configs() -> frozenset[FlashForwardKernelConfig]:
+    return frozenset(_BUILD_KERNEL_SETS["default"]())
 
 
 def resolve_build_kernels_key(key: str | None = None) -> str:

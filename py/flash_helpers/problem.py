@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-__all__ = ["MaskKind", "ProblemVariant", "attention_flop", "total_flop"]
+__all__ = ["ALL_VARIANTS", "BENCHMARK_VARIANTS", "MaskKind", "ProblemVariant", "attention_flop", "total_flop"]
 
 
 class MaskKind(enum.IntEnum):
@@ -22,15 +22,37 @@ class MaskKind(enum.IntEnum):
 
 @dataclasses.dataclass(frozen=True, order=True)
 class ProblemVariant:
-    """Half of a kernel's registry key: the mask kind, and whether the last query block and key/value
-    tile may be partial (sequence lengths that are not multiples of the block sizes)."""
+    """Half of a kernel's registry key: the mask kind, whether the last query block and key/value
+    tile may be partial (sequence lengths that are not multiples of the block sizes), and whether
+    the scores are modified (softcap, ALiBi)."""
 
     mask: MaskKind = MaskKind.NONE
     masked_tails: bool = False
+    score_mods: bool = False
 
     def to_cpp_struct(self) -> str:
         """The C++ aggregate initializer, as the generator writes it."""
-        return f"ProblemVariant{{MaskKind::{self.mask.name}, {'true' if self.masked_tails else 'false'}}}"
+        flags = ", ".join("true" if flag else "false" for flag in (self.masked_tails, self.score_mods))
+        return f"ProblemVariant{{MaskKind::{self.mask.name}, {flags}}}"
+
+    def describe(self) -> str:
+        """How people say it: ``causal, masked tails``, ``no mask``, ..."""
+        parts = [{MaskKind.NONE: "no mask", MaskKind.CAUSAL: "causal", MaskKind.LOCAL: "local"}[self.mask]]
+        parts += [name for name, on in (("masked tails", self.masked_tails), ("softcap/ALiBi", self.score_mods)) if on]
+        return ", ".join(parts)
+
+
+# Every variant a kernel can be compiled for. Softcap and ALiBi come with masked tails only: that
+# kernel serves any lengths, and problems that modify scores are rare enough not to need both.
+ALL_VARIANTS = tuple(
+    ProblemVariant(mask, masked_tails, score_mods)
+    for mask in MaskKind
+    for masked_tails in (False, True)
+    for score_mods in (False, True)
+    if masked_tails or not score_mods
+)
+# The variants the benchmark shapes need: unmasked and causal attention over whole blocks.
+BENCHMARK_VARIANTS = (ProblemVariant(MaskKind.NONE), ProblemVariant(MaskKind.CAUSAL))
 
 
 def attention_flop(batch: int, heads: int, seq_len: int, d_head: int) -> int:

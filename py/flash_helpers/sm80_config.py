@@ -20,7 +20,7 @@ __all__ = ["B_CS", "B_RS", "D_HEADS", "FlashForwardKernelConfig", "LOAD_TILES", 
 # The values each dimension of the configuration space can take. The first four are also what the
 # kernel supports (validity rule 1); the load-tile counts and booleans are further constrained by
 # the other rules.
-D_HEADS = (64, 128)
+D_HEADS = (32, 64, 96, 128, 192, 256)
 B_RS = (64, 128)
 B_CS = (32, 64, 128)
 N_WARPS = (4, 8)
@@ -106,7 +106,8 @@ class FlashForwardKernelConfig:
         return (
             "void flash::sm80::flash_forward_kernel<flash::sm80::StaticForwardKernelConfig<"
             f"flash::sm80::FlashForwardKernelConfig{{{', '.join(items)}}}>, "
-            f"(flash::MaskKind){int(variant.mask)}, {_cpp_literal(variant.masked_tails)}>(flash::ForwardParams)"
+            f"(flash::MaskKind){int(variant.mask)}, {_cpp_literal(variant.masked_tails)}, "
+            f"{_cpp_literal(variant.score_mods)}>(flash::ForwardParams)"
         )
 
     def mangled_kernel_name(self, variant: ProblemVariant = ProblemVariant()) -> str:
@@ -119,7 +120,8 @@ class FlashForwardKernelConfig:
         )  # fmt: skip
         return (
             "_ZN5flash4sm8020flash_forward_kernelINS0_25StaticForwardKernelConfigIXtlNS0_24FlashForwardKernelConfigE"
-            f"{items}EEEELNS_8MaskKindE{int(variant.mask)}ELb{int(variant.masked_tails)}EEEvNS_13ForwardParamsE"
+            f"{items}EEEELNS_8MaskKindE{int(variant.mask)}ELb{int(variant.masked_tails)}ELb{int(variant.score_mods)}E"
+            "EEvNS_13ForwardParamsE"
         )
 
     def file_stem(self) -> str:
@@ -131,10 +133,6 @@ class FlashForwardKernelConfig:
         parts = [self.dtype.name.lower(), f"d{self.d_head}", f"br{self.B_r}", f"bc{self.B_c}", f"w{self.n_warps}"]
         parts += [flag.removesuffix("_tiles") for flag in self._flags()]
         return "_".join(parts)
-
-    def problem_variants(self) -> list[ProblemVariant]:
-        """The problem variants compiled for this configuration."""
-        return [ProblemVariant()]
 
     def validity_error(self) -> str | None:
         """Why the kernel cannot run this configuration (the first failing rule), or None if it can."""
@@ -160,10 +158,10 @@ class FlashForwardKernelConfig:
         ):
             tiles = getattr(self, field)
             slices = getattr(self, extent) // _MMA_K
-            if tiles != 0 and not (tiles > 0 and tiles & (tiles - 1) == 0 and tiles < slices):
+            if tiles != 0 and not (tiles > 0 and tiles & (tiles - 1) == 0 and tiles < slices and slices % tiles == 0):
                 return (
-                    f"{field} must be 0 (the whole operand at once) or a power of two (1, 2, 4, ...) below "
-                    f"the {slices} k-slices of the {gemm} GEMM ({extent} / 16); got {tiles}."
+                    f"{field} must be 0 (the whole operand at once) or a power of two (1, 2, 4, ...) below and "
+                    f"dividing the {slices} k-slices of the {gemm} GEMM ({extent} / 16); got {tiles}."
                 )
 
         if self.Q_mma_load_K_tiles not in (0, self.K_mma_load_K_tiles):

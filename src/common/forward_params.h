@@ -13,17 +13,24 @@ struct TensorStrides {
     int64_t head;
 };
 
-// Which (query, key) pairs a call lets attend, beyond the lengths (FlashAttention-2's semantics,
-// the mask aligned to the bottom-right corner of the score matrix), and what is added to or
-// applied on the scores.
+// Which (query, key) pairs a call lets attend, beyond the lengths, and what is applied to the
+// scores (FlashAttention-2's semantics: the mask is aligned to the bottom-right corner of the score
+// matrix, so query i's diagonal is key i + seqlen_k - seqlen_q).
 struct MaskParams {
-    bool causal;        // key j attended by query i iff j <= i + seqlen_k - seqlen_q
-    int window_left;    // with window_right: a sliding window around that diagonal; -1 = unbounded
+    // Query i attends keys i + seqlen_k - seqlen_q - window_left .. i + seqlen_k - seqlen_q +
+    // window_right: read by the CAUSAL (window_right = 0) and LOCAL variants. An unbounded side is
+    // UNBOUNDED_WINDOW, which reaches past every key.
+    int window_left;
     int window_right;
-    float softcap;      // > 0: scores become softcap * tanh(score / softcap); 0: off
-    const float *alibi_slopes; // null, or per (batch, head_q): -slope * |i + seqlen_k - seqlen_q - j| is added
+    float softcap;              // > 0: scores become softcap * tanh(score / softcap); 0: off
+    const float *alibi_slopes;  // null, or per (batch, head_q): -slope * |i + seqlen_k - seqlen_q - j| is added
     int64_t alibi_batch_stride; // 0 when the slopes are shared by the whole batch
 };
+
+// The window of a side that is not bounded: larger than any distance between a query's diagonal
+// and a key while seqlen_q and seqlen_k are at most MAX_SEQLEN.
+constexpr int MAX_SEQLEN = 1 << 29;
+constexpr int UNBOUNDED_WINDOW = 2 * MAX_SEQLEN;
 
 struct ForwardParams {
     const void *q; // (batch, seqlen_q, heads_q, d_head)

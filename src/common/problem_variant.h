@@ -18,6 +18,9 @@ struct ProblemVariant {
     // The last query block and the last key/value tile may be partial: seqlen_q and seqlen_k need
     // not be multiples of the block sizes.
     bool masked_tails;
+    // The scores are modified before the softmax: capped (softcap) and/or given ALiBi biases; which
+    // of the two, the parameter block says.
+    bool score_mods;
 
     constexpr auto operator<=>(const ProblemVariant &) const = default;
 };

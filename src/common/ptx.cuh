@@ -19,6 +19,12 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem_dst, const void *gmem_
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_dst), "l"(gmem_src));
 }
 
+// As cp_async_16, but copies src_bytes (0 or 16) and fills the rest of the 16 bytes with zeros:
+// with 0 the source is not read, so rows past the end of a tensor arrive as zeros.
+__device__ __forceinline__ void cp_async_16_zfill(uint32_t smem_dst, const void *gmem_src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_dst), "l"(gmem_src), "r"(src_bytes));
+}
+
 // Closes the group of cp.async copies issued by this thread since the last commit.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
@@ -47,6 +53,13 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t sme
 __device__ __forceinline__ float exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// tanh(x) on the special-function unit (one MUFU.TANH, sm_75+), relative error about 2^-11.
+__device__ __forceinline__ float tanh(float x) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
 

@@ -53,13 +53,9 @@ struct Family {
     static DType dtype(const Config &c) { return c.dtype; }
     static int d_head(const Config &c) { return c.d_head; }
 
-    // The variant this call needs; raises where no variant of the family can compute it.
-    static ProblemVariant variant(const Config &c, const ForwardParams &params) {
-        if (params.seqlen_q % c.B_r != 0 || params.seqlen_k % c.B_c != 0)
-            throw py::value_error("q: seq_len " + std::to_string(params.seqlen_q) +
-                                  " must be a multiple of kernel_cfg.B_r (" + std::to_string(c.B_r) +
-                                  ") and kernel_cfg.B_c (" + std::to_string(c.B_c) + ")");
-        return ProblemVariant{MaskKind::NONE, false};
+    // Whether a call needs the masked-tails variant: a partial last query block or key/value tile.
+    static bool needs_masked_tails(const Config &c, const ForwardParams &params) {
+        return params.seqlen_q % c.B_r != 0 || params.seqlen_k % c.B_c != 0;
     }
 };
 

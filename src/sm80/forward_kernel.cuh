@@ -13,6 +13,7 @@
 #include "sm80/gemm.cuh"
 #include "sm80/layout.cuh"
 #include "sm80/load_store.cuh"
+#include "sm80/masking.cuh"
 #include "sm80/softmax.cuh"
 #include "sm80/traits.cuh"
 
@@ -33,6 +34,27 @@ __device__ __forceinline__ void wait_for_copies() {
     __syncthreads();
 }
 
+// Writes the log-sum-exp of a warp's rows first_row.. to lse (the block's first row's entry);
+// rows at or past valid_rows do not exist. One lane of each quad writes its two rows per 16-row tile.
+template <typename Softmax>
+__device__ __forceinline__ void store_log_sum_exp(const Softmax &softmax, float scale, float *lse, int first_row,
+                                                  int valid_rows) {
+    constexpr int M_tiles = Softmax::M_tiles;
+    float row_lse[M_tiles][2];
+    softmax.log_sum_exp(row_lse, scale);
+    const int lane = threadIdx.x % WARP_SIZE;
+    if (lane % QUAD_SIZE != 0)
+        return;
+#pragma unroll
+    for (int m = 0; m < M_tiles; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = first_row + m * MMA_M + h * 8 + lane / QUAD_SIZE;
+            if (row < valid_rows)
+                lse[row] = row_lse[m][h];
+        }
+}
+
 struct NoFragments {};
 
 // The fragments of one k-chunk of S = Q K^T: K's, and Q's unless Q stays in registers.
@@ -47,16 +69,21 @@ struct QKChunkFragments {
 // V's copy overlaps S = Q K^T when async. With it there are two stages: iteration j first waits
 // for its own tiles (issued one iteration earlier), then issues the copies of tile j + 1 into the
 // other stage, so they overlap all of iteration j's compute, with a single barrier per tile.
-// The problem variant's fields are separate template arguments: nvcc's host stubs cannot spell a
-// class-type template argument whose fields are all zero.
-template <typename Kernel, MaskKind MASK, bool MASKED_TAILS>
+//
+// The problem variant: MASK and MASKED_TAILS decide which tiles the block visits and which of them
+// are masked element by element (KVTileRange); the unmasked tiles in between run exactly the code
+// of an unmasked problem. SCORE_MODS applies softcap and ALiBi to every tile's scores. The
+// variant's fields are separate template arguments: nvcc's host stubs cannot spell a class-type
+// template argument whose fields are all zero.
+template <typename Kernel, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS>
 __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const __grid_constant__ ForwardParams params) {
-    static_assert(MASK == MaskKind::NONE && !MASKED_TAILS, "the SM80 kernel computes unmasked attention over whole blocks only");
     using value_t = typename Kernel::value_t;
     using KV_tile = typename Kernel::KV_tile;
     constexpr bool async_copy = Kernel::async_copy;
     constexpr bool eager = Kernel::eager_load_blocks;
     constexpr int n_threads = Kernel::n_threads;
+    constexpr int B_r = Kernel::B_r;
+    constexpr int B_c = Kernel::B_c;
 
     // Shared memory: Q, then per stage a K and a V tile.
     extern __shared__ __align__(COPY_BYTES) unsigned char smem[];
@@ -71,104 +98,154 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     const int kv_head = head / (params.heads_q / params.heads_kv);
     const int batch = blockIdx.z;
     const int warp_first_row = (threadIdx.x / WARP_SIZE) * Kernel::warp_rows;
-    // Unsigned: a shift, with no sign correction to keep a register for.
-    const int n_KV_blocks = static_cast<unsigned>(params.seqlen_k) / Kernel::B_c;
+    const int Q_first_row = Q_block * B_r;
+    // Rows of this block that exist (all of them unless the last block is partial).
+    const int Q_rows = MASKED_TAILS ? min(B_r, params.seqlen_q - Q_first_row) : B_r;
+    const KVTileRange<B_r, B_c, MASK, MASKED_TAILS> tiles(params, Q_first_row);
 
-    const value_t *Q = tensor_rows<const value_t>(params.q, params.q_strides, batch, head, Q_block * Kernel::B_r);
+    const value_t *Q = tensor_rows<const value_t>(params.q, params.q_strides, batch, head, Q_first_row);
     const value_t *K = tensor_rows<const value_t>(params.k, params.k_strides, batch, kv_head, 0);
     const value_t *V = tensor_rows<const value_t>(params.v, params.v_strides, batch, kv_head, 0);
-    value_t *O = tensor_rows<value_t>(params.o, params.o_strides, batch, head, Q_block * Kernel::B_r);
-    const int64_t K_tile_stride = Kernel::B_c * params.k_strides.seq;
-    const int64_t V_tile_stride = Kernel::B_c * params.v_strides.seq;
-    // Issues the copies of KV tile KV_block into a stage: K's as one cp.async group, then V's.
+    value_t *O = tensor_rows<value_t>(params.o, params.o_strides, batch, head, Q_first_row);
+    const int64_t K_tile_stride = B_c * params.k_strides.seq;
+    const int64_t V_tile_stride = B_c * params.v_strides.seq;
+    // Issues the copies of KV tile KV_block into a stage: K's as one cp.async group, then V's. Rows
+    // past the last key arrive as zeros, so they add nothing to P V.
     const auto copy_KV_tiles = [&](int KV_block, int stage) {
-        copy_global_to_shared<async_copy, n_threads>(K_smem(stage), K + KV_block * K_tile_stride, params.k_strides.seq);
-        copy_global_to_shared<async_copy, n_threads>(V_smem(stage), V + KV_block * V_tile_stride, params.v_strides.seq);
+        const value_t *K_tile = K + KV_block * K_tile_stride;
+        const value_t *V_tile = V + KV_block * V_tile_stride;
+        if constexpr (MASKED_TAILS) {
+            const int rows = params.seqlen_k - KV_block * B_c;
+            copy_global_to_shared<async_copy, n_threads, true>(K_smem(stage), K_tile, params.k_strides.seq, rows);
+            copy_global_to_shared<async_copy, n_threads, true>(V_smem(stage), V_tile, params.v_strides.seq, rows);
+        } else {
+            copy_global_to_shared<async_copy, n_threads>(K_smem(stage), K_tile, params.k_strides.seq);
+            copy_global_to_shared<async_copy, n_threads>(V_smem(stage), V_tile, params.v_strides.seq);
+        }
     };
 
-    // Per-lane ldmatrix addresses, computed once: each fragment load adds a compile-time offset.
-    // K's and V's move between the two stages in place, so no second set stays live.
-    const auto Q_addresses = A_addresses(Q_smem, warp_first_row);
-    auto K_addresses = B_from_rows_n_addresses(K_smem(0));
-    auto V_addresses = B_from_rows_k_addresses(V_smem(0));
-    int next_stage_shift = KV_stage_bytes;
-
-    copy_global_to_shared<async_copy, n_threads>(Q_smem, Q, params.q_strides.seq);
-    if constexpr (eager)
-        copy_KV_tiles(0, 0);
-    typename Kernel::Q_fragments Q_frags;
-    if constexpr (Kernel::Q_in_registers) {
-        wait_for_copies<Kernel, eager ? 2 : 0>(); // Q has landed; K_0 and V_0 may be in flight
-        load_A(Q_frags, Q_addresses, 0);
-    }
-
+    constexpr bool rows_may_be_empty = MASK != MaskKind::NONE;
+    OnlineSoftmax<Kernel::M_tiles, Kernel::optimized_softmax, rows_may_be_empty> softmax;
+    softmax.init();
     typename Kernel::O_accumulators O_acc;
     O_acc.zero();
-    OnlineSoftmax<Kernel::M_tiles, Kernel::optimized_softmax> softmax;
-    softmax.init();
+    [[maybe_unused]] const ScoreModsOf<SCORE_MODS> score_mods(params, batch, head);
+    // What the softmax multiplies the scores by: the softmax scale, or softcap once capped.
+    float score_scale = params.softmax_scale;
+    if constexpr (SCORE_MODS)
+        score_scale = score_mods.post_scale;
 
-    const auto process_KV_tile = [&](int KV_block, auto first_tile) {
-        const int stage = eager ? KV_block % 2 : 0;
-        if constexpr (eager) {
-            // Tile j (and Q) have landed, and every warp is done with the other stage.
-            wait_for_copies<Kernel, 0>();
-            if (KV_block + 1 < n_KV_blocks)
-                copy_KV_tiles(KV_block + 1, 1 - stage);
+    if (!tiles.empty()) {
+        // Per-lane ldmatrix addresses, computed once: each fragment load adds a compile-time
+        // offset. K's and V's move between the two stages in place, so no second set stays live.
+        const auto Q_addresses = A_addresses(Q_smem, warp_first_row);
+        auto K_addresses = B_from_rows_n_addresses(K_smem(0));
+        auto V_addresses = B_from_rows_k_addresses(V_smem(0));
+        int next_stage_shift = KV_stage_bytes;
+
+        if constexpr (MASKED_TAILS)
+            copy_global_to_shared<async_copy, n_threads, true>(Q_smem, Q, params.q_strides.seq, Q_rows);
+        else
+            copy_global_to_shared<async_copy, n_threads>(Q_smem, Q, params.q_strides.seq);
+        if constexpr (eager)
+            copy_KV_tiles(tiles.begin, 0);
+        typename Kernel::Q_fragments Q_frags;
+        if constexpr (Kernel::Q_in_registers) {
+            wait_for_copies<Kernel, eager ? 2 : 0>(); // Q has landed; K_0 and V_0 may be in flight
+            load_A(Q_frags, Q_addresses, 0);
+        }
+
+        const auto process_KV_tile = [&](int KV_block, auto first_tile, auto masked) {
+            const int stage = eager ? (KV_block - tiles.begin) % 2 : 0;
+            if constexpr (eager) {
+                // Tile j (and Q) have landed, and every warp is done with the other stage.
+                wait_for_copies<Kernel, 0>();
+                if (KV_block + 1 < tiles.end)
+                    copy_KV_tiles(KV_block + 1, 1 - stage);
+            } else {
+                __syncthreads(); // every warp is done with the previous K and V tiles
+                copy_KV_tiles(KV_block, 0);
+                wait_for_copies<Kernel, 1>(); // K_j (and Q) have landed; V_j may still be in flight
+            }
+
+            typename Kernel::S_accumulators S_acc;
+            S_acc.zero();
+            using QK_fragments = QKChunkFragments<Kernel>;
+            chunked_product<Kernel::QK_chunks, Kernel::mma_double_buffer_loads, QK_fragments>(
+                [&](int chunk, QK_fragments &f) {
+                    load_B_from_rows_n(f.K, K_addresses, chunk * Kernel::K_slices_per_load);
+                    if constexpr (!Kernel::Q_in_registers)
+                        load_A(f.Q, Q_addresses, chunk * Kernel::K_slices_per_load);
+                },
+                [&](int chunk, const QK_fragments &f) {
+                    if constexpr (Kernel::Q_in_registers)
+                        warp_gemm<value_t>(S_acc, Q_frags, chunk * Kernel::K_slices_per_load, f.K);
+                    else
+                        warp_gemm<value_t>(S_acc, f.Q, 0, f.K);
+                });
+
+            if constexpr (SCORE_MODS)
+                score_mods.apply(S_acc, params, Q_first_row + warp_first_row, KV_block * B_c);
+            if constexpr (decltype(masked)::value)
+                apply_mask<MASK, MASKED_TAILS>(S_acc, params, Q_first_row + warp_first_row, KV_block * B_c);
+            softmax.template update<decltype(first_tile)::value>(S_acc, O_acc, score_scale);
+            typename Kernel::P_fragments P_frags;
+            accumulators_to_A<value_t>(P_frags, S_acc);
+
+            if constexpr (!eager)
+                wait_for_copies<Kernel, 0>(); // V_j has landed
+            using V_fragments = typename Kernel::V_fragments;
+            chunked_product<Kernel::PV_chunks, Kernel::mma_double_buffer_loads, V_fragments>(
+                [&](int chunk, V_fragments &f) { load_B_from_rows_k(f, V_addresses, chunk * Kernel::V_slices_per_load); },
+                [&](int chunk, const V_fragments &f) {
+                    warp_gemm<value_t>(O_acc, P_frags, chunk * Kernel::V_slices_per_load, f);
+                });
+
+            if constexpr (eager) {
+                K_addresses.shift(next_stage_shift);
+                V_addresses.shift(next_stage_shift);
+                next_stage_shift = -next_stage_shift;
+            }
+        };
+        using Masked = std::true_type;
+        using Unmasked = std::false_type;
+        const auto process_range = [&](int first, int last, auto masked) {
+            for (int KV_block = first; KV_block < last; ++KV_block)
+                process_KV_tile(KV_block, std::false_type{}, masked);
+        };
+
+        // The optimized softmax peels the first KV tile, whose update needs no rescaling.
+        int next_tile = tiles.begin;
+        if constexpr (Kernel::optimized_softmax) {
+            if (tiles.is_masked(next_tile))
+                process_KV_tile(next_tile, std::true_type{}, Masked{});
+            else
+                process_KV_tile(next_tile, std::true_type{}, Unmasked{});
+            ++next_tile;
+        }
+        using Tiles = decltype(tiles);
+        if constexpr (Tiles::has_masked_prefix) {
+            process_range(next_tile, tiles.unmasked_begin, Masked{});
+            next_tile = max(next_tile, tiles.unmasked_begin);
+        }
+        if constexpr (Tiles::has_masked_suffix) {
+            process_range(next_tile, tiles.unmasked_end, Unmasked{});
+            process_range(max(next_tile, tiles.unmasked_end), tiles.end, Masked{});
         } else {
-            __syncthreads(); // every warp is done with the previous K and V tiles
-            copy_KV_tiles(KV_block, 0);
-            wait_for_copies<Kernel, 1>(); // K_j (and Q) have landed; V_j may still be in flight
+            process_range(next_tile, tiles.end, Unmasked{});
         }
-
-        typename Kernel::S_accumulators S_acc;
-        S_acc.zero();
-        using QK_fragments = QKChunkFragments<Kernel>;
-        chunked_product<Kernel::QK_chunks, Kernel::mma_double_buffer_loads, QK_fragments>(
-            [&](int chunk, QK_fragments &f) {
-                load_B_from_rows_n(f.K, K_addresses, chunk * Kernel::K_slices_per_load);
-                if constexpr (!Kernel::Q_in_registers)
-                    load_A(f.Q, Q_addresses, chunk * Kernel::K_slices_per_load);
-            },
-            [&](int chunk, const QK_fragments &f) {
-                if constexpr (Kernel::Q_in_registers)
-                    warp_gemm<value_t>(S_acc, Q_frags, chunk * Kernel::K_slices_per_load, f.K);
-                else
-                    warp_gemm<value_t>(S_acc, f.Q, 0, f.K);
-            });
-
-        softmax.template update<decltype(first_tile)::value>(S_acc, O_acc, params.softmax_scale);
-        typename Kernel::P_fragments P_frags;
-        accumulators_to_A<value_t>(P_frags, S_acc);
-
-        if constexpr (!eager)
-            wait_for_copies<Kernel, 0>(); // V_j has landed
-        using V_fragments = typename Kernel::V_fragments;
-        chunked_product<Kernel::PV_chunks, Kernel::mma_double_buffer_loads, V_fragments>(
-            [&](int chunk, V_fragments &f) { load_B_from_rows_k(f, V_addresses, chunk * Kernel::V_slices_per_load); },
-            [&](int chunk, const V_fragments &f) {
-                warp_gemm<value_t>(O_acc, P_frags, chunk * Kernel::V_slices_per_load, f);
-            });
-
-        if constexpr (eager) {
-            K_addresses.shift(next_stage_shift);
-            V_addresses.shift(next_stage_shift);
-            next_stage_shift = -next_stage_shift;
-        }
-    };
-
-    // The optimized softmax peels the first KV tile, whose update needs no rescaling.
-    constexpr int first_general_tile = Kernel::optimized_softmax ? 1 : 0;
-    if constexpr (Kernel::optimized_softmax)
-        process_KV_tile(0, std::true_type{});
-    for (int KV_block = first_general_tile; KV_block < n_KV_blocks; ++KV_block)
-        process_KV_tile(KV_block, std::false_type{});
+    }
 
     softmax.normalize(O_acc);
+    if (params.lse != nullptr)
+        store_log_sum_exp(softmax, score_scale, params.lse + (static_cast<int64_t>(batch) * params.heads_q + head) *
+                                                                  params.seqlen_q + Q_first_row,
+                          warp_first_row, Q_rows);
     // O is staged through the Q tile so the global stores are full 16-byte, coalesced rows.
     __syncthreads();
     store_accumulators(Q_smem, O_acc, warp_first_row);
     __syncthreads();
-    copy_shared_to_global<n_threads>(O, params.o_strides.seq, Q_smem);
+    copy_shared_to_global<n_threads, MASKED_TAILS>(O, params.o_strides.seq, Q_smem, Q_rows);
 }
 
 } // namespace flash::sm80

@@ -12,7 +12,7 @@
 namespace flash::sm80 {
 
 template <typename Kernel, ProblemVariant VARIANT>
-constexpr auto kernel_of = &flash_forward_kernel<Kernel, VARIANT.mask, VARIANT.masked_tails>;
+constexpr auto kernel_of = &flash_forward_kernel<Kernel, VARIANT.mask, VARIANT.masked_tails, VARIANT.score_mods>;
 
 template <typename Kernel, ProblemVariant VARIANT>
 void launch(const ForwardParams &params, cudaStream_t stream) {

@@ -8,24 +8,29 @@
 
 namespace flash::sm80 {
 
-// A row-major rows x cols tile of 16-bit elements in shared memory, optionally with each row's
-// 16-byte chunks XOR-swizzled (swizzling.cuh). Every access goes through at(), so the layout is
-// decided here alone.
-template <typename value_t_, int rows_, int cols_, bool swizzled_>
+// A row-major rows x cols tile of 16-bit elements in shared memory. conflict_free lays it out so
+// that the eight rows one ldmatrix or cp.async phase touches at one column fall into different
+// banks: rows of a multiple of 128 bytes get their 16-byte chunks XOR-swizzled (swizzling.cuh);
+// other rows (d_head 32 or 96) get one 16-byte chunk of padding, which shifts each row's banks by
+// one chunk instead. Every access goes through at(), so the layout is decided here alone.
+template <typename value_t_, int rows_, int cols_, bool conflict_free>
 struct SmemTile {
     using value_t = value_t_;
     static constexpr int rows = rows_;
     static constexpr int cols = cols_;
-    static constexpr int size = rows * cols;
-    static constexpr bool swizzled = swizzled_;
+    static constexpr bool swizzled = conflict_free && cols % (SWIZZLE_CHUNKS * ELEMS_PER_COPY) == 0;
+    static constexpr bool padded = conflict_free && !swizzled;
+    static constexpr int row_stride = cols + (padded ? ELEMS_PER_COPY : 0); // elements from one row to the next
+    static constexpr int row_bytes = row_stride * static_cast<int>(sizeof(value_t));
+    static constexpr int size = rows * row_stride;
 
     value_t *data;
 
     __device__ __forceinline__ value_t *at(int row, int col) const {
         if constexpr (swizzled)
-            return data + row * cols + swizzled_col<cols>(row, col);
+            return data + row * row_stride + swizzled_col<cols>(row, col);
         else
-            return data + row * cols + col;
+            return data + row * row_stride + col;
     }
 };
 

@@ -16,64 +16,116 @@
 
 namespace flash::sm80 {
 
-// How a block's threads cover a tile in 16-byte chunks: thread t copies the chunk column
-// t % chunks_per_row of rows t / chunks_per_row + i * rows_per_step, consecutive threads on
-// consecutive chunks of a row so each warp's accesses coalesce. A thread's rows are a multiple of
-// 8 apart, so in a swizzled tile all its chunks sit at the same swizzled column.
+// How a block's threads cover a tile in 16-byte chunks, consecutive threads on consecutive chunks
+// of a row so each warp's accesses coalesce: thread t copies the chunks t + i * n_threads of the
+// tile, counted row by row. The plan is regular when a step of n_threads chunks covers whole rows,
+// the steps cover the tile exactly and, in a swizzled tile, a thread's rows are a multiple of 8
+// apart: then each thread copies one chunk column of rows rows_per_step apart, all at the same
+// swizzled column, so one per-thread address plus a compile-time offset reaches each chunk.
+// Otherwise (rows of 12 or 24 chunks, d_head 96 or 192; or 32-chunk rows with 4 warps, d_head 256)
+// each chunk's position is computed.
 template <int n_threads, typename Tile>
 struct TileCopyPlan {
     static constexpr int chunks_per_row = Tile::cols / ELEMS_PER_COPY;
-    static_assert(n_threads % chunks_per_row == 0, "a block must cover whole rows of 16-byte chunks per step");
-    static constexpr int rows_per_step = n_threads / chunks_per_row;
-    static_assert(rows_per_step % SWIZZLE_CHUNKS == 0, "a thread's rows must keep one swizzled column");
-    static_assert(Tile::rows % rows_per_step == 0, "the block's threads must evenly divide the tile's chunks");
-    static constexpr int steps = Tile::rows / rows_per_step;
-    static constexpr int smem_step_bytes = rows_per_step * Tile::cols * static_cast<int>(sizeof(typename Tile::value_t));
+    static constexpr int chunks = Tile::rows * chunks_per_row;
+    static constexpr bool regular = n_threads % chunks_per_row == 0 && Tile::rows % (n_threads / chunks_per_row) == 0 &&
+                                    (!Tile::swizzled || (n_threads / chunks_per_row) % SWIZZLE_CHUNKS == 0);
+    static constexpr int rows_per_step = n_threads / chunks_per_row; // of a regular plan
+    static constexpr int steps = (chunks + n_threads - 1) / n_threads;
+    static constexpr int smem_step_bytes = rows_per_step * Tile::row_bytes;
 
-    static __device__ __forceinline__ int first_row() { return threadIdx.x / chunks_per_row; }
-    static __device__ __forceinline__ int col() { return (threadIdx.x % chunks_per_row) * ELEMS_PER_COPY; }
+    // Chunk i of this thread: its row and first column, and whether it exists (the last step of an
+    // irregular plan may be short).
+    static __device__ __forceinline__ int row(int i) {
+        return regular ? threadIdx.x / chunks_per_row + i * rows_per_step : (threadIdx.x + i * n_threads) / chunks_per_row;
+    }
+    static __device__ __forceinline__ int col(int i) {
+        return ((regular ? threadIdx.x : threadIdx.x + i * n_threads) % chunks_per_row) * ELEMS_PER_COPY;
+    }
+    static __device__ __forceinline__ bool exists(int i) {
+        return chunks % n_threads == 0 || i + 1 < steps || threadIdx.x + i * n_threads < chunks;
+    }
 };
 
 // Copies a tile from global memory (rows src_row_stride elements apart, each row contiguous) into
 // shared memory. With async_copy the copies are cp.async instructions closed into one group (wait
 // with cp_async_wait); without, they are vector loads through registers, complete on return.
-template <bool async_copy, int n_threads, typename Tile>
+// partial: only the first valid_rows rows exist in global memory; the others are not read and
+// arrive as zeros.
+template <bool async_copy, int n_threads, bool partial = false, typename Tile>
 __device__ __forceinline__ void copy_global_to_shared(const Tile &dst, const typename Tile::value_t *src,
-                                                      int64_t src_row_stride) {
+                                                      int64_t src_row_stride, int valid_rows = Tile::rows) {
     using Plan = TileCopyPlan<n_threads, Tile>;
-    const uint32_t dst_address = ptx::shared_address(dst.at(Plan::first_row(), Plan::col()));
-    const typename Tile::value_t *src_thread = src + Plan::first_row() * src_row_stride + Plan::col();
-    const int64_t src_step = Plan::rows_per_step * src_row_stride;
+    using value_t = typename Tile::value_t;
+    const auto row_exists = [&](int i) { return !partial || Plan::row(i) < valid_rows; };
 
-    if constexpr (async_copy) {
+    if constexpr (Plan::regular) {
+        const uint32_t dst_address = ptx::shared_address(dst.at(Plan::row(0), Plan::col(0)));
+        const value_t *src_thread = src + Plan::row(0) * src_row_stride + Plan::col(0);
+        const int64_t src_step = Plan::rows_per_step * src_row_stride;
+        if constexpr (async_copy) {
 #pragma unroll
-        for (int i = 0; i < Plan::steps; ++i)
-            ptx::cp_async_16(dst_address + i * Plan::smem_step_bytes, src_thread + i * src_step);
-        ptx::cp_async_commit();
+            for (int i = 0; i < Plan::steps; ++i) {
+                if constexpr (partial)
+                    ptx::cp_async_16_zfill(dst_address + i * Plan::smem_step_bytes, src_thread + i * src_step,
+                                           row_exists(i) ? COPY_BYTES : 0);
+                else
+                    ptx::cp_async_16(dst_address + i * Plan::smem_step_bytes, src_thread + i * src_step);
+            }
+        } else {
+            // All loads first, then all stores, so the loads are in flight together.
+            uint4 staged[Plan::steps];
+#pragma unroll
+            for (int i = 0; i < Plan::steps; ++i)
+                staged[i] = row_exists(i) ? *reinterpret_cast<const uint4 *>(src_thread + i * src_step) : uint4{0, 0, 0, 0};
+#pragma unroll
+            for (int i = 0; i < Plan::steps; ++i)
+                asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst_address + i * Plan::smem_step_bytes),
+                             "r"(staged[i].x), "r"(staged[i].y), "r"(staged[i].z), "r"(staged[i].w));
+        }
     } else {
-        // All loads first, then all stores, so the loads are in flight together.
-        uint4 staged[Plan::steps];
 #pragma unroll
-        for (int i = 0; i < Plan::steps; ++i)
-            staged[i] = *reinterpret_cast<const uint4 *>(src_thread + i * src_step);
-#pragma unroll
-        for (int i = 0; i < Plan::steps; ++i)
-            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst_address + i * Plan::smem_step_bytes),
-                         "r"(staged[i].x), "r"(staged[i].y), "r"(staged[i].z), "r"(staged[i].w));
+        for (int i = 0; i < Plan::steps; ++i) {
+            if (!Plan::exists(i))
+                continue;
+            const int row = Plan::row(i), col = Plan::col(i);
+            const uint32_t dst_address = ptx::shared_address(dst.at(row, col));
+            const value_t *src_chunk = src + row * src_row_stride + col;
+            if constexpr (async_copy)
+                ptx::cp_async_16_zfill(dst_address, src_chunk, row_exists(i) ? COPY_BYTES : 0);
+            else
+                *reinterpret_cast<uint4 *>(dst.at(row, col)) =
+                    row_exists(i) ? *reinterpret_cast<const uint4 *>(src_chunk) : uint4{0, 0, 0, 0};
+        }
     }
+    if constexpr (async_copy)
+        ptx::cp_async_commit();
 }
 
-// Copies a shared-memory tile to global memory with the same thread-to-chunk mapping.
-template <int n_threads, typename Tile>
+// Copies a shared-memory tile to global memory with the same thread-to-chunk mapping; partial:
+// only its first valid_rows rows.
+template <int n_threads, bool partial = false, typename Tile>
 __device__ __forceinline__ void copy_shared_to_global(typename Tile::value_t *dst, int64_t dst_row_stride,
-                                                      const Tile &src) {
+                                                      const Tile &src, int valid_rows = Tile::rows) {
     using Plan = TileCopyPlan<n_threads, Tile>;
-    const typename Tile::value_t *src_thread = src.at(Plan::first_row(), Plan::col());
-    typename Tile::value_t *dst_thread = dst + Plan::first_row() * dst_row_stride + Plan::col();
+    using value_t = typename Tile::value_t;
+    if constexpr (Plan::regular) {
+        const value_t *src_thread = src.at(Plan::row(0), Plan::col(0));
+        value_t *dst_thread = dst + Plan::row(0) * dst_row_stride + Plan::col(0);
 #pragma unroll
-    for (int i = 0; i < Plan::steps; ++i)
-        *reinterpret_cast<uint4 *>(dst_thread + i * Plan::rows_per_step * dst_row_stride) =
-            *reinterpret_cast<const uint4 *>(src_thread + i * Plan::rows_per_step * Tile::cols);
+        for (int i = 0; i < Plan::steps; ++i)
+            if (!partial || Plan::row(i) < valid_rows)
+                *reinterpret_cast<uint4 *>(dst_thread + i * Plan::rows_per_step * dst_row_stride) =
+                    *reinterpret_cast<const uint4 *>(src_thread + i * Plan::rows_per_step * Tile::row_stride);
+    } else {
+#pragma unroll
+        for (int i = 0; i < Plan::steps; ++i) {
+            const int row = Plan::row(i), col = Plan::col(i);
+            if (Plan::exists(i) && (!partial || row < valid_rows))
+                *reinterpret_cast<uint4 *>(dst + row * dst_row_stride + col) =
+                    *reinterpret_cast<const uint4 *>(src.at(row, col));
+        }
+    }
 }
 
 // The shared-memory addresses one lane gives ldmatrix when its warp reads a tile as 8-row groups:
@@ -83,7 +135,7 @@ __device__ __forceinline__ void copy_shared_to_global(typename Tile::value_t *ds
 // byte offset (8 rows, and 8 chunks = 128 bytes, leave the swizzle unchanged).
 template <typename Tile>
 struct LdmatrixAddresses {
-    static constexpr int row_bytes = Tile::cols * static_cast<int>(sizeof(typename Tile::value_t));
+    static constexpr int row_bytes = Tile::row_bytes;
     uint32_t base[4];
 
     __device__ __forceinline__ LdmatrixAddresses(const Tile &tile, int lane_row, int chunk_lsb) {

@@ -23,8 +23,13 @@ namespace flash::sm80 {
 // reference whatever it is), and moves them, rescaling its outputs, only on the tiles where some
 // row's maximum grows by more than that: usually just the first few. On every other tile the
 // outputs' rescaling multiplications and their place on the path to the P V product are gone.
-template <int M_tiles, bool optimized>
+//
+// rows_may_be_empty: under a mask, a row may have seen only masked (-infinity) scores so far, or
+// may attend no key at all. Its maximum is then -infinity, which the exponents use as 0 (so the
+// masked scores give 0, not NaN), and an empty row's output is 0 and its log-sum-exp +infinity.
+template <int M_tiles_, bool optimized, bool rows_may_be_empty>
 struct OnlineSoftmax {
+    static constexpr int M_tiles = M_tiles_;
     // How far, in log2 units of probability, a row's true maximum may exceed its reference maximum.
     static constexpr float MAX_STALE_LOG2 = 8.0f;
 
@@ -87,7 +92,7 @@ struct OnlineSoftmax {
             for (int m = 0; m < M_tiles; ++m)
 #pragma unroll
                 for (int h = 0; h < 2; ++h)
-                    row_sum[m][h] += exponentiate_row_folded(s.r[m], h, row_max[m][h], scale_log2);
+                    row_sum[m][h] += exponentiate_row_folded(s.r[m], h, exponent_max(row_max[m][h]), scale_log2);
         } else {
 #pragma unroll
             for (int m = 0; m < M_tiles; ++m)
@@ -97,6 +102,20 @@ struct OnlineSoftmax {
         }
     }
 
+    // The natural log of each row's sum of exp(scale * score), for M_tiles x 2 rows; +infinity for
+    // a row that attends no key. Call after the last update, with the scale given to it.
+    __device__ __forceinline__ void log_sum_exp(float (&lse)[M_tiles][2], float scale) const {
+#pragma unroll
+        for (int m = 0; m < M_tiles; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float sum = quad_sum(row_sum[m][h]);
+                // The textbook maxima are already scaled.
+                const float max = exponent_max(row_max[m][h]) * (optimized ? scale : 1.0f);
+                lse[m][h] = rows_may_be_empty && sum == 0.0f ? INFINITY : max + logf(sum);
+            }
+    }
+
     // Divides each output row by its full row sum (this lane's partial sums added over the quad).
     template <int D_tiles>
     __device__ __forceinline__ void normalize(Accumulators<M_tiles, D_tiles> &o) const {
@@ -104,7 +123,8 @@ struct OnlineSoftmax {
         for (int m = 0; m < M_tiles; ++m)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const float inv_sum = 1.0f / quad_sum(row_sum[m][h]);
+                const float sum = quad_sum(row_sum[m][h]);
+                const float inv_sum = rows_may_be_empty && sum == 0.0f ? 0.0f : 1.0f / sum;
 #pragma unroll
                 for (int d = 0; d < D_tiles; ++d) {
                     o.r[m][d][2 * h] *= inv_sum;
@@ -114,6 +134,11 @@ struct OnlineSoftmax {
     }
 
   private:
+    // The maximum the exponents subtract: -infinity (a row with only masked scores so far) counts as 0.
+    static __device__ __forceinline__ float exponent_max(float row_max) {
+        return rows_may_be_empty && row_max == -INFINITY ? 0.0f : row_max;
+    }
+
     // One lane's row h of one 16-row tile: s[n][2h], s[n][2h + 1] over the N_tiles column tiles.
     template <int N_tiles, int D_tiles>
     static __device__ __forceinline__ void update_row_textbook(float (&s)[N_tiles][4], float (&o)[D_tiles][4], int h,
@@ -126,7 +151,7 @@ struct OnlineSoftmax {
             tile_max = fmaxf(tile_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
         }
         const float new_max = fmaxf(row_max, quad_max(tile_max));
-        const float rescale = expf(row_max - new_max); // 0 on the first tile: exp(-inf)
+        const float rescale = expf(row_max - exponent_max(new_max)); // 0 on the first tile: exp(-inf)
         row_max = new_max;
 
         float tile_sum = 0.0f;
@@ -134,7 +159,7 @@ struct OnlineSoftmax {
         for (int n = 0; n < N_tiles; ++n)
 #pragma unroll
             for (int i = 2 * h; i < 2 * h + 2; ++i) {
-                s[n][i] = expf(s[n][i] - new_max);
+                s[n][i] = expf(s[n][i] - exponent_max(new_max));
                 tile_sum += s[n][i];
             }
         row_sum = row_sum * rescale + tile_sum;

@@ -28,7 +28,8 @@ struct StaticForwardKernelConfig {
     static constexpr bool optimized_softmax = CFG.optimized_softmax;
 
     static_assert(CFG.dtype == DType::FP16 || CFG.dtype == DType::BF16, "dtype must be FP16 or BF16");
-    static_assert(d_head == 64 || d_head == 128, "d_head must be 64 or 128");
+    static_assert(d_head == 32 || d_head == 64 || d_head == 96 || d_head == 128 || d_head == 192 || d_head == 256,
+                  "d_head must be 32, 64, 96, 128, 192 or 256");
     static_assert(B_r == 64 || B_r == 128, "B_r must be 64 or 128");
     static_assert(B_c == 32 || B_c == 64 || B_c == 128, "B_c must be 32, 64 or 128");
     static_assert(n_warps == 4 || n_warps == 8, "n_warps must be 4 or 8");
@@ -47,13 +48,13 @@ struct StaticForwardKernelConfig {
 
   private:
     static constexpr bool valid_tile_count(int tiles, int slices) {
-        return tiles == 0 || (tiles > 0 && (tiles & (tiles - 1)) == 0 && tiles < slices);
+        return tiles == 0 || (tiles > 0 && (tiles & (tiles - 1)) == 0 && tiles < slices && slices % tiles == 0);
     }
     static constexpr int slices_per_load(int tiles, int slices) { return tiles == 0 ? slices : tiles; }
 
   public:
     static_assert(valid_tile_count(CFG.K_mma_load_K_tiles, QK_slices),
-                  "K_mma_load_K_tiles must be 0 or a power of two below d_head / 16");
+                  "K_mma_load_K_tiles must be 0 or a power of two below and dividing d_head / 16");
     static_assert(valid_tile_count(CFG.V_mma_load_K_tiles, PV_slices),
                   "V_mma_load_K_tiles must be 0 or a power of two below B_c / 16");
     static_assert(CFG.Q_mma_load_K_tiles == 0 || CFG.Q_mma_load_K_tiles == CFG.K_mma_load_K_tiles,

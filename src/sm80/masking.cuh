@@ -1,0 +1,157 @@
+// What a problem variant adds to the kernel: which key/value tiles a query block visits and which
+// of them need masking (KVTileRange), the element masks of those tiles, and the score
+// modifications (softcap, ALiBi). Interior tiles of a masked problem run the unmasked code.
+#pragma once
+
+#include <cmath>
+#include <type_traits>
+
+#include "common/common.h"
+#include "common/forward_params.h"
+#include "common/problem_variant.h"
+#include "common/ptx.cuh"
+#include "sm80/layout.cuh"
+
+namespace flash::sm80 {
+
+// floor(a / b) for b > 0 and any a.
+__device__ __forceinline__ int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+// The key/value tiles one query block visits, [begin, end), in three runs: a masked prefix
+// [begin, unmasked_begin) where the window's left edge cuts tiles, unmasked tiles
+// [unmasked_begin, unmasked_end), and a masked suffix [unmasked_end, end) where the diagonal (plus
+// the window's right edge) or the end of the keys cuts tiles. Rows of the block are
+// first_row .. first_row + B_r - 1; query i's diagonal is key i + seqlen_k - seqlen_q.
+template <int B_r, int B_c, MaskKind MASK, bool MASKED_TAILS>
+struct KVTileRange {
+    static constexpr bool has_masked_prefix = MASK == MaskKind::LOCAL;
+    static constexpr bool has_masked_suffix = MASK != MaskKind::NONE || MASKED_TAILS;
+
+    int begin;
+    int unmasked_begin;
+    int unmasked_end;
+    int end;
+
+    __device__ __forceinline__ KVTileRange(const ForwardParams &params, int first_row) {
+        const int n_tiles = MASKED_TAILS ? (params.seqlen_k + B_c - 1) / B_c
+                                         : static_cast<int>(static_cast<unsigned>(params.seqlen_k) / B_c);
+        const int diagonal = first_row + params.seqlen_k - params.seqlen_q; // the first row's diagonal key
+        begin = 0;
+        end = n_tiles;
+        unmasked_begin = 0;
+        unmasked_end = n_tiles;
+        if constexpr (MASKED_TAILS)
+            unmasked_end = params.seqlen_k / B_c; // the partial last tile is masked
+        if constexpr (MASK != MaskKind::NONE) {
+            // The last row reaches key diagonal + B_r - 1 + right; tiles past the first row's
+            // reach (diagonal + right) are cut.
+            const int right_reach = diagonal + params.mask.window_right;
+            end = min(end, max(0, floor_div(right_reach + B_r - 1, B_c) + 1));
+            unmasked_end = min(unmasked_end, max(0, floor_div(right_reach + 1, B_c)));
+        }
+        if constexpr (MASK == MaskKind::LOCAL) {
+            // The first row reaches back to key diagonal - left; tiles before the last row's
+            // reach (diagonal + B_r - 1 - left) are cut.
+            const int left_reach = diagonal - params.mask.window_left;
+            begin = max(0, floor_div(left_reach, B_c));
+            unmasked_begin = max(begin, floor_div(left_reach + B_r - 1 + B_c - 1, B_c));
+        }
+        unmasked_begin = min(unmasked_begin, end);
+        unmasked_end = max(unmasked_begin, min(unmasked_end, end));
+    }
+
+    __device__ __forceinline__ bool empty() const { return begin >= end; }
+    __device__ __forceinline__ bool is_masked(int tile) const {
+        return (has_masked_prefix && tile < unmasked_begin) || (has_masked_suffix && tile >= unmasked_end);
+    }
+};
+
+// The keys each of a lane's accumulator rows may attend in one tile, as a column interval
+// [lo, hi] in the tile's own column numbers, for M_tiles x 2 rows (index h: lane/4 and lane/4 + 8).
+// Columns outside it are set to -infinity before the softmax.
+template <MaskKind MASK, bool MASKED_TAILS, int M_tiles, int N_tiles>
+__device__ __forceinline__ void apply_mask(Accumulators<M_tiles, N_tiles> &s, const ForwardParams &params,
+                                           int first_row, int first_key) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int lane_col = 2 * (lane % QUAD_SIZE);
+    // Row first_row + lane / 4's diagonal, in the tile's column numbers.
+    const int diagonal = first_row + lane / QUAD_SIZE + params.seqlen_k - params.seqlen_q - first_key;
+#pragma unroll
+    for (int m = 0; m < M_tiles; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row_diagonal = diagonal + m * MMA_M + h * 8;
+            int hi = MASKED_TAILS ? params.seqlen_k - first_key - 1 : N_tiles * MMA_N;
+            int lo = 0;
+            if constexpr (MASK != MaskKind::NONE)
+                hi = min(hi, row_diagonal + params.mask.window_right);
+            if constexpr (MASK == MaskKind::LOCAL)
+                lo = row_diagonal - params.mask.window_left;
+#pragma unroll
+            for (int n = 0; n < N_tiles; ++n)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int col = n * MMA_N + lane_col + e;
+                    if (col > hi || col < lo)
+                        s.r[m][n][2 * h + e] = -INFINITY;
+                }
+        }
+}
+
+// Softcap and ALiBi on one tile's raw scores S = Q K^T, in units the softmax then multiplies by
+// score_scale(): with softcap, tanh(scale * s / softcap) (times softcap); the ALiBi bias is divided
+// by that multiplier so it lands on the scaled score.
+struct ScoreMods {
+    float pre_scale;   // multiplies s before the tanh (scale / softcap), with softcap
+    float post_scale;  // what the softmax multiplies the modified scores by
+    float alibi_slope; // -slope / post_scale per unit of distance from the diagonal; 0 without ALiBi
+    bool softcap;
+
+    __device__ __forceinline__ ScoreMods(const ForwardParams &params, int batch, int head) {
+        softcap = params.mask.softcap > 0.0f;
+        pre_scale = softcap ? params.softmax_scale / params.mask.softcap : 1.0f;
+        post_scale = softcap ? params.mask.softcap : params.softmax_scale;
+        alibi_slope = params.mask.alibi_slopes == nullptr
+                          ? 0.0f
+                          : -params.mask.alibi_slopes[batch * params.mask.alibi_batch_stride + head] / post_scale;
+    }
+
+    template <int M_tiles, int N_tiles>
+    __device__ __forceinline__ void apply(Accumulators<M_tiles, N_tiles> &s, const ForwardParams &params,
+                                          int first_row, int first_key) const {
+        if (softcap)
+#pragma unroll
+            for (int m = 0; m < M_tiles; ++m)
+#pragma unroll
+                for (int n = 0; n < N_tiles; ++n)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i)
+                        s.r[m][n][i] = ptx::tanh(s.r[m][n][i] * pre_scale);
+        if (alibi_slope != 0.0f) {
+            const int lane = threadIdx.x % WARP_SIZE;
+            const int diagonal = first_row + lane / QUAD_SIZE + params.seqlen_k - params.seqlen_q - first_key;
+#pragma unroll
+            for (int m = 0; m < M_tiles; ++m)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int n = 0; n < N_tiles; ++n)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int col = n * MMA_N + 2 * (lane % QUAD_SIZE) + e;
+                            const int distance = abs(diagonal + m * MMA_M + h * 8 - col);
+                            s.r[m][n][2 * h + e] += alibi_slope * static_cast<float>(distance);
+                        }
+        }
+    }
+};
+
+// A kernel without score modifications holds none of their state.
+struct NoScoreMods {
+    __device__ __forceinline__ NoScoreMods(const ForwardParams &, int, int) {}
+};
+
+template <bool score_mods>
+using ScoreModsOf = std::conditional_t<score_mods, ScoreMods, NoScoreMods>;
+
+} // namespace flash::sm80
