@@ -1,8 +1,33 @@
-"""The float32 reference and the correctness criterion shared by the tests and the tools.
+"""The float32 reference and the correctness criteria shared by the tests and the tools.
 
-The criterion is FlashAttention's own: an output may be off attention computed in float32 on the
-upcast inputs (ref32) by at most twice what computing in the input dtype itself costs (ref16, the
-same math in float16/bfloat16), plus 1e-5, and its relative norm error must be under 1e-2.
+The reference computes attention with FlashAttention-2's semantics (the kernels' own):
+- q is (batch, seqlen_q, heads_q, d_head), k and v are (batch, seqlen_k, heads_kv, d_head); query
+  head h reads key/value head h // (heads_q // heads_kv);
+- the score of query i and key j is scale * q_i . k_j (scale defaults to 1/sqrt(d_head)), capped
+  to softcap * tanh(score / softcap) when softcap > 0, then given the ALiBi bias
+  -slope * |i + seqlen_k - seqlen_q - j| when slopes are given;
+- masks are aligned to the bottom-right corner: with ``causal`` query i attends key j iff
+  j <= i + seqlen_k - seqlen_q; ``window_size`` (left, right) keeps
+  i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right, -1 meaning unbounded
+  on that side, and ``causal`` sets right to 0 (left still applies);
+- a query row that attends no key outputs 0 and its log-sum-exp (lse) is +inf; lse is the natural
+  log of sum_j exp(score_ij) over the attended keys, float32, (batch, heads_q, seqlen_q).
+
+The output criterion is FlashAttention's own: an output may be off attention computed in float32
+on the upcast inputs (ref32) by at most twice what computing in the input dtype itself costs
+(ref16: the same math in float16/bfloat16, the ALiBi bias kept in float32 as FlashAttention's
+reference does), plus 1e-5, and its relative norm error must be under 1e-2.
+
+The lse criterion compares float32 with float32. The kernel reads the same (exactly upcast) inputs
+as ref32, so the two differ only by float32 rounding: of the d_head-term dot products, each off by
+at most about d_head * 2^-24 times scale * sum_d |q_d k_d| (the cap, tanh, only shrinks errors),
+of the ALiBi bias, of the sum of exponentials and of the GPU's approximate exp2 and log2. lse is a
+softmax-weighted mean of the scores to first order, so row i may be off by at most
+``LSE_RTOL * (1 + E_i)``, where E_i = sum_j p_ij (scale * sum_d |q_id k_jd| + |alibi_ij|) is the
+softmax-weighted magnitude of what the row's scores are computed from. LSE_RTOL = 2^-13 is eight
+times float32's worst-case dot-product error at d_head 256, and far above the typical rounding of
+sums over up to 16384 keys; a missing or doubled key tile moves lse by far more. Rows that attend
+no key must be +inf exactly, and every other row finite.
 
 torch is imported inside the functions, so ``import flash_helpers`` stays free of it.
 """
@@ -10,18 +35,122 @@ torch is imported inside the functions, so ``import flash_helpers`` stays free o
 from __future__ import annotations
 
 import dataclasses
+import math
 
 # Query rows per chunk are chosen so one chunk's scores hold this many elements (256 MiB in
 # float32): the reference for seq 16384 then fits next to the inputs.
 REFERENCE_CHUNK_ELEMENTS = 1 << 26
 MAX_RELATIVE_NORM_ERROR = 1e-2
+# See the module docstring: lse may be off by LSE_RTOL * (1 + the row's score magnitude).
+LSE_RTOL = 2.0**-13
 
 
-def attention(q, k, v, dtype):
-    """softmax(q k^T / sqrt(d_head)) v with torch ops in ``dtype``, in the (batch, seq, heads, d_head) layout."""
-    q, k, v = (t.to(dtype).transpose(1, 2) for t in (q, k, v))
-    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
-    return (scores.softmax(dim=-1) @ v).transpose(1, 2)
+@dataclasses.dataclass(frozen=True, eq=False)
+class Semantics:
+    """The problem's keyword arguments (those of ``flash_attention.forward``), resolved: the scale
+    given a value and the window's right side 0 under ``causal``."""
+
+    softmax_scale: float
+    window_left: int  # -1: unbounded
+    window_right: int  # -1: unbounded
+    softcap: float
+    alibi_slopes: object  # None, or a float32 tensor (heads_q,) or (batch, heads_q)
+
+    @classmethod
+    def of(cls, d_head, *, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+        left, right = window_size
+        return cls(
+            softmax_scale=d_head**-0.5 if softmax_scale is None else float(softmax_scale),
+            window_left=int(left),
+            window_right=0 if causal else int(right),
+            softcap=float(softcap),
+            alibi_slopes=alibi_slopes,
+        )
+
+
+def attended(seqlen_q: int, seqlen_k: int, *, causal=False, window_size=(-1, -1), rows=None, device=None):
+    """(len(rows), seqlen_k) bool tensor: whether query row i (of ``rows``, a range; all rows by
+    default) attends key j."""
+    semantics = Semantics.of(1, causal=causal, window_size=window_size)
+    return _attended(semantics, range(seqlen_q) if rows is None else rows, seqlen_q, seqlen_k, device)
+
+
+def _attended(semantics: Semantics, rows: range, seqlen_q: int, seqlen_k: int, device):
+    import torch
+
+    diagonal = torch.arange(rows.start, rows.stop, device=device)[:, None] + (seqlen_k - seqlen_q)
+    keys = torch.arange(seqlen_k, device=device)[None, :]
+    mask = torch.ones((len(rows), seqlen_k), dtype=torch.bool, device=device)
+    if semantics.window_left >= 0:
+        mask &= keys >= diagonal - semantics.window_left
+    if semantics.window_right >= 0:
+        mask &= keys <= diagonal + semantics.window_right
+    return mask
+
+
+def attention(q, k, v, dtype, *, return_lse=False, **semantics):
+    """Attention with torch ops in ``dtype``, in the (batch, seq, heads, d_head) layout: o, or
+    (o, lse) with ``return_lse``. ``semantics`` are ``flash_attention.forward``'s keywords
+    (causal, softmax_scale, window_size, softcap, alibi_slopes). Computes every row at once; use
+    FloatReference for long sequences."""
+    resolved = Semantics.of(q.shape[-1], **semantics)
+    rows = _Rows(q, k, v, dtype, resolved, range(q.shape[1]), q.shape[1], with_lse=return_lse)
+    return (rows.out, rows.lse) if return_lse else rows.out
+
+
+class _Rows:
+    """Attention of a range of query rows (``q_rows`` holds only those rows); optionally their lse
+    (float32) and the magnitudes their lse tolerances scale with."""
+
+    def __init__(
+        self, q_rows, k, v, dtype, semantics: Semantics, rows: range, seqlen_q: int, with_lse=False, magnitudes=False
+    ):
+        import torch
+
+        batch, n_rows, heads_q, d_head = q_rows.shape
+        seqlen_k, heads_kv = k.shape[1], k.shape[2]
+        group = heads_q // heads_kv
+        # Grouped heads: (batch, heads_kv, group, rows, d_head) against (batch, heads_kv, 1, seqlen_k, d_head).
+        q5 = q_rows.to(dtype).transpose(1, 2).reshape(batch, heads_kv, group, n_rows, d_head)
+        k5, v5 = (t.to(dtype).transpose(1, 2).unsqueeze(2) for t in (k, v))
+
+        scores = (q5 @ k5.transpose(-2, -1)) * semantics.softmax_scale
+        if semantics.softcap > 0:
+            scores = torch.tanh(scores / semantics.softcap) * semantics.softcap
+        scores = scores.reshape(batch, heads_q, n_rows, seqlen_k)
+        bias = None
+        if semantics.alibi_slopes is not None:
+            diagonal = torch.arange(rows.start, rows.stop, device=q_rows.device)[:, None] + (seqlen_k - seqlen_q)
+            distance = (diagonal - torch.arange(seqlen_k, device=q_rows.device)[None, :]).abs().float()
+            slopes = semantics.alibi_slopes.float().reshape(-1, heads_q, 1, 1)
+            bias = -slopes * distance  # float32: with it, the scores become float32 too
+            scores = scores + bias
+        mask = _attended(semantics, rows, seqlen_q, seqlen_k, q_rows.device)
+        self.without_keys = ~mask.any(dim=-1)  # (rows,)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        # A row without keys is all -inf, whose softmax is NaN: it outputs 0.
+        probabilities = scores.softmax(dim=-1).masked_fill(self.without_keys[:, None], 0.0)
+        grouped = probabilities.to(dtype).reshape(batch, heads_kv, group, n_rows, seqlen_k)
+        self.out = (grouped @ v5).reshape(batch, heads_q, n_rows, d_head).transpose(1, 2)
+
+        self.lse = None
+        if with_lse:
+            self.lse = torch.logsumexp(scores.float(), dim=-1).masked_fill(self.without_keys, math.inf)
+        self.magnitude = None
+        if magnitudes:
+            # E_i of the module docstring: the softmax-weighted magnitude of the scores' terms.
+            terms = (q5.float().abs() @ k5.float().abs().transpose(-2, -1)) * semantics.softmax_scale
+            terms = terms.reshape(batch, heads_q, n_rows, seqlen_k)
+            if bias is not None:
+                terms = terms + bias.abs()
+            self.magnitude = (probabilities.float() * terms).sum(dim=-1)
+
+
+def _max_abs(t):
+    """max |t| as a 0-d tensor (0 for an empty tensor); NaN propagates."""
+    import torch
+
+    return t.abs().max() if t.numel() else torch.zeros((), device=t.device)
 
 
 @dataclasses.dataclass
@@ -30,7 +159,7 @@ class ReferenceComparison:
 
     max_error: float  # max |out - ref32|
     ref16_max_error: float  # max |ref16 - ref32|
-    relative_norm_error: float  # ||out - ref32|| / ||ref32||
+    relative_norm_error: float  # ||out - ref32|| / ||ref32|| (0 where both are 0)
 
     @property
     def tolerance(self) -> float:
@@ -41,32 +170,109 @@ class ReferenceComparison:
         # Written so that NaN errors fail.
         return self.max_error <= self.tolerance and self.relative_norm_error < MAX_RELATIVE_NORM_ERROR
 
+    def describe(self) -> str:
+        return (
+            f"max error {self.max_error:.3g} (allowed {self.tolerance:.3g}), relative norm error "
+            f"{self.relative_norm_error:.3g} (allowed {MAX_RELATIVE_NORM_ERROR:g})"
+        )
+
+
+@dataclasses.dataclass
+class LseComparison:
+    """How far one lse is from the float32 reference's, and whether that passes the criterion."""
+
+    shape_matches: bool  # (batch, heads_q, seqlen_q), float32
+    infinities_match: bool  # +inf exactly on the rows without keys
+    max_error: float  # max |lse - ref| over the rows with keys (NaN if any is NaN)
+    tolerance: float  # what the row with the largest error relative to its tolerance was allowed
+    worst_ratio: float  # max over those rows of |lse - ref| / tolerance
+
+    @property
+    def passed(self) -> bool:
+        return self.shape_matches and self.infinities_match and self.worst_ratio <= 1.0
+
+    def describe(self) -> str:
+        if not self.shape_matches:
+            return "lse has the wrong shape or dtype"
+        infinities = "" if self.infinities_match else "+inf on the wrong rows (or NaN); "
+        return (
+            f"{infinities}lse max error {self.max_error:.3g}; the worst row is off by {self.worst_ratio:.3g} "
+            f"times its tolerance {self.tolerance:.3g}"
+        )
+
 
 class FloatReference:
     """The reference of one input, computed once (chunk by chunk over query rows, so long sequences
-    fit) and then compared with any number of outputs."""
+    fit) and then compared with any number of outputs and lse. The keywords are
+    ``flash_attention.forward``'s (causal, softmax_scale, window_size, softcap, alibi_slopes)."""
 
-    def __init__(self, q, k, v):
+    def __init__(self, q, k, v, **semantics):
         import torch
 
-        batch, seq_len, heads, _ = q.shape
-        rows = max(1, REFERENCE_CHUNK_ELEMENTS // max(1, batch * heads * seq_len))
+        batch, seqlen_q, heads_q, d_head = q.shape
+        seqlen_k = k.shape[1]
+        if k.shape != v.shape or k.shape[2] == 0 or heads_q % k.shape[2] != 0:
+            raise ValueError(
+                f"k and v {tuple(k.shape)}, {tuple(v.shape)} must be one (batch, seqlen_k, heads_kv, d_head) shape "
+                f"with heads_kv dividing heads_q ({heads_q})"
+            )
+        self.semantics = Semantics.of(d_head, **semantics)
+        rows_per_chunk = max(1, REFERENCE_CHUNK_ELEMENTS // max(1, batch * heads_q * seqlen_k))
         self.ref32 = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        self.lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
+        self.lse_tolerance = torch.empty_like(self.lse)
+        # (seqlen_q,) bool: the query rows that attend no key (in every batch and head).
+        self.rows_without_keys = torch.empty(seqlen_q, dtype=torch.bool, device=q.device)
         # A 0-d tensor, not a float: torch.maximum propagates NaN where Python's max() would drop it.
         ref16_max_error = torch.zeros((), device=q.device)
-        for start in range(0, seq_len, rows):
-            q_rows = q[:, start : start + rows]
-            ref32 = attention(q_rows, k, v, torch.float32)
-            ref16 = attention(q_rows, k, v, q.dtype).float()
-            ref16_max_error = torch.maximum(ref16_max_error, (ref16 - ref32).abs().max())
-            self.ref32[:, start : start + rows] = ref32
+        k32, v32 = k.float(), v.float()
+        for start in range(0, seqlen_q, rows_per_chunk):
+            rows = range(start, min(seqlen_q, start + rows_per_chunk))
+            q_rows = q[:, rows.start : rows.stop]
+            ref32 = _Rows(
+                q_rows, k32, v32, torch.float32, self.semantics, rows, seqlen_q, with_lse=True, magnitudes=True
+            )
+            ref16 = _Rows(q_rows, k, v, q.dtype, self.semantics, rows, seqlen_q).out.float()
+            ref16_max_error = torch.maximum(ref16_max_error, _max_abs(ref16 - ref32.out))
+            self.ref32[:, rows.start : rows.stop] = ref32.out
+            self.lse[:, :, rows.start : rows.stop] = ref32.lse
+            self.lse_tolerance[:, :, rows.start : rows.stop] = LSE_RTOL * (1 + ref32.magnitude)
+            self.rows_without_keys[rows.start : rows.stop] = ref32.without_keys
         self.ref16_max_error = ref16_max_error.item()
-        self._ref32_norm = self.ref32.double().norm()
+        self._ref32_norm = self.ref32.double().norm().item()
 
     def compare(self, out) -> ReferenceComparison:
         error = out.float() - self.ref32
+        error_norm = error.double().norm().item()
+        if self._ref32_norm > 0:
+            relative = error_norm / self._ref32_norm
+        else:
+            # An all-zero reference (no row attends a key): only an exact match passes; NaN stays NaN.
+            relative = error_norm if math.isnan(error_norm) else (0.0 if error_norm == 0 else math.inf)
         return ReferenceComparison(
-            max_error=error.abs().max().item(),
+            max_error=_max_abs(error).item(),
             ref16_max_error=self.ref16_max_error,
-            relative_norm_error=(error.double().norm() / self._ref32_norm).item(),
+            relative_norm_error=relative,
+        )
+
+    def compare_lse(self, lse) -> LseComparison:
+        import torch
+
+        if lse.shape != self.lse.shape or lse.dtype != torch.float32:
+            return LseComparison(False, False, math.nan, math.nan, math.nan)
+        lse = lse.to(self.lse.device)
+        expected_inf = self.rows_without_keys.expand_as(self.lse)
+        infinities_match = bool(torch.equal(lse == math.inf, expected_inf)) and not lse.isnan().any().item()
+        finite = ~expected_inf
+        error = (lse - self.lse)[finite].abs()  # inf or NaN where lse is not finite: those fail
+        ratio = error / self.lse_tolerance[finite]
+        if ratio.numel() == 0:
+            return LseComparison(True, infinities_match, 0.0, 0.0, 0.0)
+        worst = ratio.nan_to_num(nan=math.inf).argmax()
+        return LseComparison(
+            shape_matches=True,
+            infinities_match=infinities_match,
+            max_error=_max_abs(error).item(),
+            tolerance=self.lse_tolerance[finite][worst].item(),
+            worst_ratio=ratio[worst].item(),
         )
