@@ -34,3 +34,11 @@ def pytest_collection_modifyitems(config, items):
 def seed(request) -> int:
     """A random seed fixed per test (derived from the test's id), so a failure reproduces exactly."""
     return zlib.crc32(request.node.nodeid.encode())
+
+
+@pytest.fixture
+def rng(seed):
+    """A CUDA random generator seeded with ``seed``: fresh inputs in every test, the same on every run."""
+    import torch
+
+    return torch.Generator(device="cuda").manual_seed(seed)

@@ -3,19 +3,16 @@ written, stream and device handling, and the checks that reject bad arguments.
 
 GPU tests (marked ``gpu``) run once per compiled configuration, or per compiled configuration that
 the KERNELS environment variable selects. The tests at the end need no GPU, only the built module.
+The masks, lengths, grouped heads and score modifications are swept in test_features.py.
 """
 
 import dataclasses
 import functools
 import math
-import importlib.machinery
-import importlib.util
 import os
-import pathlib
 import subprocess
 import sys
 import types
-import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -23,35 +20,17 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: these tests need it")
 
+import helpers  # noqa: E402
 
-def _extension_is_built() -> bool:
-    """Whether a compiled flash_attention._C exists, found without importing the package (whose
-    import needs it). A missing build skips these tests; a build that fails to import fails them."""
-    spec = importlib.util.find_spec("flash_attention")
-    locations = (spec.submodule_search_locations or []) if spec else []
-    return any(
-        pathlib.Path(location, "_C" + suffix).exists()
-        for location in locations
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES
-    )
-
-
-if not _extension_is_built():
-    pytest.skip(
-        "flash_attention._C is not built: run `bash tools/test.sh` or `pip install --no-build-isolation -e .`",
-        allow_module_level=True,
-    )
+if not helpers.extension_is_built():
+    pytest.skip(helpers.NOT_BUILT_REASON, allow_module_level=True)
 
 import flash_attention  # noqa: E402
 from flash_attention import _C  # noqa: E402
-from flash_helpers.reference import FloatReference  # noqa: E402
-from flash_helpers.kernel_sets import (  # noqa: E402
-    KERNELS_ENV,
-    get_all_kernel_configs,
-    get_kernel_configs,
-    get_kernels_to_build,
-)
+from flash_helpers.kernel_sets import get_all_kernel_configs, get_kernels_to_build, variants_to_build  # noqa: E402
+from flash_helpers.problem import ALL_VARIANTS, MaskKind, ProblemVariant  # noqa: E402
 from flash_helpers.sm80_config import FlashForwardKernelConfig  # noqa: E402
+from helpers import Problem, as_layout, assert_matches_reference, nan_like, random_qkv  # noqa: E402
 
 gpu = pytest.mark.gpu
 
@@ -59,25 +38,7 @@ gpu = pytest.mark.gpu
 # time it takes to queue the kernel behind it.
 STREAM_BUSY_CYCLES = 20_000_000
 
-
-def _configs_under_test() -> list[FlashForwardKernelConfig]:
-    """The compiled configurations, restricted to those KERNELS selects when it is set."""
-    compiled = flash_attention.compiled_configs()
-    if not os.environ.get(KERNELS_ENV):
-        return compiled
-    selected = set(get_kernel_configs())
-    missing = selected - set(compiled)
-    if missing:
-        warnings.warn(
-            f"{len(missing)} configurations selected by {KERNELS_ENV}={os.environ[KERNELS_ENV]!r} are not compiled "
-            f"into this build (kernel set {flash_attention.compiled_kernel_set()!r}) and are not tested; "
-            "build them with FLASH_BUILD_KERNELS",
-            stacklevel=1,
-        )
-    return [cfg for cfg in compiled if cfg in selected]
-
-
-CONFIGS = _configs_under_test()
+CONFIGS = helpers.configs_under_test()
 each_config = pytest.mark.parametrize("cfg", CONFIGS, ids=FlashForwardKernelConfig.short_form)
 
 
@@ -91,34 +52,6 @@ def reference_shapes(cfg: FlashForwardKernelConfig) -> list[tuple[int, int, int]
     one block up to 16384, including an odd number of blocks and a grid larger than the GPU."""
     block = smallest_seq_len(cfg)
     return [(1, 1, block), (3, 5, block), (3, 5, 3 * block), (5, 3, 2048), (1, 2, 16384)]
-
-
-# ----------------------------------------------------------------------------------------------
-# Inputs and the reference
-
-
-@pytest.fixture
-def rng(seed) -> torch.Generator:
-    return torch.Generator(device="cuda").manual_seed(seed)
-
-
-def random_qkv(cfg, batch, heads, seq_len, rng) -> list[torch.Tensor]:
-    shape = (batch, seq_len, heads, cfg.d_head)
-    dtype = cfg.dtype.to_torch_dtype()
-    return [torch.randn(shape, generator=rng, device=rng.device, dtype=dtype) for _ in range(3)]
-
-
-def nan_like(t: torch.Tensor) -> torch.Tensor:
-    """An output buffer poisoned with NaN, so any element the kernel fails to write shows."""
-    return torch.full_like(t, float("nan"))
-
-
-def assert_matches_reference(out, q, k, v) -> None:
-    comparison = FloatReference(q, k, v).compare(out)
-    assert comparison.passed, (
-        f"output differs from the float32 reference: max error {comparison.max_error:.3g} "
-        f"(allowed {comparison.tolerance:.3g}), relative norm error {comparison.relative_norm_error:.3g} (allowed 1e-2)"
-    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -170,18 +103,6 @@ def test_repeated_calls_are_bitwise_identical(cfg, rng):
     first = flash_attention.forward(cfg, q, k, v, nan_like(q))
     second = flash_attention.forward(cfg, q, k, v, nan_like(q))
     assert torch.equal(first, second)
-
-
-def as_layout(tensors, layout: str) -> list[torch.Tensor]:
-    """Copies of (batch, seq, heads, d_head) tensors stored in another layout, seen through views of
-    the same shape whose strides differ from the contiguous ones."""
-    if layout == "packed":
-        # One (batch, seq, n, heads, d_head) tensor, as a fused QKV projection produces.
-        return list(torch.stack(tensors, dim=2).unbind(2))
-    if layout == "heads_major":
-        # (batch, heads, seq, d_head) storage.
-        return [t.transpose(1, 2).contiguous().transpose(1, 2) for t in tensors]
-    raise ValueError(f"unknown layout {layout!r}")
 
 
 @gpu
@@ -238,9 +159,11 @@ def test_kernel_attributes(cfg):
         "dynamic_smem_bytes",
         "max_threads_per_block",
     }
-    # The Q tile, and a K and a V tile per stage (two with eager loads), of 2-byte elements.
+    # The Q tile, and a K and a V tile per stage (two with eager loads), of 2-byte elements; rows
+    # of a conflict-free layout whose size is not a multiple of 64 elements get 8 of padding.
     stages = 2 if cfg.eager_load_blocks else 1
-    assert attributes["dynamic_smem_bytes"] == (cfg.B_r + 2 * stages * cfg.B_c) * cfg.d_head * 2
+    row = cfg.d_head + (8 if cfg.swizzled and cfg.d_head % 64 else 0)
+    assert attributes["dynamic_smem_bytes"] == (cfg.B_r + 2 * stages * cfg.B_c) * row * 2
     assert 0 < attributes["registers"] <= 255
     assert attributes["max_threads_per_block"] >= 32 * cfg.n_warps, "the kernel cannot launch with n_warps warps"
 
@@ -302,17 +225,24 @@ class Call:
     k: object
     v: object
     o: object = None
+    kwargs: dict = dataclasses.field(default_factory=dict)  # causal, window_size, softcap, ...
 
     def run(self):
-        return flash_attention.forward(self.cfg, self.q, self.k, self.v, self.o)
+        return flash_attention.forward(self.cfg, self.q, self.k, self.v, self.o, **self.kwargs)
 
     def map_tensors(self, change: Callable) -> "Call":
         return dataclasses.replace(self, q=change(self.q), k=change(self.k), v=change(self.v), o=change(self.o))
 
 
+# The valid call: grouped heads (6 query heads, 3 key/value heads) and more keys than queries, in
+# whole blocks and unmasked, which every compiled configuration serves.
+VALID_HEADS_Q, VALID_HEADS_KV = 6, 3
+
+
 def make_call(cfg, rng) -> Call:
-    q, k, v = random_qkv(cfg, 2, 3, 2 * smallest_seq_len(cfg), rng)
-    return Call(cfg, q, k, v, nan_like(q))
+    block = smallest_seq_len(cfg)
+    inputs = Problem(2 * block, 3 * block, VALID_HEADS_Q, VALID_HEADS_KV, batch=2).make(cfg, rng)
+    return Call(cfg, inputs.q, inputs.k, inputs.v, nan_like(inputs.q))
 
 
 @pytest.fixture
@@ -336,7 +266,7 @@ def assert_rejected(run: Callable, error: type[Exception] | tuple, names: tuple[
 def assert_still_usable(call: Call) -> None:
     out = call.run()
     torch.cuda.synchronize()
-    assert_matches_reference(out, call.q, call.k, call.v)
+    assert_matches_reference(out, call.q, call.k, call.v, **call.kwargs)
 
 
 def other_dtype(t: torch.Tensor) -> torch.dtype:
@@ -344,7 +274,11 @@ def other_dtype(t: torch.Tensor) -> torch.dtype:
 
 
 def with_other_d_head(t: torch.Tensor) -> torch.Tensor:
-    return t.new_empty((*t.shape[:3], 192 - t.shape[3]))  # 64 <-> 128
+    return t.new_empty((*t.shape[:3], 128 if t.shape[3] == 64 else 64))
+
+
+def with_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    return t.new_empty((*t.shape[:2], heads, t.shape[3]))
 
 
 def view_of_wider(t: torch.Tensor, width: int, columns: slice) -> torch.Tensor:
@@ -369,6 +303,25 @@ def _replace(**changes: Callable) -> Callable[[Call], Call]:
     )
 
 
+def _keywords(**values) -> Callable[[Call], Call]:
+    """A change that passes keyword arguments: values, or functions of the valid call giving them."""
+
+    def change(call: Call) -> Call:
+        given = {name: value(call) if callable(value) else value for name, value in values.items()}
+        return dataclasses.replace(call, kwargs={**call.kwargs, **given})
+
+    return change
+
+
+def _slopes(shape: Callable[[Call], tuple], dtype=torch.float32, device: str | None = None) -> Callable[[Call], object]:
+    """ALiBi slopes of a shape (a function of the valid call), dtype and device (q's by default)."""
+    return lambda call: torch.full(shape(call), 0.1, dtype=dtype, device=device or call.q.device)
+
+
+def _both_kv(change: Callable) -> Callable[[Call], Call]:
+    return _replace(k=change, v=change)
+
+
 BAD_INPUTS = [
     BadInput("k_not_a_tensor", TypeError, ("k",), _replace(k=lambda k: k.tolist())),
     BadInput("q_on_cpu", ValueError, ("q",), _replace(q=lambda q: q.cpu())),
@@ -386,9 +339,17 @@ BAD_INPUTS = [
     ),
     BadInput("q_rank_3", ValueError, ("q",), _replace(q=lambda q: q.flatten(2))),
     BadInput("o_rank_5", ValueError, ("o",), _replace(o=lambda o: o.unsqueeze(0))),
-    BadInput("k_heads_differ", ValueError, ("k",), _replace(k=lambda k: k[:, :, 1:])),
+    # k and v: (batch, seqlen_k, heads_kv, d_head), q's batch and d_head, heads_kv dividing heads_q; v of k's shape.
+    BadInput("heads_q_not_a_multiple_of_heads_kv", ValueError, ("k",), _both_kv(lambda t: with_heads(t, 4))),
+    BadInput("more_kv_heads_than_q_heads", ValueError, ("k",), _both_kv(lambda t: with_heads(t, 12))),
+    BadInput("k_batch_differs", ValueError, ("k",), _both_kv(lambda t: t[1:])),
+    BadInput("k_d_head_differs", ValueError, ("k",), _both_kv(with_other_d_head)),
+    BadInput("v_heads_differ_from_k", ValueError, ("v",), _replace(v=lambda v: v[:, :, 1:])),
+    BadInput("v_seq_len_differs_from_k", ValueError, ("v",), _replace(v=lambda v: v[:, 1:])),
     BadInput("v_batch_differs", ValueError, ("v",), _replace(v=lambda v: v[1:])),
+    # o: q's shape.
     BadInput("o_seq_len_differs", ValueError, ("o",), _replace(o=lambda o: o[:, : o.shape[1] // 2])),
+    BadInput("o_has_the_shape_of_k", ValueError, ("o",), lambda call: dataclasses.replace(call, o=nan_like(call.k))),
     BadInput(
         "d_head_differs_from_cfg",
         ValueError,
@@ -414,6 +375,68 @@ BAD_INPUTS = [
         _replace(v=lambda v: view_of_wider(v, v.shape[3] + 1, slice(None, v.shape[3]))),
     ),
     BadInput("o_is_q", ValueError, ("o",), lambda call: dataclasses.replace(call, o=call.q)),
+    # window_size: a pair of ints, each -1 (unbounded) or >= 0.
+    BadInput("window_left_below_minus_1", ValueError, ("window_size",), _keywords(window_size=(-2, 0))),
+    BadInput("window_right_below_minus_1", ValueError, ("window_size",), _keywords(window_size=(0, -5))),
+    BadInput("window_left_a_float", TypeError, ("window_size",), _keywords(window_size=(1.5, 0))),
+    BadInput("window_right_a_string", TypeError, ("window_size",), _keywords(window_size=(0, "3"))),
+    BadInput("window_size_not_a_pair", TypeError, ("window_size",), _keywords(window_size=5)),
+    BadInput("window_size_of_three", TypeError, ("window_size",), _keywords(window_size=(1, 2, 3))),
+    # softcap: finite and >= 0.
+    BadInput("softcap_negative", ValueError, ("softcap",), _keywords(softcap=-1.0)),
+    BadInput("softcap_nan", ValueError, ("softcap",), _keywords(softcap=math.nan)),
+    BadInput("softcap_inf", ValueError, ("softcap",), _keywords(softcap=math.inf)),
+    BadInput("softcap_a_string", TypeError, ("softcap",), _keywords(softcap="30")),
+    # softmax_scale: finite and > 0.
+    BadInput("softmax_scale_zero", ValueError, ("softmax_scale",), _keywords(softmax_scale=0.0)),
+    BadInput("softmax_scale_negative", ValueError, ("softmax_scale",), _keywords(softmax_scale=-0.125)),
+    BadInput("softmax_scale_nan", ValueError, ("softmax_scale",), _keywords(softmax_scale=math.nan)),
+    BadInput("softmax_scale_inf", ValueError, ("softmax_scale",), _keywords(softmax_scale=math.inf)),
+    BadInput("softmax_scale_a_string", TypeError, ("softmax_scale",), _keywords(softmax_scale="0.1")),
+    # alibi_slopes: a float32 tensor on q's device, (heads_q,) or (batch, heads_q).
+    BadInput(
+        "alibi_slopes_per_kv_head",
+        ValueError,
+        ("alibi_slopes",),
+        _keywords(alibi_slopes=_slopes(lambda call: (call.k.shape[2],))),
+    ),
+    BadInput(
+        "alibi_slopes_batch_differs",
+        ValueError,
+        ("alibi_slopes",),
+        _keywords(alibi_slopes=_slopes(lambda call: (call.q.shape[0] + 1, call.q.shape[2]))),
+    ),
+    BadInput(
+        "alibi_slopes_rank_3",
+        ValueError,
+        ("alibi_slopes",),
+        _keywords(alibi_slopes=_slopes(lambda call: (1, call.q.shape[0], call.q.shape[2]))),
+    ),
+    BadInput(
+        "alibi_slopes_float16",
+        TypeError,
+        ("alibi_slopes",),
+        _keywords(alibi_slopes=_slopes(lambda call: (call.q.shape[2],), dtype=torch.float16)),
+    ),
+    BadInput(
+        "alibi_slopes_on_cpu",
+        ValueError,
+        ("alibi_slopes",),
+        _keywords(alibi_slopes=_slopes(lambda call: (call.q.shape[2],), device="cpu")),
+    ),
+    BadInput(
+        "alibi_slopes_on_another_gpu",
+        ValueError,
+        ("alibi_slopes",),
+        _keywords(alibi_slopes=_slopes(lambda call: (call.q.shape[2],), device="cuda:1")),
+        gpus=2,
+    ),
+    BadInput(
+        "alibi_slopes_a_list",
+        TypeError,
+        ("alibi_slopes",),
+        _keywords(alibi_slopes=lambda call: [0.1] * call.q.shape[2]),
+    ),
 ]
 
 
@@ -426,16 +449,48 @@ def test_rejects_bad_input(bad, valid_call):
     assert_still_usable(valid_call)
 
 
+NO_KERNEL = "has no kernel for this problem"
+
+
 @gpu
 @each_config
-def test_rejects_seq_len_not_a_multiple_of_the_blocks(cfg, rng):
+def test_lengths_that_are_not_multiples_of_the_blocks(cfg, rng):
+    """Served by the masked-tails variant where it is compiled; rejected, naming the configuration,
+    where it is not."""
     small, large = sorted((cfg.B_r, cfg.B_c))
-    bad_seq_lens = [large + 16]  # a multiple of neither (both are multiples of 32)
+    # (seqlen_q, seqlen_k): a multiple of neither block (both are multiples of 32), q's or k's alone.
+    lengths = [(large + 16, large + 16), (2 * large, large + 16), (large + 16, 2 * large)]
     if small != large:
-        bad_seq_lens.append(3 * small)  # a multiple of the smaller block size only
-    for seq_len in bad_seq_lens:
-        q, k, v = random_qkv(cfg, 2, 3, seq_len, rng)
-        assert_rejected(lambda: flash_attention.forward(cfg, q, k, v), ValueError, ("q", "kernel_cfg"), str(seq_len))
+        lengths.append((3 * small, 3 * small))  # a multiple of the smaller block size only
+    served = ProblemVariant(MaskKind.NONE, masked_tails=True) in flash_attention.compiled_variants(cfg)
+    for seqlen_q, seqlen_k in lengths:
+        inputs = Problem(seqlen_q, seqlen_k, VALID_HEADS_Q, VALID_HEADS_KV).make(cfg, rng)
+        if served:
+            out = inputs.forward(cfg, nan_like(inputs.q))
+            assert not out.isnan().any(), "some output elements were not written"
+            assert_matches_reference(out, inputs.q, inputs.k, inputs.v)
+        else:
+            assert_rejected(lambda: inputs.forward(cfg), ValueError, ("kernel_cfg",), NO_KERNEL)
+    assert_still_usable(make_call(cfg, rng))
+
+
+def kernels_not_compiled() -> list:
+    """(configuration, variant) pairs under test without a compiled kernel (tuning builds have them)."""
+    missing = [
+        pytest.param(cfg, variant, id=f"{cfg.short_form()}-{helpers.variant_id(variant)}")
+        for cfg in CONFIGS
+        for variant in ALL_VARIANTS
+        if variant not in flash_attention.compiled_variants(cfg)
+    ]
+    reason = "every configuration under test has every problem variant (a FLASH_BUILD_KERNELS=tune build has not)"
+    return missing or [pytest.param(None, None, marks=pytest.mark.skip(reason=reason))]
+
+
+@gpu
+@pytest.mark.parametrize("cfg, variant", kernels_not_compiled())
+def test_rejects_a_problem_without_a_compiled_kernel(cfg, variant, rng):
+    inputs = helpers.problem_for_variant(cfg, variant).make(cfg, rng)
+    assert_rejected(lambda: inputs.forward(cfg), ValueError, ("kernel_cfg",), NO_KERNEL)
     assert_still_usable(make_call(cfg, rng))
 
 
@@ -490,11 +545,12 @@ def plain_config(cfg: FlashForwardKernelConfig) -> types.SimpleNamespace:
 @gpu
 def test_binding_accepts_a_plain_config_object(valid_call):
     call = valid_call
-    out, runtime_ms = _C.forward(plain_config(call.cfg), call.q, call.k, call.v)
-    assert runtime_ms is None
+    out, lse, runtime_ms = _C.forward(plain_config(call.cfg), call.q, call.k, call.v)
+    assert lse is None and runtime_ms is None
     assert torch.equal(out, flash_attention.forward(call.cfg, call.q, call.k, call.v))
-    _, runtime_ms = _C.forward(plain_config(call.cfg), call.q, call.k, call.v, benchmark=True)
+    _, lse, runtime_ms = _C.forward(plain_config(call.cfg), call.q, call.k, call.v, benchmark=True, return_lse=True)
     assert isinstance(runtime_ms, float) and runtime_ms > 0
+    assert lse.shape == (call.q.shape[0], call.q.shape[2], call.q.shape[1]) and lse.dtype == torch.float32
 
 
 @gpu
@@ -544,13 +600,23 @@ def test_rejects_gpus_older_than_sm80(valid_call):
 # Tests that need the built module but no GPU
 
 
-def test_compiled_configs_are_the_build_set_in_python_order():
-    assert {family for family, _ in _C.compiled_configs()} <= {"sm80"}
-    from_cpp = [FlashForwardKernelConfig(*fields) for _, fields in _C.compiled_configs()]
-    # The C++ map iterates in operator< order: it must be the dataclass order, without repeats.
+def test_compiled_kernels_are_the_build_set_in_python_order():
+    kernels = _C.compiled_kernels()
+    assert {family for family, _, _ in kernels} <= {"sm80"}
+    from_cpp = [
+        (FlashForwardKernelConfig(*fields), ProblemVariant(MaskKind(mask), masked_tails, score_mods))
+        for _, fields, (mask, masked_tails, score_mods) in kernels
+    ]
+    # The C++ map iterates in operator< order (configuration, then variant): it must be the
+    # dataclasses' order, without repeats.
     assert from_cpp == sorted(set(from_cpp))
-    assert from_cpp == sorted(get_kernels_to_build(flash_attention.compiled_kernel_set()))
-    assert flash_attention.compiled_configs() == from_cpp
+    built = get_kernels_to_build(flash_attention.compiled_kernel_set())
+    assert from_cpp == sorted((cfg, variant) for cfg in built for variant in variants_to_build(cfg))
+    assert flash_attention.compiled_kernels() == from_cpp
+    assert flash_attention.compiled_configs() == sorted(built)
+    for cfg in flash_attention.compiled_configs():
+        assert flash_attention.compiled_variants(cfg) == [variant for c, variant in from_cpp if c == cfg]
+        assert flash_attention.compiled_variants(cfg.short_form()) == flash_attention.compiled_variants(cfg)
 
 
 @pytest.mark.parametrize("hide_gpus", [False, True], ids=["gpus_visible", "gpus_hidden"])
@@ -575,3 +641,10 @@ def test_cpu_tensors_are_rejected(seed):
         for _ in range(3)
     )
     assert_rejected(lambda: flash_attention.forward(cfg, q, k, v), ValueError, ("q",))
+
+
+@pytest.mark.parametrize("window_size", [5, (1, 2, 3), None], ids=["int", "triple", "none"])
+def test_window_size_that_is_not_a_pair_is_rejected(window_size):
+    cfg = flash_attention.compiled_configs()[0]
+    q = torch.randn((1, smallest_seq_len(cfg), 1, cfg.d_head)).to(cfg.dtype.to_torch_dtype())
+    assert_rejected(lambda: flash_attention.forward(cfg, q, q, q, window_size=window_size), TypeError, ("window_size",))
