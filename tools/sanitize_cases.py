@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Runs every compiled kernel (configuration and problem variant) once, on a small problem that
+needs exactly that kernel, and checks each result against the float32 reference: what
+tools/sanitize.sh runs under compute-sanitizer.
+
+The problems are the tests' (tests/helpers.py, problem_for_variant): lengths that end in partial
+blocks for the masked-tails variants, causal and local masks with more queries than keys (whole
+query blocks and parts of blocks attend no key), softcap with per-(batch, head) ALiBi slopes for
+the score-modifying variants, and grouped heads (2 query heads per key/value head), with lse.
+
+    python3 tools/sanitize_cases.py [--kernels SELECTION] [--no-check] [--list]
+
+Exit status 1 if a call fails or a result differs from the reference. Needs a CUDA GPU (--list
+does not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "py"), str(ROOT / "tests")]
+
+import torch  # noqa: E402
+
+import flash_attention  # noqa: E402
+import helpers  # noqa: E402
+from flash_helpers.kernel_sets import KERNELS_ENV, get_kernel_configs  # noqa: E402
+
+# Small grids, so the slowest tool (racecheck) stays quick: batch 2 (the ALiBi batch stride
+# matters), 2 query heads sharing 1 key/value head.
+BATCH = 2
+HEADS = (2, 1)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--kernels",
+        help=f"configurations to run, as for the tests: short forms separated by ';', or a set name "
+        f"(default: {KERNELS_ENV} if set, else every compiled one); intersected with the compiled ones",
+    )
+    parser.add_argument("--no-check", dest="check", action="store_false", help="skip the comparison with the reference")
+    parser.add_argument("--list", action="store_true", help="print the kernels and their problems, run nothing")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    return parser.parse_args(argv)
+
+
+def selected_kernels(selection: str | None) -> list[tuple]:
+    if selection:
+        wanted = set(get_kernel_configs(selection))
+        configs = [cfg for cfg in flash_attention.compiled_configs() if cfg in wanted]
+    else:
+        configs = helpers.configs_under_test()
+    chosen = set(configs)
+    return [(cfg, variant) for cfg, variant in flash_attention.compiled_kernels() if cfg in chosen]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    kernels = selected_kernels(args.kernels)
+    if not kernels:
+        print("no compiled kernel is selected", file=sys.stderr)
+        return 1
+    problems = [(cfg, variant, helpers.problem_for_variant(cfg, variant, BATCH, HEADS)) for cfg, variant in kernels]
+    if args.list:
+        for cfg, variant, problem in problems:
+            print(f"{cfg.short_form()} [{variant.describe()}]: {problem.describe()}")
+        return 0
+    if not torch.cuda.is_available():
+        print("no CUDA GPU visible: the kernels need one", file=sys.stderr)
+        return 1
+
+    rng = torch.Generator(device="cuda").manual_seed(args.seed)
+    failures = 0
+    for cfg, variant, problem in problems:
+        label = f"{cfg.short_form()} [{variant.describe()}] {problem.describe()}"
+        inputs = problem.make(cfg, rng)
+        try:
+            out, lse = inputs.forward(cfg, return_lse=True)
+            torch.cuda.synchronize()
+        except Exception as error:  # a launch failure (or a context a sanitizer tore down): report, go on
+            print(f"{label}: FAILED: {type(error).__name__}: {error}", flush=True)
+            failures += 1
+            continue
+        status = "ran"
+        if args.check:
+            reference = inputs.reference()
+            output, log_sum_exp = reference.compare(out), reference.compare_lse(lse)
+            if output.passed and log_sum_exp.passed:
+                status = "ok"
+            else:
+                status = f"MISMATCH: {output.describe()}; {log_sum_exp.describe()}"
+                failures += 1
+        print(f"{label}: {status}", flush=True)
+    print(f"{len(problems)} kernels run, {failures} failed", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
