@@ -236,7 +236,8 @@ std::pair<MaskKind, bool> describe_problem(const ProblemArguments &args, const a
         throw py::value_error("softcap: must be >= 0 (0 turns it off), got " + std::to_string(softcap));
 
     const int left = window_side(args.window_left, "left");
-    const int right = args.causal ? 0 : window_side(args.window_right, "right");
+    const int given_right = window_side(args.window_right, "right"); // checked even where causal overrides it
+    const int right = args.causal ? 0 : given_right;
     // Left bounds nothing when even the last query's window reaches key 0; right, when even the
     // first query's reaches the last key.
     const bool left_bounded = left >= 0 && left < params.seqlen_k - 1;
@@ -331,7 +332,8 @@ py::tuple forward_with(const typename Family::Config &cfg, py::handle q_obj, py:
     }
     const py::object lse_result = problem.return_lse ? py::cast(lse) : py::object(py::none());
 
-    const ProblemVariant variant{mask, Family::needs_masked_tails(cfg, params), score_mods};
+    // Score modifications come only with masked tails (that kernel serves whole blocks too).
+    const ProblemVariant variant{mask, score_mods || Family::needs_masked_tails(cfg, params), score_mods};
     const ForwardLauncher &launcher = lookup<Family>(cfg, variant);
     check_device<Family>(q, launcher);
     if (params.batch == 0 || params.seqlen_q == 0 || params.heads_q == 0)

@@ -25,8 +25,9 @@ namespace flash::sm80 {
 // outputs' rescaling multiplications and their place on the path to the P V product are gone.
 //
 // rows_may_be_empty: under a mask, a row may have seen only masked (-infinity) scores so far, or
-// may attend no key at all. Its maximum is then -infinity, which the exponents use as 0 (so the
-// masked scores give 0, not NaN), and an empty row's output is 0 and its log-sum-exp +infinity.
+// may attend no key at all. Its maximum is then -infinity, which the exponents and the rescaling
+// use as 0 (so the masked scores give 0, and a rescale the warp does for another row gives 0, not
+// NaN), and an empty row's output is 0 and its log-sum-exp +infinity.
 template <int M_tiles_, bool optimized, bool rows_may_be_empty>
 struct OnlineSoftmax {
     static constexpr int M_tiles = M_tiles_;
@@ -82,7 +83,7 @@ struct OnlineSoftmax {
 #pragma unroll
                         for (int h = 0; h < 2; ++h) {
                             const float new_max = fmaxf(row_max[m][h], tile_max[m][h]);
-                            const float rescale = ptx::exp2((row_max[m][h] - new_max) * scale_log2);
+                            const float rescale = ptx::exp2((row_max[m][h] - exponent_max(new_max)) * scale_log2);
                             row_max[m][h] = new_max;
                             row_sum[m][h] *= rescale;
                             rescale_row(o.r[m], h, rescale);
