@@ -1,7 +1,8 @@
 """Tests of the benchmark and analysis tools that need no GPU, ncu or cuobjdump: every command line
 answers --help, the parsers read realistic ncu and cuobjdump output, the autotuning summary ranks
-correctly, configuration selection explains what is not compiled, and the tools that time kernels
-refuse clearly where no GPU is visible."""
+correctly, configuration selection explains what is not compiled, the FLOP counts follow DESIGN.md,
+the tools that time kernels refuse clearly where no GPU is visible, and, with a stand-in for the
+extension on the CPU, they pass each problem (mask, lengths, GQA) to our kernels and SDPA alike."""
 
 import csv
 import dataclasses
@@ -10,6 +11,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -23,15 +25,28 @@ import bench_common as common  # noqa: E402
 import ncu_bench  # noqa: E402
 import progression  # noqa: E402
 import pt_bench  # noqa: E402
+import run_kernels  # noqa: E402
 import sass_counts  # noqa: E402
+import sass_diff  # noqa: E402
 from flash_helpers.dtypes import DType  # noqa: E402
-from flash_helpers.problem import attention_flop, total_flop  # noqa: E402
+from flash_helpers.kernel_names import parse_kernel_name_into_config  # noqa: E402
 from flash_helpers.kernel_sets import (  # noqa: E402
     BUILD_KERNELS_ENV,
+    DEFAULT_BUILD_KERNELS,
     KERNELS_ENV,
     get_all_kernel_configs,
     get_autotuning_kernel_configs,
 )
+from flash_helpers.problem import (  # noqa: E402
+    ALL_VARIANTS,
+    BENCHMARK_VARIANTS,
+    MaskKind,
+    ProblemVariant,
+    attention_flop,
+    total_flop,
+)
+from flash_helpers.reference import ReferenceComparison  # noqa: E402
+from flash_helpers.sm80_config import D_HEADS  # noqa: E402
 
 PYTHON_TOOLS = [
     BENCHMARK_DIR / "pt_bench.py",
@@ -49,14 +64,16 @@ TUNE = get_autotuning_kernel_configs()
 CFG_A = next(cfg for cfg in TUNE if cfg.d_head == 128)
 CFG_B = next(cfg for cfg in TUNE if cfg.d_head == 128 and (cfg.B_r, cfg.B_c) != (CFG_A.B_r, CFG_A.B_c))
 NOT_TUNED = next(cfg for cfg in get_all_kernel_configs() if cfg not in set(TUNE))
+CAUSAL = ProblemVariant(MaskKind.CAUSAL)
+CAUSAL_TAILS = ProblemVariant(MaskKind.CAUSAL, masked_tails=True)
 
 
 # nvcc's device symbols hold all 13 fields of the configuration, trailing zeros too, then the
-# problem variant's mask kind and masked tails (checked against nvcc 13 on an object file); ncu
-# prints them demangled.
+# problem variant's mask kind, masked tails and score mods (checked against nvcc 13 on an object
+# file); ncu prints them demangled.
 
 
-def nvcc_demangled_name(cfg) -> str:
+def nvcc_demangled_name(cfg, variant=ProblemVariant()) -> str:
     """The kernel's name as ncu prints it (the demangled device symbol)."""
 
     def literal(value) -> str:
@@ -65,13 +82,15 @@ def nvcc_demangled_name(cfg) -> str:
         return str(value).lower()  # true / false, or the number
 
     items = ", ".join(literal(value) for value in dataclasses.astuple(cfg))
+    flags = ", ".join(literal(flag) for flag in (variant.masked_tails, variant.score_mods))
     return (
         "void flash::sm80::flash_forward_kernel<flash::sm80::StaticForwardKernelConfig<"
-        f"flash::sm80::FlashForwardKernelConfig{{{items}}}>, (flash::MaskKind)0, false>(flash::ForwardParams)"
+        f"flash::sm80::FlashForwardKernelConfig{{{items}}}>, (flash::MaskKind){int(variant.mask)}, {flags}>"
+        "(flash::ForwardParams)"
     )
 
 
-def nvcc_device_symbol(cfg) -> str:
+def nvcc_device_symbol(cfg, variant=ProblemVariant()) -> str:
     """The kernel's device symbol as cuobjdump prints it."""
 
     def literal(value) -> str:
@@ -80,9 +99,10 @@ def nvcc_device_symbol(cfg) -> str:
         return f"Lb{int(value)}E" if isinstance(value, bool) else f"Li{value}E"
 
     items = "".join(literal(value) for value in dataclasses.astuple(cfg))
+    flags = "".join(literal(flag) for flag in (variant.masked_tails, variant.score_mods))
     return (
         "_ZN5flash4sm8020flash_forward_kernelINS0_25StaticForwardKernelConfigIXtlNS0_24FlashForwardKernelConfigE"
-        f"{items}EEEELNS_8MaskKindE0ELb0EEEvNS_13ForwardParamsE"
+        f"{items}EEEELNS_8MaskKindE{int(variant.mask)}E{flags}EEvNS_13ForwardParamsE"
     )
 
 
@@ -108,6 +128,25 @@ def test_autotune_script_help():
     )
     assert result.returncode == 0, result.stderr
     assert "SEQ_LEN" in result.stdout and "usage: autotune.py" in result.stdout
+    assert "--causal" in result.stdout
+
+
+def test_autotune_script_passes_lengths_and_options_on(tmp_path):
+    """The script turns its leading numbers into --seq-lens and hands the rest (--causal, ...) to
+    autotune.py with KERNELS=tune, here to a stand-in Python that records what it got."""
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nprintf "%s\\n" "KERNELS=$KERNELS" "$@" > {tmp_path / "argv.txt"}\n')
+    python.chmod(0o755)
+    result = run_tool(
+        "bash", BENCHMARK_DIR / "benchmark_autotune.sh", "1024", "4096", "--causal", "on", "--d-heads", "256",
+        env_changes={"PYTHON": str(python), "KERNELS": ""},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    argv = (tmp_path / "argv.txt").read_text().splitlines()
+    assert argv == [
+        "KERNELS=tune", "tools/benchmark/autotune.py", "--seq-lens", "1024", "4096",
+        "--causal", "on", "--d-heads", "256",
+    ]  # fmt: skip
 
 
 # CUDA_VISIBLE_DEVICES="" hides every GPU, so these run the same on a GPU machine.
@@ -140,13 +179,81 @@ def test_ncu_bench_without_ncu():
 
 def test_benchmark_shapes():
     assert common.BATCH_BY_SEQ_LEN == {512: 16, 1024: 16, 2048: 16, 4096: 16, 8192: 8, 16384: 4}
-    assert common.HEADS_BY_D_HEAD == {64: 32, 128: 16}
+    assert [common.batch_for_seq_len(seq_len) for seq_len in (1000, 4000, 8000, 100000)] == [16, 16, 8, 1]
+    # heads * d_head is 2048, or the nearest below it where d_head does not divide 2048.
+    assert common.HEADS_BY_D_HEAD == {32: 64, 64: 32, 96: 21, 128: 16, 192: 10, 256: 8}
+    assert set(D_HEADS) == {32, 64, 96, 128, 192, 256}
 
 
-def test_flop_counts_are_the_problem_counts():
+def test_benchmark_problems():
+    assert common.benchmark_problem(8000, 128) == common.Problem(8, 8000, 8000, 16, 16, 128, False)
+    gqa = common.benchmark_problem(4096, 64, causal=True, gqa_ratio=4)
+    assert gqa == common.Problem(16, 4096, 4096, 32, 8, 64, True)
+    assert gqa.describe() == "batch 16, seq 4096, 32 heads (8 k/v heads), d_head 64, causal"
+    with pytest.raises(ValueError, match="does not divide the 21 heads of d_head 96"):
+        common.benchmark_problem(4096, 96, gqa_ratio=2)
+
+
+def test_flop_counts_without_a_mask_are_the_problem_counts():
     assert common.flop_counts(128, 4, 16, 2048) == (attention_flop(4, 16, 2048, 128), total_flop(4, 16, 2048, 128))
+    assert common.Problem(4, 2048, 2048, 16, 4, 128).flop_counts() == common.flop_counts(128, 4, 16, 2048)
     assert common.tflops(2e12, 1000.0) == pytest.approx(2.0)
     assert math.isnan(common.tflops(1e12, math.nan))
+
+
+def _attended_pairs(seqlen_q: int, seqlen_k: int) -> int:
+    """The pairs the bottom-right-aligned causal mask keeps, counted one by one."""
+    return sum(1 for i in range(seqlen_q) for j in range(seqlen_k) if j <= i + seqlen_k - seqlen_q)
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(5, 9), (9, 5), (1, 7), (7, 1), (64, 1000), (1000, 64)])
+def test_causal_flops_count_the_unmasked_pairs_for_other_lengths(seqlen_q, seqlen_k):
+    assert common.score_pairs(seqlen_q, seqlen_k, causal=True) == _attended_pairs(seqlen_q, seqlen_k)
+    problem = common.Problem(2, seqlen_q, seqlen_k, 8, 2, 64, causal=True)
+    assert f"seq {seqlen_q} x {seqlen_k}, 8 heads (2 k/v heads)" in problem.describe()
+    assert common.flop_rule(problem) == "4 * batch * heads_q * d_head per unmasked (query, key) pair (causal)"
+    pairs = 2 * 8 * _attended_pairs(seqlen_q, seqlen_k)
+    assert problem.flop_counts() == (4 * 64 * pairs, 4 * 64 * pairs + 5 * pairs + 2 * 8 * seqlen_q * 64)
+
+
+@pytest.mark.parametrize("seq_len", [7, 4096])
+def test_causal_flops_for_equal_lengths_are_half_as_flash_attention_counts(seq_len):
+    assert common.score_pairs(seq_len, seq_len, causal=True) == seq_len**2 / 2  # not n (n + 1) / 2
+    attn, total = common.flop_counts(128, 4, 16, seq_len, causal=True)
+    assert attn == attention_flop(4, 16, seq_len, 128) / 2
+    assert total == (total_flop(4, 16, seq_len, 128) - 4 * 16 * seq_len * 128) / 2 + 4 * 16 * seq_len * 128
+    unmasked = "4 * batch * heads_q * seqlen_q * seqlen_k * d_head"
+    assert common.flop_rule(common.benchmark_problem(seq_len, 128, causal=True)).startswith(f"half of {unmasked}")
+    assert common.flop_rule(common.benchmark_problem(seq_len, 128)) == unmasked
+
+
+class TestFits:
+    """A configuration fits a problem if it has the problem's dtype and d_head and the kernel variant
+    the problem needs is compiled: tuning builds have the aligned unmasked and causal variants,
+    default builds every variant."""
+
+    tuned = next(cfg for cfg in TUNE if cfg.dtype == DType.FP16 and cfg.d_head == 128 and cfg.B_r == 128)
+    variants = {tuned: frozenset(BENCHMARK_VARIANTS), NOT_TUNED: frozenset(ALL_VARIANTS)}
+
+    def test_aligned_lengths_fit_with_either_mask(self):
+        for causal in (False, True):
+            problem = common.benchmark_problem(4096, 128, causal)
+            assert common.needed_variant(self.tuned, problem) == ProblemVariant(
+                MaskKind.CAUSAL if causal else MaskKind.NONE
+            )
+            assert common.fits(self.tuned, DType.FP16, problem, self.variants)
+            assert not common.fits(self.tuned, DType.BF16, problem, self.variants)
+            assert not common.fits(self.tuned, DType.FP16, common.benchmark_problem(4096, 64, causal), self.variants)
+
+    @pytest.mark.parametrize("seq_len", [1000, 4096 + 64])
+    def test_other_lengths_need_the_masked_tails_variant(self, seq_len):
+        problem = common.benchmark_problem(seq_len, 128, causal=True)  # 4160 is no multiple of B_r = 128
+        assert common.needed_variant(self.tuned, problem) == CAUSAL_TAILS
+        assert not common.fits(self.tuned, DType.FP16, problem, self.variants)
+        assert common.fits(self.tuned, DType.FP16, problem, {self.tuned: frozenset(ALL_VARIANTS)})
+
+    def test_a_configuration_not_compiled_fits_nothing(self):
+        assert not common.fits(CFG_B, CFG_B.dtype, common.benchmark_problem(4096, 128), self.variants)
 
 
 def test_harmonic_mean():
@@ -214,49 +321,194 @@ class TestConfigSelection:
 
 
 def test_timing_csv_round_trip(tmp_path):
+    causal_gqa = common.benchmark_problem(1000, 128, causal=True, gqa_ratio=4)
     rows = [
-        common.timing_row("fp16", 128, 1024, 16, 16, "ours", CFG_A.short_form(), 0.5),
-        common.timing_row("fp16", 128, 1024, 16, 16, "sdpa_flash", "", math.nan),
+        common.timing_row("fp16", causal_gqa, "ours", CFG_A.short_form(), 0.5),
+        common.timing_row("fp16", causal_gqa, "sdpa_efficient", common.GQA_REPEATED, 1.0),
+        common.timing_row("fp16", common.benchmark_problem(1024, 128), "sdpa_flash", "", math.nan),
     ]
+    assert rows[0].tflops == pytest.approx(4 * 16 * 16 * 1000**2 * 128 / 2 / 0.5e-3 / 1e12)
     common.write_csv(tmp_path / "sub" / "t.csv", rows, common.TIMING_FIELDS)
+    with open(tmp_path / "sub" / "t.csv", newline="") as file:
+        assert next(csv.reader(file)) == [
+            "dtype", "d_head", "causal", "seq_len", "seqlen_k", "batch", "heads", "heads_kv",
+            "implementation", "config", "time_ms", "tflops",
+        ]  # fmt: skip
     read = common.read_timing_csv(tmp_path / "sub" / "t.csv")
-    assert read[0] == rows[0]
-    assert read[1].implementation == "sdpa_flash" and math.isnan(read[1].time_ms)
+    assert read[:2] == rows[:2] and read[0].problem == causal_gqa
+    assert read[2].implementation == "sdpa_flash" and not read[2].causal and math.isnan(read[2].time_ms)
+
+
+def test_timing_csv_from_before_masks_and_gqa(tmp_path):
+    """Files written before the causal, seqlen_k and heads_kv columns are of unmasked self-attention
+    without GQA."""
+    (tmp_path / "old.csv").write_text(
+        "dtype,d_head,seq_len,batch,heads,implementation,config,time_ms,tflops\n"
+        f'fp16,128,1024,16,16,ours,"{CFG_A.short_form()}",0.5,549.8\n'
+    )
+    (row,) = common.read_timing_csv(tmp_path / "old.csv")
+    assert row.problem == common.benchmark_problem(1024, 128)
+    assert (row.config, row.time_ms, row.tflops) == (CFG_A.short_form(), 0.5, 549.8)
+
+
+# ----------------------------------------------------------------------------------------------
+# SDPA references (on the CPU, where only the FLASH backend of the three runs)
+
+
+def _attention(q, k, v, causal: bool):
+    """Attention in float32 in our (batch, seq, heads, d_head) layout: k and v heads repeated for
+    GQA, the causal mask aligned bottom-right."""
+    import torch
+
+    group = q.shape[2] // k.shape[2]
+    q, k, v = (t.float().transpose(1, 2) for t in (q, k, v))
+    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    if causal:
+        seqlen_q, seqlen_k = scores.shape[-2:]
+        keep = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool).tril(diagonal=seqlen_k - seqlen_q)
+        scores = scores.masked_fill(~keep, -math.inf)
+    return (scores.softmax(dim=-1) @ v).transpose(1, 2)
+
+
+def _cpu_inputs(problem, dtype=DType.FP16, monkeypatch=None):
+    monkeypatch.setattr(common, "DEVICE", "cpu")
+    return common.make_inputs(problem, dtype, seed=0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_call_groups_query_heads_and_masks_like_ours(causal, monkeypatch):
+    pytest.importorskip("torch")
+    q, k, v = _cpu_inputs(common.Problem(2, 64, 64, 8, 2, 32, causal), monkeypatch=monkeypatch)
+    assert (q.shape, k.shape, v.shape) == ((2, 64, 8, 32), (2, 64, 2, 32), (2, 64, 2, 32))
+    call = common.sdpa_call("flash", q, k, v, causal)
+    assert call.gqa == common.GQA_NATIVE
+    assert (call.output.float() - _attention(q, k, v, causal)).abs().max().item() < 1e-2
+    assert (call.output.float() - _attention(q, k, v, not causal)).abs().max().item() > 1e-1
+    assert common.sdpa_call("flash", q, k.repeat(1, 1, 4, 1), v.repeat(1, 1, 4, 1)).gqa == ""
+
+
+def test_sdpa_call_repeats_kv_heads_for_a_backend_that_rejects_enable_gqa(monkeypatch):
+    torch = pytest.importorskip("torch")
+    q, k, v = _cpu_inputs(common.Problem(2, 64, 64, 8, 2, 32, True), monkeypatch=monkeypatch)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def without_gqa(*args, **kwargs):
+        if kwargs.pop("enable_gqa", False):
+            raise RuntimeError("No available kernel. Aborting execution.")
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", without_gqa)
+    call = common.sdpa_call("flash", q, k, v, causal=True)
+    assert call.gqa == common.GQA_REPEATED
+    assert (call.output.float() - _attention(q, k, v, causal=True)).abs().max().item() < 1e-2
+
+
+@pytest.mark.parametrize("reference", ["cudnn", "efficient"])
+def test_sdpa_call_of_a_backend_that_cannot_run_raises(reference, monkeypatch):
+    pytest.importorskip("torch")
+    q, k, v = _cpu_inputs(common.Problem(1, 64, 64, 4, 1, 32), monkeypatch=monkeypatch)  # no CPU kernel
+    with pytest.raises(RuntimeError):
+        common.sdpa_call(reference, q, k, v)
+
+
+def test_sdpa_causal_only_for_equal_lengths(monkeypatch):
+    pytest.importorskip("torch")
+    q, k, v = _cpu_inputs(common.Problem(1, 32, 64, 4, 4, 32, True), monkeypatch=monkeypatch)
+    with pytest.raises(ValueError, match="seqlen_q = seqlen_k"):
+        common.sdpa_runner(q, k, v, causal=True)
 
 
 # ----------------------------------------------------------------------------------------------
 # pt_bench tables and plot
 
 
-def _pt_bench_rows():
-    row = common.timing_row
+def _pt_bench_rows(causal=False, gqa_ratio=1, efficient_gqa=""):
+    def row(seq_len, implementation, config, time_ms):
+        problem = common.benchmark_problem(seq_len, 128, causal, gqa_ratio)
+        return common.timing_row("fp16", problem, implementation, config, time_ms)
+
     return [
-        row("fp16", 128, 1024, 16, 16, "ours", CFG_A.short_form(), 1.0),
-        row("fp16", 128, 1024, 16, 16, "ours", CFG_B.short_form(), 2.0),
-        row("fp16", 128, 1024, 16, 16, "sdpa_flash", "", 0.5),
-        row("fp16", 128, 1024, 16, 16, "sdpa_cudnn", "", 0.25),
-        row("fp16", 128, 1024, 16, 16, "sdpa_efficient", "", math.nan),
-        row("fp16", 128, 2048, 16, 16, "ours", CFG_B.short_form(), 2.0),
-        row("fp16", 128, 2048, 16, 16, "sdpa_flash", "", 1.0),
-        row("fp16", 128, 2048, 16, 16, "sdpa_cudnn", "", 1.0),
-        row("fp16", 128, 2048, 16, 16, "sdpa_efficient", "", 4.0),
+        row(1024, "ours", CFG_A.short_form(), 1.0),
+        row(1024, "ours", CFG_B.short_form(), 2.0),
+        row(1024, "sdpa_flash", "", 0.5),
+        row(1024, "sdpa_cudnn", "", 0.25),
+        row(1024, "sdpa_efficient", "", math.nan),
+        row(2048, "ours", CFG_B.short_form(), 2.0),
+        row(2048, "sdpa_flash", "", 1.0),
+        row(2048, "sdpa_cudnn", "", 1.0),
+        row(2048, "sdpa_efficient", efficient_gqa, 4.0),
     ]
 
 
-def test_pt_bench_table_shows_the_best_configuration_and_the_ratio_to_flash():
-    text = pt_bench.format_group_table("fp16", 128, _pt_bench_rows())
-    lines = text.splitlines()
-    assert lines[1].split() == ["seq", "batch", "best", "config", "ours", "FLASH", "CUDNN", "EFFICIENT", "ours/FLASH"]
-    assert CFG_A.short_form() in lines[3] and lines[3].endswith("0.500")  # 1.0 ms against FLASH's 0.5 ms
-    assert CFG_B.short_form() in lines[4] and lines[4].endswith("0.500")
-    assert lines[3].split()[-2] == "-"  # EFFICIENT could not run at 1024
-    assert lines[-1] == "harmonic mean of ours/FLASH over 2 sequence lengths: 0.500"
+def test_pt_bench_table_shows_the_best_configuration_and_the_ratios_to_flash_and_cudnn():
+    lines = pt_bench.format_group_table(_pt_bench_rows()).splitlines()
+    assert lines[0] == "fp16, d_head 128, 16 heads, no mask (TFLOP/s)"
+    assert lines[1] == "FLOPs: 4 * batch * heads_q * seqlen_q * seqlen_k * d_head"
+    assert lines[2].split() == [
+        "seq", "batch", "best", "config", "ours", "FLASH", "CUDNN", "EFFICIENT", "ours/FLASH", "ours/CUDNN"
+    ]  # fmt: skip
+    # 1.0 ms against FLASH's 0.5 ms and CUDNN's 0.25 ms; EFFICIENT could not run at 1024.
+    assert CFG_A.short_form() in lines[4] and lines[4].split()[-3:] == ["-", "0.500", "0.250"]
+    assert CFG_B.short_form() in lines[5] and lines[5].split()[-2:] == ["0.500", "0.500"]
+    assert lines[6:] == [
+        "harmonic mean of ours/FLASH over 2 sequence lengths: 0.500",
+        "harmonic mean of ours/CUDNN over 2 sequence lengths: 0.333",
+    ]
+
+
+def test_pt_bench_table_of_causal_gqa_says_how_flops_and_heads_were_counted():
+    rows = _pt_bench_rows(causal=True, gqa_ratio=4, efficient_gqa=common.GQA_REPEATED)
+    lines = pt_bench.format_group_table(rows).splitlines()
+    assert lines[0] == "fp16, d_head 128, 16 heads, 4 k/v heads, causal (TFLOP/s)"
+    assert lines[1].startswith("FLOPs: half of 4 * batch * heads_q * seqlen_q * seqlen_k * d_head (causal)")
+    # Half the FLOPs in the same time: half the TFLOP/s; the ratios are the same.
+    assert rows[0].tflops == pytest.approx(_pt_bench_rows()[0].tflops / 2)
+    assert lines[4].split()[-2:] == ["0.500", "0.250"]
+    assert lines[-1] == "SDPA EFFICIENT rejects enable_gqa: it was given k and v with each head repeated"
 
 
 def test_pt_bench_plot(tmp_path):
     pytest.importorskip("matplotlib")
-    pt_bench.plot(str(tmp_path / "plot.png"), _pt_bench_rows())
+    pt_bench.plot(str(tmp_path / "plot.png"), _pt_bench_rows() + _pt_bench_rows(causal=True))
     assert (tmp_path / "plot.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_pt_bench_arguments_make_one_group_per_dtype_d_head_and_mask():
+    args = pt_bench.parse_args(
+        ["--seq-lens", "1000", "4000", "8000", "--d-heads", "64", "256", "--dtypes", "bf16", "--causal", "both",
+         "--gqa-ratio", "4"]
+    )  # fmt: skip
+    groups = pt_bench.groups(args)
+    assert [(g.dtype_name, g.d_head, g.causal) for g in groups] == [
+        ("bf16", 64, False), ("bf16", 64, True), ("bf16", 256, False), ("bf16", 256, True)
+    ]  # fmt: skip
+    batches = {1000: 16, 4000: 16, 8000: 8}
+    assert groups[1].problems == [common.Problem(batches[s], s, s, 32, 8, 64, True) for s in batches]
+    assert groups[2].problems[0] == common.Problem(16, 1000, 1000, 8, 2, 256, False)
+
+
+@pytest.mark.parametrize(
+    "flags, masks",
+    [([], (False,)), (["--causal"], (True,)), (["--causal", "off"], (False,)), (["--causal", "both"], (False, True))],
+)
+def test_pt_bench_causal_flag(flags, masks):
+    args = pt_bench.parse_args([*flags, "--d-heads", "128"])
+    assert tuple(group.causal for group in pt_bench.groups(args) if group.dtype_name == "fp16") == masks
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--gqa-ratio", "2", "--d-heads", "64", "96"], "does not divide the 21 heads of d_head 96"),
+        (["--seq-lens", "1000", "0"], "must be a positive integer, got 0"),
+        (["--gqa-ratio", "0"], "must be a positive integer, got 0"),
+    ],
+)
+def test_pt_bench_rejects_shapes_it_cannot_make(flags, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        pt_bench.parse_args(flags)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------------------------
@@ -321,15 +573,23 @@ def test_ncu_raw_page_averages_and_names():
     assert ours.metrics[ncu_bench.L2_HIT_RATE] == pytest.approx(82.0)
     assert flash.kernel.kind == "reference" and flash.metrics[ncu_bench.TENSOR_PIPE] == pytest.approx(81.0)
 
-    row = ncu_bench.profile_row(ours, "fp16", 128, 4096, 16, 16)
+    problem = common.benchmark_problem(4096, 128)
+    row = ncu_bench.profile_row(ours, "fp16", problem)
     assert row.duration_us == pytest.approx(1400.0)
     assert row.registers == 255 and row.smem_bytes == 49152
     assert row.occupancy_pct == pytest.approx(12.25) and row.dram_pct == pytest.approx(11.0)
     assert row.tflops == pytest.approx(total_flop(16, 16, 4096, 128) / 1.4e-3 / 1e12)
     assert row.attn_tflops == pytest.approx(attention_flop(16, 16, 4096, 128) / 1.4e-3 / 1e12)
-    assert "SDPA FLASH (FA2)" in ncu_bench.format_profile_table(
-        [row, ncu_bench.profile_row(flash, "fp16", 128, 4096, 16, 16)]
-    )
+    assert "SDPA FLASH (FA2)" in ncu_bench.format_profile_table([row, ncu_bench.profile_row(flash, "fp16", problem)])
+
+    causal = ncu_bench.profile_row(ours, "fp16", common.benchmark_problem(4096, 128, causal=True))
+    assert causal.causal and causal.attn_tflops == pytest.approx(row.attn_tflops / 2)
+
+
+def test_ncu_names_every_variant_of_a_configuration_by_the_configuration():
+    for variant in ALL_VARIANTS:
+        kernel = ncu_bench.classify_kernel(nvcc_demangled_name(CFG_B, variant))
+        assert (kernel.kind, kernel.config, kernel.label) == ("ours", CFG_B, CFG_B.short_form())
 
 
 def test_ncu_other_kernels_only_on_request():
@@ -392,12 +652,17 @@ def test_ncu_output_without_a_table():
 
 def test_ncu_command_profiles_run_kernels_with_every_metric():
     args = ncu_bench.parse_args(["--runs", "2", "--kernels", CFG_A.short_form(), "--reference", "all"])
-    command = ncu_bench.ncu_command("ncu", args, 4096, 128, 16, 16)
+    command = ncu_bench.ncu_command("ncu", args, common.benchmark_problem(8000, 256))
     assert command[:3] == ["ncu", "--clock-control", "none"]
     assert "--csv" in command and command[command.index("--metrics") + 1].split(",") == list(ncu_bench.NCU_METRICS)
     tail = command[command.index(sys.executable) :]
-    assert tail[1:4] == [str(BENCHMARK_DIR / "run_kernels.py"), "4096", "128"]
+    assert tail[1:4] == [str(BENCHMARK_DIR / "run_kernels.py"), "8000", "256"]
+    assert tail[tail.index("--batch") + 1] == "8" and tail[tail.index("--heads") + 1] == "8"
     assert tail[tail.index("--kernels") + 1] == CFG_A.short_form() and "--check" not in tail
+    assert "--causal" not in tail
+    causal = ncu_bench.ncu_command("ncu", args, common.benchmark_problem(8000, 256, causal=True))
+    assert [arg for arg in causal if arg != "--causal"] == command and causal.count("--causal") == 1
+    assert run_kernels.parse_args(causal[causal.index(sys.executable) + 2 :]).causal
 
 
 def _stand_in_ncu(tmp_path, output: str, status: int = 0) -> pathlib.Path:
@@ -422,15 +687,35 @@ def test_ncu_bench_with_a_stand_in_ncu(tmp_path):
         "--runs", "2", "--csv", tmp_path / "profile.csv",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "fp16, seq 4096, d_head 128, batch 16, 16 heads (averages over 2 run(s))" in result.stdout
+    assert "fp16, batch 16, seq 4096, 16 heads, d_head 128, no mask (averages over 2 run(s))" in result.stdout
     assert CFG_A.short_form() in result.stdout and "SDPA FLASH (FA2)" in result.stdout
     assert "distribution" not in result.stdout
     argv = (tmp_path / "ncu_argv.txt").read_text().splitlines()
     assert argv[argv.index("--n_runs") + 1] == "2" and argv[argv.index("--reference") + 1] == "flash"
+    assert "--causal" not in argv
     with open(tmp_path / "profile.csv", newline="") as file:
         rows = list(csv.DictReader(file))
     assert [row["kernel"] for row in rows] == [CFG_A.short_form(), "SDPA FLASH (FA2)"]
     assert float(rows[0]["duration_us"]) == pytest.approx(1400.0) and rows[0]["launches"] == "2"
+    assert rows[0]["causal"] == "False"
+
+
+def test_ncu_bench_causal_profiles_each_mask(tmp_path):
+    ncu = _stand_in_ncu(tmp_path, NCU_RAW_OUTPUT)
+    result = run_tool(
+        sys.executable, BENCHMARK_DIR / "ncu_bench.py", "--ncu", ncu, "--seq_lens", "1000", "--d_heads", "192",
+        "--causal", "both", "--csv", tmp_path / "profile.csv",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    for mask in ("no mask", "causal"):
+        assert f"fp16, batch 16, seq 1000, 10 heads, d_head 192, {mask} (averages over 3 run(s))" in result.stdout
+    assert "attention FLOPs: half of 4 * batch * heads_q * seqlen_q * seqlen_k * d_head (causal)" in result.stdout
+    argv = (tmp_path / "ncu_argv.txt").read_text().splitlines()  # the last run: causal
+    assert argv[argv.index(str(BENCHMARK_DIR / "run_kernels.py")) + 1 :][:2] == ["1000", "192"] and "--causal" in argv
+    with open(tmp_path / "profile.csv", newline="") as file:
+        rows = [row for row in csv.DictReader(file) if row["kernel"] == CFG_A.short_form()]
+    assert [row["causal"] for row in rows] == ["False", "True"]
+    assert float(rows[1]["attn_tflops"]) == pytest.approx(float(rows[0]["attn_tflops"]) / 2)
 
 
 def test_ncu_bench_reports_a_failing_ncu(tmp_path):
@@ -453,11 +738,23 @@ def _sass_function(symbol: str, instructions: list[str]) -> str:
     return "\n".join([*lines, "\t\t.........."])
 
 
+# What a masked kernel adds: comparisons and selects on the scores.
+SASS_MASKING = ["ISETP.GE.AND P0, PT, R3, R4, PT ;", "FSEL R5, R5, -INF , P0 ;"]
+# The kernels of each listing: two configurations unmasked and causal, one also with masked tails.
+SASS_KERNELS = [
+    (CFG_A, ProblemVariant()), (CFG_A, CAUSAL), (CFG_B, ProblemVariant()), (CFG_B, CAUSAL), (CFG_B, CAUSAL_TAILS)
+]  # fmt: skip
+# CFG_A's symbols are written like nvcc's, CFG_B's by the configuration class itself.
+SASS_SYMBOLS = [
+    nvcc_device_symbol(cfg, variant) if cfg == CFG_A else cfg.mangled_kernel_name(variant)
+    for cfg, variant in SASS_KERNELS
+] + ["_Z12other_kernelPf"]
+
+
 def _sass_listing(arch: str, extra_hmma: int) -> str:
     head = f"\nFatbin elf code:\n================\narch = {arch}\ncode version = [1,7]\nhost = linux\n"
     head += f"compile_size = 64bit\n\n\tcode for {arch}"
-    cfg_a = _sass_function(
-        nvcc_device_symbol(CFG_A),
+    cfg_a = (
         ["IMAD.MOV.U32 R1, RZ, RZ, c[0x0][0x28] ;", "LDGSTS.E.BYPASS.128 [R5], desc[UR4][R2.64] ;"]
         + ["HMMA.16816.F32 R4, R8, R12, R4 ;"] * (2 + extra_hmma)
         + [
@@ -471,21 +768,19 @@ def _sass_listing(arch: str, extra_hmma: int) -> str:
             "BRA 0x100;",
             "NOP;",
             "NOP;",
-        ],
+        ]
     )
-    cfg_b = _sass_function(
-        CFG_B.mangled_kernel_name(),
-        [
-            "HMMA.16816.F32 R4, R8, R12, R4 ;",
-            "STL.64 [R1], R2 ;",
-            "LDL.64 R2, [R1] ;",
-            "SHFL.BFLY PT, R5, R4, 0x1, 0x1f ;",
-            "@UP0 FMNMX R3, R3, R4, !PT ;",
-            "EXIT ;",
-        ],
-    )
-    other = _sass_function("_Z12other_kernelPf", ["EXIT ;"])
-    return "\n".join([head, cfg_a, cfg_b, other])
+    cfg_b = [
+        "HMMA.16816.F32 R4, R8, R12, R4 ;",
+        "STL.64 [R1], R2 ;",
+        "LDL.64 R2, [R1] ;",
+        "SHFL.BFLY PT, R5, R4, 0x1, 0x1f ;",
+        "@UP0 FMNMX R3, R3, R4, !PT ;",
+        "EXIT ;",
+    ]
+    instructions = [cfg_a, SASS_MASKING + cfg_a, cfg_b, SASS_MASKING + cfg_b, 2 * SASS_MASKING + cfg_b, ["EXIT ;"]]
+    functions = [_sass_function(symbol, code) for symbol, code in zip(SASS_SYMBOLS, instructions, strict=True)]
+    return "\n".join([head, *functions])
 
 
 SASS_LISTING = (
@@ -499,67 +794,112 @@ SASS_LISTING = (
 def test_sass_parser_counts_per_function_and_architecture():
     functions = sass_counts.parse_sass(SASS_LISTING)
     assert [(f.arch, f.symbol) for f in functions] == [
-        (arch, symbol)
-        for arch in ("sm_80", "sm_90")
-        for symbol in (nvcc_device_symbol(CFG_A), CFG_B.mangled_kernel_name(), "_Z12other_kernelPf")
+        (arch, symbol) for arch in ("sm_80", "sm_90") for symbol in SASS_SYMBOLS
     ]
     sm80_a = functions[0].opcodes
     assert sm80_a["HMMA.16816.F32"] == 3  # two plain, one predicated
     assert sm80_a["LDS.U16"] == 1 and sm80_a["LDSM.16.M88.4"] == 1 and sm80_a["LDGSTS.E.BYPASS.128"] == 1
     assert sm80_a["BRA"] == 2 and sm80_a["NOP"] == 2 and sm80_a["BAR.SYNC.DEFER_BLOCKING"] == 1
     assert sum(sm80_a.values()) == 14
-    assert functions[3].opcodes["HMMA.16816.F32"] == 6
-    assert functions[1].opcodes["FMNMX"] == 1
+    assert functions[len(SASS_SYMBOLS)].opcodes["HMMA.16816.F32"] == 6
+    assert functions[2].opcodes["FMNMX"] == 1
 
 
-def test_sass_functions_map_to_their_configurations():
+def test_sass_functions_map_to_their_configurations_and_variants():
     kernels, others = sass_counts.map_to_configs(sass_counts.parse_sass(SASS_LISTING))
-    assert [(k.arch, k.config) for k in kernels] == [
-        (arch, cfg) for arch in ("sm_80", "sm_90") for cfg in sorted([CFG_A, CFG_B])
+    assert [(k.arch, k.config, k.variant) for k in kernels] == [
+        (arch, cfg, variant) for arch in ("sm_80", "sm_90") for cfg, variant in sorted(SASS_KERNELS)
     ]
     assert [f.symbol for f in others] == ["_Z12other_kernelPf"] * 2
-    by_key = {(k.arch, k.config): k for k in kernels}
-    families = by_key["sm_80", CFG_A].families
+    by_key = {(k.arch, k.config, k.variant): k for k in kernels}
+    families = by_key["sm_80", CFG_A, ProblemVariant()].families
     assert families["HMMA"] == 3 and families["LDS"] == 1 and families["LDSM"] == 1 and families["MUFU"] == 1
     assert families[sass_counts.TOTAL] == 12  # 14 instructions less the 2 padding NOPs
-    assert by_key["sm_90", CFG_A].families["HMMA"] == 6
-    cfg_b = by_key["sm_80", CFG_B].families
+    assert families["ISETP"] == 0 and by_key["sm_80", CFG_A, CAUSAL].families["ISETP"] == 1
+    assert by_key["sm_90", CFG_A, ProblemVariant()].families["HMMA"] == 6
+    cfg_b = by_key["sm_80", CFG_B, ProblemVariant()].families
     assert cfg_b["STL"] == 1 and cfg_b["LDL"] == 1 and cfg_b["SHFL"] == 1 and cfg_b["FMNMX"] == 1
+    assert by_key["sm_80", CFG_B, CAUSAL_TAILS].families["FSEL"] == 2
 
 
-def test_sass_counts_and_diff_command_lines(tmp_path):
+def test_sass_symbols_of_every_variant_with_trailing_zero_fields_left_out():
+    """Host compilers leave the configuration's trailing zero fields out of a symbol; nvcc keeps them.
+    Either way each of the nine variants maps back to its configuration."""
+    cfg = parse_kernel_name_into_config("(FP16, 128, 128, 64, 4): async")  # every field after async_copy is 0
+    symbols = sass_counts.KernelSymbols([CFG_A, cfg])
+    for variant in ALL_VARIANTS:
+        nvcc = cfg.mangled_kernel_name(variant)
+        config_end = nvcc.index("EEEELNS_8MaskKindE")
+        host = nvcc[:config_end].removesuffix("Lb0ELi0ELi0ELi0ELb0ELb0E") + nvcc[config_end:]
+        assert host != nvcc
+        assert symbols.lookup(nvcc) == symbols.lookup(host) == (cfg, variant)
+        assert symbols.lookup(CFG_A.mangled_kernel_name(variant)) == (CFG_A, variant)
+    assert len(sass_counts.VARIANTS_BY_NAME) == 9 and "local+tails+mods" in sass_counts.VARIANTS_BY_NAME
+    assert symbols.lookup("_Z12other_kernelPf") is None
+
+
+def _run_sass_tool(tool, capsys, *args) -> subprocess.CompletedProcess:
+    """Runs a SASS tool's main in this process (the candidate configurations, slow to list, are
+    listed once) and returns what it printed."""
+    status = tool.main([str(arg) for arg in args])
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, status, out, err)
+
+
+def test_sass_counts_shows_the_unmasked_variant_unless_asked(tmp_path, capsys):
     listing = tmp_path / "sass.txt"
     listing.write_text(SASS_LISTING)
-    result = run_tool(
-        sys.executable,
-        str(ANALYSIS_DIR / "sass_counts.py"),
-        "--sass-file",
-        str(listing),
-        "--csv",
-        str(tmp_path / "c.csv"),
-    )
+    result = _run_sass_tool(sass_counts, capsys, "--sass-file", listing, "--csv", tmp_path / "c.csv")
     assert result.returncode == 0, result.stderr
-    assert "sm_80: instructions per family" in result.stdout and "sm_90" in result.stdout
-    assert CFG_A.short_form() in result.stdout
+    assert "sm_80: instructions per family (2 kernels)" in result.stdout and "sm_90" in result.stdout
+    table = result.stdout.split("\n\n")[0].splitlines()
+    assert table[1].split()[:2] == ["config", "variant"]
+    assert [line.split()[-len(sass_counts.FAMILIES) - 2] for line in table[3:]] == ["none", "none"]  # the variant
     with open(tmp_path / "c.csv", newline="") as file:
         rows = list(csv.DictReader(file))
     hmma = [r for r in rows if r["config"] == CFG_A.short_form() and r["opcode"] == "HMMA.16816.F32"]
-    assert [(r["arch"], r["count"]) for r in hmma] == [("sm_80", "3"), ("sm_90", "6")]
+    assert [(r["arch"], r["variant"], r["count"]) for r in hmma] == [("sm_80", "none", "3"), ("sm_90", "none", "6")]
 
-    result = run_tool(
-        sys.executable, str(ANALYSIS_DIR / "sass_diff.py"), CFG_B.short_form(), CFG_A.short_form(),
-        "--sass-file", str(listing), "--arch", "sm_90",
+    result = _run_sass_tool(sass_counts, capsys, "--sass-file", listing, "--variants", "all", "--arch", "sm_80")
+    assert result.returncode == 0, result.stderr
+    assert "sm_80: instructions per family (5 kernels)" in result.stdout and "causal+tails" in result.stdout
+
+    result = _run_sass_tool(
+        sass_counts, capsys, "--sass-file", listing, "--variants", "causal", "causal+tails", "--opcodes",
+        "--csv", tmp_path / "causal.csv",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    assert lines[:3] == ["sm_90", f"A = {CFG_B.short_form()}", f"B = {CFG_A.short_form()}"]
-    opcode_table = lines[lines.index(next(line for line in lines if line.startswith("opcode"))) :]
-    assert opcode_table[2].split() == ["HMMA.16816.F32", "1", "6", "5"]  # the largest difference comes first
+    assert f"sm_90: {CFG_B.short_form()}, causal+tails" in result.stdout
+    with open(tmp_path / "causal.csv", newline="") as file:
+        assert {(r["config"], r["variant"]) for r in csv.DictReader(file)} == {
+            (CFG_A.short_form(), "causal"), (CFG_B.short_form(), "causal"), (CFG_B.short_form(), "causal+tails")
+        }  # fmt: skip
 
-    result = run_tool(
-        sys.executable, str(ANALYSIS_DIR / "sass_diff.py"), CFG_A.short_form(), "(BF16, 64, 64, 64, 4): async",
-        "--sass-file", str(listing),
-    )  # fmt: skip
+
+def test_sass_diff_compares_two_configurations_in_one_variant(tmp_path, capsys):
+    listing = tmp_path / "sass.txt"
+    listing.write_text(SASS_LISTING)
+    for variant in ("none", "causal"):
+        flags = [] if variant == "none" else ["--variant", variant]
+        result = _run_sass_tool(
+            sass_diff, capsys, CFG_B.short_form(), CFG_A.short_form(), "--sass-file", listing, "--arch", "sm_90", *flags
+        )
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert lines[:3] == [f"sm_90, variant {variant}", f"A = {CFG_B.short_form()}", f"B = {CFG_A.short_form()}"]
+        opcode_table = lines[lines.index(next(line for line in lines if line.startswith("opcode"))) :]
+        assert opcode_table[2].split() == ["HMMA.16816.F32", "1", "6", "5"]  # the largest difference comes first
+        masking = [line.split() for line in opcode_table if line.startswith(("ISETP", "FSEL"))]
+        assert masking == ([] if variant == "none" else [["FSEL", "1", "1", "0"], ["ISETP.GE.AND", "1", "1", "0"]])
+
+    result = _run_sass_tool(
+        sass_diff, capsys, CFG_A.short_form(), CFG_B.short_form(), "--sass-file", listing, "--variant", "causal+tails"
+    )
+    assert result.returncode == 1 and "in variant causal+tails" in result.stderr
+    assert f"missing: {CFG_A.short_form()}" in result.stderr
+    result = _run_sass_tool(
+        sass_diff, capsys, CFG_A.short_form(), "(BF16, 64, 64, 64, 4): async", "--sass-file", listing
+    )
     assert result.returncode == 1 and "missing: (BF16, 64, 64, 64, 4): async" in result.stderr
 
 
@@ -577,21 +917,28 @@ TUNING = {
 }
 
 
-def _tuning_rows():
-    names = {name: f"(FP16, 128, {64 + 64 * (i % 2)}, {32 * 2 ** (i // 2)}, 4): async" for i, name in enumerate(TUNING)}
+# With the causal mask C is best at both lengths.
+TUNING_CAUSAL = {"A": {512: 150.0, 1024: 160.0}, "C": {512: 200.0, 1024: 190.0}}
+TUNING_NAMES = {
+    name: f"(FP16, 128, {64 + 64 * (i % 2)}, {32 * 2 ** (i // 2)}, 4): async" for i, name in enumerate(TUNING)
+}
+
+
+def _tuning_rows(tuning=TUNING, causal=False):
     rows = []
-    for name, by_seq in TUNING.items():
+    for name, by_seq in tuning.items():
         for seq_len, tflops in by_seq.items():
-            batch, heads = common.batch_for_seq_len(seq_len), common.heads_for_d_head(128)
-            attn_flop, _ = common.flop_counts(128, batch, heads, seq_len)
-            time_ms = attn_flop / tflops / 1e9
-            rows.append(common.timing_row("fp16", 128, seq_len, batch, heads, "ours", names[name], time_ms))
-    rows.append(common.timing_row("fp16", 128, 512, 16, 16, "sdpa_flash", "", 0.001))  # not ours: ignored
-    return rows, names
+            problem = common.benchmark_problem(seq_len, 128, causal)
+            time_ms = problem.flop_counts()[0] / tflops / 1e9
+            rows.append(common.timing_row("fp16", problem, "ours", TUNING_NAMES[name], time_ms))
+    # Not ours: ignored.
+    rows.append(common.timing_row("fp16", common.benchmark_problem(512, 128, causal), "sdpa_flash", "", 0.001))
+    return rows
 
 
 def test_autotune_ranking():
-    rows, names = _tuning_rows()
+    names = TUNING_NAMES
+    rows = _tuning_rows()
     shapes = autotune.rank_shapes(rows)
     assert [(r.seq_len, r.winner.config, r.runner_up.config) for r in shapes] == [
         (512, names["A"], names["D"]),
@@ -607,8 +954,33 @@ def test_autotune_ranking():
     assert group.candidate.harmonic_mean_tflops == pytest.approx(2 / (1 / 250 + 1 / 200))
 
 
+def test_autotune_ranks_causal_and_unmasked_apart():
+    rows = _tuning_rows(TUNING_CAUSAL, causal=True) + _tuning_rows()
+    shapes = autotune.rank_shapes(rows)
+    assert [(r.causal, r.seq_len, r.winner.config) for r in shapes] == [
+        (False, 512, TUNING_NAMES["A"]),
+        (False, 1024, TUNING_NAMES["C"]),
+        (True, 512, TUNING_NAMES["C"]),
+        (True, 1024, TUNING_NAMES["C"]),
+    ]
+    unmasked, causal = autotune.rank_groups(rows)
+    assert (unmasked.causal, unmasked.candidate.config) == (False, TUNING_NAMES["B"])
+    assert (causal.causal, causal.candidate.config) == (True, TUNING_NAMES["C"])
+    assert causal.candidate.harmonic_mean_tflops == pytest.approx(2 / (1 / 200 + 1 / 190))
+
+    summary = autotune.format_summary(rows, top=2)
+    assert "Top 2 of 2: fp16, d_head 128, causal, seq 1024" in summary
+    assert "Candidate default for fp16, d_head 128, no mask: best harmonic mean" in summary
+    defaults = summary.split("Candidate defaults\n")[1].splitlines()
+    assert defaults[0].split()[:4] == ["dtype", "d_head", "mask", "candidate"]
+    assert [line.split()[:4] for line in defaults[2:]] == [
+        ["fp16", "128", "no", "mask"],
+        ["fp16", "128", "causal", TUNING_NAMES["C"].split()[0]],
+    ]
+
+
 def test_autotune_summary_only_needs_no_gpu(tmp_path):
-    rows, names = _tuning_rows()
+    rows = _tuning_rows() + _tuning_rows(TUNING_CAUSAL, causal=True)
     common.write_csv(tmp_path / "tune.csv", rows, common.TIMING_FIELDS)
     result = run_tool(
         sys.executable, str(BENCHMARK_DIR / "autotune.py"), "--summary-only", str(tmp_path / "tune.csv"),
@@ -616,15 +988,189 @@ def test_autotune_summary_only_needs_no_gpu(tmp_path):
         env_changes={"CUDA_VISIBLE_DEVICES": ""},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert f"candidate default: {names['B']}" in result.stdout
-    assert "Top 2 of 4: fp16, d_head 128, seq 512" in result.stdout
+    assert f"candidate default: {TUNING_NAMES['B']}" in result.stdout
+    assert f"candidate default: {TUNING_NAMES['C']}" in result.stdout
+    assert "Top 2 of 4: fp16, d_head 128, no mask, seq 512" in result.stdout
     assert (tmp_path / "summary.txt").read_text().strip() == result.stdout.strip()
+
+
+def test_autotune_summary_only_reads_files_from_before_the_causal_column(tmp_path):
+    old_fields = [name for name in common.TIMING_FIELDS if name not in ("causal", "seqlen_k", "heads_kv")]
+    rows = [{name: getattr(row, name) for name in old_fields} for row in _tuning_rows()]
+    common.write_csv(tmp_path / "old.csv", rows, old_fields)
+    result = run_tool(sys.executable, str(BENCHMARK_DIR / "autotune.py"), "--summary-only", str(tmp_path / "old.csv"))
+    assert result.returncode == 0, result.stderr
+    assert f"candidate default: {TUNING_NAMES['B']}" in result.stdout and "causal" not in result.stdout
 
 
 def test_autotune_summary_only_rejects_other_files(tmp_path):
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
     result = run_tool(sys.executable, str(BENCHMARK_DIR / "autotune.py"), "--summary-only", str(tmp_path / "other.csv"))
     assert result.returncode == 1 and "not a timing CSV file" in result.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# The timing tools on a stand-in GPU: the extension replaced by a CPU stand-in, timings made up
+
+TUNED_128 = next(cfg for cfg in TUNE if cfg.dtype == DType.FP16 and cfg.d_head == 128 and cfg.B_r == 128)
+DEFAULT_128 = next(
+    cfg
+    for cfg in map(parse_kernel_name_into_config, DEFAULT_BUILD_KERNELS)
+    if cfg.dtype == DType.FP16 and cfg.d_head == 128 and cfg != TUNED_128
+)
+# Like the builds: the tuning configuration has the benchmark variants, the default one every variant.
+STAND_IN_KERNELS = [(TUNED_128, variant) for variant in BENCHMARK_VARIANTS] + [
+    (DEFAULT_128, variant) for variant in ALL_VARIANTS
+]
+
+
+class StandInExtension:
+    """The compiled extension ``flash_attention`` as the tools use it, on the CPU: its kernels are the
+    (configuration, variant) pairs given; forward refuses a problem whose variant is not among them,
+    as the binding does, computes attention in float32 (``_attention``) and records each call; the
+    timer returns ``times[(configuration, causal)]`` for our calls and 0.5 ms for SDPA's."""
+
+    def __init__(self, kernels, times, honours_causal=True):
+        self.kernels, self.times, self.honours_causal = kernels, times, honours_causal
+        self.calls = []
+
+    def compiled_kernels(self):
+        return list(self.kernels)
+
+    def compiled_configs(self):
+        return list(dict.fromkeys(cfg for cfg, _ in self.kernels))
+
+    def compiled_kernel_set(self):
+        return "stand-in"
+
+    def forward(self, cfg, q, k, v, o=None, *, causal=False):
+        cfg = parse_kernel_name_into_config(cfg) if isinstance(cfg, str) else cfg  # a short form, as the API takes
+        masked_tails = q.shape[1] % cfg.B_r != 0 or k.shape[1] % cfg.B_c != 0
+        variant = ProblemVariant(MaskKind.CAUSAL if causal else MaskKind.NONE, masked_tails)
+        if (cfg, variant) not in self.kernels:
+            raise ValueError(f"{cfg.short_form()} has no kernel for {variant.describe()}")
+        self.calls.append((cfg, tuple(q.shape), tuple(k.shape), causal))
+        out = _attention(q, k, v, causal and self.honours_causal).to(q.dtype)
+        return out if o is None else o.copy_(out)
+
+    def time(self, fn) -> float:
+        calls = len(self.calls)
+        fn()
+        if len(self.calls) == calls:
+            return 0.5
+        cfg, _, _, causal = self.calls[-1]
+        return self.times[cfg, causal]
+
+
+@pytest.fixture
+def stand_in_gpu(monkeypatch):
+    """Installs a StandInExtension(kernels, times, honours_causal) and makes the tools believe a GPU
+    is there: inputs are made on the CPU and timed by the stand-in."""
+    torch = pytest.importorskip("torch")
+
+    def install(kernels=STAND_IN_KERNELS, times=None, honours_causal=True) -> StandInExtension:
+        times = times or {(cfg, causal): 1.0 for cfg, _ in kernels for causal in (False, True)}
+        extension = StandInExtension(kernels, times, honours_causal)
+        monkeypatch.setitem(sys.modules, "flash_attention", extension)
+        monkeypatch.setattr(common, "gpu_available", lambda: True)
+        monkeypatch.setattr(common, "DEVICE", "cpu")
+        monkeypatch.setattr(common, "make_timer", lambda rep_ms: (extension.time, "the stand-in's timings"))
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "stand-in GPU")
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+        monkeypatch.delenv(KERNELS_ENV, raising=False)
+        return extension
+
+    return install
+
+
+def test_pt_bench_times_each_mask_length_and_gqa_shape(stand_in_gpu, tmp_path, capsys):
+    times = {(TUNED_128, False): 0.25, (TUNED_128, True): 0.5, (DEFAULT_128, False): 1.0, (DEFAULT_128, True): 1.0}
+    extension = stand_in_gpu(times=times)
+    status = pt_bench.main(
+        ["--dtypes", "fp16", "--seq-lens", "128", "200", "--causal", "both", "--gqa-ratio", "4",
+         "--csv", str(tmp_path / "bench.csv")]
+    )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    # 200 is no multiple of the block sizes: only the configuration with masked tails runs it. Each
+    # configuration is timed, then the fastest checked.
+    timed = [(TUNED_128, 128), (DEFAULT_128, 128), (DEFAULT_128, 200)]
+    checked = [(TUNED_128, 128), (DEFAULT_128, 200)]
+    assert sorted((cfg.short_form(), q[1], k, causal) for cfg, q, k, causal in extension.calls) == sorted(
+        (cfg.short_form(), seq_len, (16, seq_len, 4, 128), causal)
+        for causal in (False, True)
+        for cfg, seq_len in timed + checked
+    )
+    for mask in ("no mask", "causal"):
+        assert f"fp16, d_head 128, 16 heads, 4 k/v heads, {mask} (TFLOP/s)" in out
+    tables = out.split("\n\n")[1:]
+    assert [line.split()[:2] for line in tables[0].splitlines()[4:6]] == [["128", "16"], ["200", "16"]]
+    assert TUNED_128.short_form() in tables[0].splitlines()[4] and DEFAULT_128.short_form() in tables[0].splitlines()[5]
+    assert "SDPA CUDNN cannot run fp16, batch 16, seq 128, 16 heads (4 k/v heads), d_head 128, causal" in err
+
+    rows = common.read_timing_csv(tmp_path / "bench.csv")
+    assert len(rows) == 2 * ((2 + 3) + (1 + 3))
+    flash = [row for row in rows if row.implementation == "sdpa_flash"]
+    assert [(r.causal, r.seq_len, r.heads, r.heads_kv, r.config, r.time_ms) for r in flash] == [
+        (causal, seq_len, 16, 4, common.GQA_NATIVE, 0.5) for causal in (False, True) for seq_len in (128, 200)
+    ]
+    causal_tuned = next(row for row in rows if row.config == TUNED_128.short_form() and row.causal)
+    assert causal_tuned.tflops == pytest.approx(common.flop_counts(128, 16, 16, 128, causal=True)[0] / 0.5e-3 / 1e12)
+
+
+def test_pt_bench_checks_against_flash_on_the_same_problem(stand_in_gpu, capsys):
+    stand_in_gpu(honours_causal=False)  # our kernels ignore the mask: only the causal check fails
+    status = pt_bench.main(["--dtypes", "fp16", "--seq-lens", "128", "--causal", "both"])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert [line.split(":")[0] for line in err.splitlines() if "CORRECTNESS FAILURE" in line] == ["CORRECTNESS FAILURE"]
+    assert "d_head 128, causal: max |ours - SDPA FLASH|" in err
+
+
+@pytest.mark.parametrize("honours_causal", [True, False])
+def test_run_kernels_runs_and_checks_the_causal_problem(stand_in_gpu, honours_causal, monkeypatch, capsys):
+    extension = stand_in_gpu(honours_causal=honours_causal)
+    references = []
+
+    class RecordingReference:
+        """A float32 reference that records the keywords it is made with."""
+
+        def __init__(self, q, k, v, **semantics):
+            references.append(semantics)
+            self.ref = _attention(q, k, v, semantics.get("causal", False))
+
+        def compare(self, out):
+            return ReferenceComparison((out.float() - self.ref).abs().max().item(), 1e-3, 0.0)
+
+    monkeypatch.setattr(run_kernels, "FloatReference", RecordingReference)
+    status = run_kernels.main(["200", "128", "--causal", "--check", "--n_runs", "2", "--reference", "all"])
+    out, err = capsys.readouterr()
+    assert status == (0 if honours_causal else 1), err
+    assert out.startswith("batch 16, seq 200, 16 heads, d_head 128, causal, fp16: 1 configuration(s), 1 skipped")
+    assert [(cfg, causal) for cfg, _, _, causal in extension.calls] == [(DEFAULT_128, True)] * 2
+    assert references == [{"causal": True}]
+    assert "ran 2x SDPA FLASH" in out and "SDPA EFFICIENT cannot run this shape" in err
+    assert ("ok" if honours_causal else "MISMATCH") in out.splitlines()[-1]
+
+
+def test_autotune_sweeps_both_masks_and_ranks_them_apart(stand_in_gpu, tmp_path, capsys):
+    times = {(TUNED_128, False): 1.0, (DEFAULT_128, False): 2.0, (TUNED_128, True): 2.0, (DEFAULT_128, True): 1.0}
+    extension = stand_in_gpu(times=times)
+    status = autotune.main(
+        ["--dtypes", "fp16", "--d-heads", "128", "--seq-lens", "128", "256", "--csv", str(tmp_path / "tune.csv")]
+    )
+    out = capsys.readouterr().out
+    assert status == 0
+    assert sorted((cfg, q[1], causal) for cfg, q, _, causal in extension.calls) == sorted(
+        (cfg, seq_len, causal) for cfg in (TUNED_128, DEFAULT_128) for seq_len in (128, 256) for causal in (False, True)
+    )
+    defaults = out.split("Candidate defaults\n")[1].splitlines()[2:]
+    assert [(TUNED_128 if TUNED_128.short_form() in line else DEFAULT_128, "causal" in line) for line in defaults] == [
+        (TUNED_128, False),
+        (DEFAULT_128, True),
+    ]
+    rows = common.read_timing_csv(tmp_path / "tune.csv")
+    assert {(row.causal, row.seq_len) for row in rows} == {(c, s) for c in (False, True) for s in (128, 256)}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -2,12 +2,19 @@
 """Counts the SASS instructions of each compiled forward-kernel configuration.
 
 Runs `cuobjdump --dump-sass` on the built extension (flash_attention._C), splits the listing into
-kernels, maps each kernel's symbol to its configuration, and counts instructions by opcode (with
-its modifiers, e.g. HMMA.16816.F32, LDSM.16.M88.4, LDGSTS.E.BYPASS.128; predicates such as @P0 are
-dropped) and by opcode family (the part before the first '.'). The extension holds code for each
-architecture it was built for (sm_80, sm_90): each is reported on its own.
+kernels, maps each kernel's symbol to its configuration and problem variant (a configuration is
+compiled once per variant it serves: mask kind none, causal or local; masked tails, for lengths
+that are not multiples of the block sizes; score mods, for softcap and ALiBi), and counts
+instructions by opcode (with its modifiers, e.g. HMMA.16816.F32, LDSM.16.M88.4,
+LDGSTS.E.BYPASS.128; predicates such as @P0 are dropped) and by opcode family (the part before the
+first '.'). The extension holds code for each architecture it was built for (sm_80, sm_90): each is
+reported on its own.
 
-Prints, per architecture, one row per configuration with the families that matter to this kernel:
+Variants are named by their mask kind, then +tails and +mods: none, causal, causal+tails,
+local+tails+mods, ... By default only each configuration's 'none' kernel (no mask, whole blocks:
+the one the benchmarks time) is shown; --variants all shows every one.
+
+Prints, per architecture, one row per kernel with the families that matter to this kernel:
 tensor-core MMAs (HMMA), shared-memory matrix loads (LDSM), asynchronous copies (LDGSTS), global
 and shared loads and stores, the softmax's floating-point work (FFMA, FMUL, FADD, FMNMX, MUFU),
 warp shuffles (SHFL), barriers (BAR) and register spills to local memory (LDL, STL). These are
@@ -31,6 +38,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmark"))
 import bench_common as common  # noqa: E402  (also makes flash_helpers importable from a bare checkout)
 from flash_helpers.kernel_sets import get_all_kernel_configs, get_kernel_configs  # noqa: E402
+from flash_helpers.problem import ALL_VARIANTS, ProblemVariant  # noqa: E402
 from flash_helpers.sm80_config import FlashForwardKernelConfig  # noqa: E402
 
 # The families shown in the tables, in column order; "total" is every instruction but padding.
@@ -99,22 +107,55 @@ def canonical_symbol(symbol: str) -> str:
     return _TRAILING_ZERO_FIELDS_RE.sub("", symbol)
 
 
-def config_by_symbol(candidates: list[FlashForwardKernelConfig] | None = None) -> dict[str, FlashForwardKernelConfig]:
-    """Kernel symbol (canonical) -> configuration, from each configuration's ``mangled_kernel_name()``.
+def variant_name(variant: ProblemVariant) -> str:
+    """The variant as the tables print it and --variants takes it: the mask kind, then +tails and
+    +mods where on, e.g. none, causal+tails, local+tails+mods."""
+    flags = [name for name, on in (("tails", variant.masked_tails), ("mods", variant.score_mods)) if on]
+    return "+".join([variant.mask.name.lower(), *flags])
 
-    By default every valid configuration is a candidate: the build compiles only valid ones, so this
-    covers whatever the extension holds without importing it (or torch).
+
+VARIANTS_BY_NAME = {variant_name(variant): variant for variant in ALL_VARIANTS}
+# The variant shown by default: no mask, whole blocks, the kernel the benchmarks time.
+DEFAULT_VARIANT = variant_name(ProblemVariant())
+
+
+class KernelSymbols:
+    """Maps kernel symbols to (configuration, problem variant), from ``mangled_kernel_name(variant)``.
+
+    A symbol is the configuration's part followed by the variant's, and a variant's part is the
+    same whatever the configuration, so one symbol per configuration and one suffix per variant
+    cover every pair without listing them all (every valid configuration times nine variants).
+    By default every valid configuration is a candidate: the build compiles only valid ones, so
+    this covers whatever the extension holds without importing it (or torch).
     """
-    configs = get_all_kernel_configs() if candidates is None else candidates
-    return {canonical_symbol(cfg.mangled_kernel_name()): cfg for cfg in configs}
+
+    def __init__(self, candidates: list[FlashForwardKernelConfig] | None = None):
+        configs = get_all_kernel_configs() if candidates is None else candidates
+        names = {variant: configs[0].mangled_kernel_name(variant) for variant in ALL_VARIANTS}
+        shared = len(os.path.commonprefix(list(names.values())))
+        self._variant_by_suffix = {name[shared:]: variant for variant, name in names.items()}
+        suffix_length = len(names[ProblemVariant()]) - shared
+        self._config_by_head = {
+            canonical_symbol(cfg.mangled_kernel_name()[:-suffix_length]): cfg for cfg in configs
+        }
+
+    def lookup(self, symbol: str) -> tuple[FlashForwardKernelConfig, ProblemVariant] | None:
+        """The configuration and variant of a kernel's symbol, or None for another function."""
+        for suffix, variant in self._variant_by_suffix.items():
+            if symbol.endswith(suffix):
+                cfg = self._config_by_head.get(canonical_symbol(symbol[: -len(suffix)]))
+                if cfg is not None:
+                    return cfg, variant
+        return None
 
 
 @dataclasses.dataclass
 class KernelCounts:
-    """One configuration's instruction counts for one architecture."""
+    """One kernel's instruction counts for one architecture: a configuration in one problem variant."""
 
     arch: str
     config: FlashForwardKernelConfig
+    variant: ProblemVariant
     symbol: str
     opcodes: collections.Counter
 
@@ -124,19 +165,19 @@ class KernelCounts:
 
 
 def map_to_configs(
-    functions: list[SassFunction], by_symbol: dict[str, FlashForwardKernelConfig] | None = None
+    functions: list[SassFunction], symbols: KernelSymbols | None = None
 ) -> tuple[list[KernelCounts], list[SassFunction]]:
-    """The functions that are forward-kernel configurations (sorted by architecture, then
-    configuration), and the others."""
-    by_symbol = config_by_symbol() if by_symbol is None else by_symbol
+    """The functions that are forward kernels (sorted by architecture, configuration and variant),
+    and the others."""
+    symbols = KernelSymbols() if symbols is None else symbols
     kernels, others = [], []
     for function in functions:
-        cfg = by_symbol.get(canonical_symbol(function.symbol))
-        if cfg is None:
+        found = symbols.lookup(function.symbol)
+        if found is None:
             others.append(function)
         else:
-            kernels.append(KernelCounts(function.arch, cfg, function.symbol, function.opcodes))
-    kernels.sort(key=lambda kernel: (kernel.arch, kernel.config))
+            kernels.append(KernelCounts(function.arch, *found, function.symbol, function.opcodes))
+    kernels.sort(key=lambda kernel: (kernel.arch, kernel.config, kernel.variant))
     return kernels, others
 
 
@@ -216,8 +257,11 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def format_family_table(kernels: list[KernelCounts]) -> str:
-    headers = ["config", *FAMILIES, TOTAL]
-    rows = [[kernel.config.short_form(), *(kernel.families[f] for f in (*FAMILIES, TOTAL))] for kernel in kernels]
+    headers = ["config", "variant", *FAMILIES, TOTAL]
+    rows = [
+        [kernel.config.short_form(), variant_name(kernel.variant), *(kernel.families[f] for f in (*FAMILIES, TOTAL))]
+        for kernel in kernels
+    ]
     return common.format_table(headers, rows)
 
 
@@ -231,6 +275,7 @@ def csv_rows(kernels: list[KernelCounts]) -> list[dict]:
         {
             "arch": kernel.arch,
             "config": kernel.config.short_form(),
+            "variant": variant_name(kernel.variant),
             "opcode": opcode,
             "family": opcode_family(opcode),
             "count": count,
@@ -248,8 +293,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="only these configurations: short forms separated by ';', or a set name (prog, progall, tune, all, "
         "'B_r,B_c'); default: every configuration in the extension",
     )
-    parser.add_argument("--opcodes", action="store_true", help="also print each configuration's counts by opcode")
-    parser.add_argument("--csv", metavar="PATH", help="also write the counts by opcode (arch, config, opcode) to PATH")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=["all", *VARIANTS_BY_NAME],
+        default=[DEFAULT_VARIANT],
+        metavar="VARIANT",
+        help=f"only these problem variants ({', '.join(VARIANTS_BY_NAME)}), or all (default: {DEFAULT_VARIANT})",
+    )
+    parser.add_argument("--opcodes", action="store_true", help="also print each kernel's counts by opcode")
+    parser.add_argument(
+        "--csv", metavar="PATH", help="also write the counts by opcode (arch, config, variant, opcode) to PATH"
+    )
     return parser.parse_args(argv)
 
 
@@ -261,29 +316,32 @@ def main(argv: list[str] | None = None) -> int:
     except (SassError, OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    variants = None if "all" in args.variants else {VARIANTS_BY_NAME[name] for name in args.variants}
     kernels = [
         kernel
         for kernel in kernels
-        if (selected is None or kernel.config in selected) and (args.arch is None or kernel.arch == args.arch)
+        if (selected is None or kernel.config in selected)
+        and (args.arch is None or kernel.arch == args.arch)
+        and (variants is None or kernel.variant in variants)
     ]
     if others:
-        print(f"note: {len(others)} kernel(s) are not forward-kernel configurations and are left out", file=sys.stderr)
+        print(f"note: {len(others)} kernel(s) are not forward kernels and are left out", file=sys.stderr)
     if not kernels:
-        print("error: no forward-kernel configuration matches", file=sys.stderr)
+        print("error: no forward kernel matches", file=sys.stderr)
         return 1
 
     for arch in sorted({kernel.arch for kernel in kernels}):
         at_arch = [kernel for kernel in kernels if kernel.arch == arch]
-        print(f"{arch}: instructions per family ({len(at_arch)} configurations)")
+        print(f"{arch}: instructions per family ({len(at_arch)} kernels)")
         print(format_family_table(at_arch))
         print()
         if args.opcodes:
             for kernel in at_arch:
-                print(f"{arch}: {kernel.config.short_form()}")
+                print(f"{arch}: {kernel.config.short_form()}, {variant_name(kernel.variant)}")
                 print(format_opcode_table(kernel))
                 print()
     if args.csv:
-        common.write_csv(args.csv, csv_rows(kernels), ["arch", "config", "opcode", "family", "count"])
+        common.write_csv(args.csv, csv_rows(kernels), ["arch", "config", "variant", "opcode", "family", "count"])
     return 0
 
 

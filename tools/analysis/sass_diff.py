@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Compares the SASS instruction counts of two compiled forward-kernel configurations.
+"""Compares the SASS instruction counts of two compiled forward-kernel configurations in one problem variant.
 
     python tools/analysis/sass_diff.py "(FP16, 128, 128, 64, 4): async+eager+swizzled" \\
         "(FP16, 128, 128, 64, 4): async+eager+swizzled+load_1_1_1_tiles" --arch sm_90
 
 Disassembles the built extension like sass_counts.py and prints, per architecture, the two
-configurations' counts side by side with the difference B - A: first by opcode family, then by
+configurations' kernels for the variant --variant (default: none, no mask and whole blocks; e.g.
+causal, causal+tails) side by side with the difference B - A: first by opcode family, then by
 opcode, largest differences first. Static counts: an instruction inside a loop counts once.
 """
 
@@ -34,7 +35,8 @@ def format_comparison(arch: str, a: sass_counts.KernelCounts, b: sass_counts.Ker
     opcodes = diff_rows(a.opcodes, b.opcodes)[:top]
     return "\n\n".join(
         [
-            f"{arch}\nA = {a.config.short_form()}\nB = {b.config.short_form()}",
+            f"{arch}, variant {sass_counts.variant_name(a.variant)}\n"
+            f"A = {a.config.short_form()}\nB = {b.config.short_form()}",
             common.format_table(["family", "A", "B", "B - A"], families),
             common.format_table(["opcode", "A", "B", "B - A"], opcodes),
         ]
@@ -53,6 +55,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("config_a", type=parse_config, metavar="CFG_A", help="a configuration's short form")
     parser.add_argument("config_b", type=parse_config, metavar="CFG_B", help="the configuration to compare it with")
     sass_counts.add_source_arguments(parser)
+    parser.add_argument(
+        "--variant",
+        choices=sass_counts.VARIANTS_BY_NAME,
+        default=sass_counts.DEFAULT_VARIANT,
+        help="the problem variant whose kernels are compared (default: %(default)s)",
+    )
     parser.add_argument("--top", type=int, metavar="N", help="show only the N opcodes that differ most")
     return parser.parse_args(argv)
 
@@ -64,9 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     except (sass_counts.SassError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    variant = sass_counts.VARIANTS_BY_NAME[args.variant]
     by_arch = collections.defaultdict(dict)
     for kernel in kernels:
-        if args.arch is None or kernel.arch == args.arch:
+        if (args.arch is None or kernel.arch == args.arch) and kernel.variant == variant:
             by_arch[kernel.arch][kernel.config] = kernel
 
     comparisons = []
@@ -77,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         present = sorted({cfg for at_arch in by_arch.values() for cfg in at_arch})
         missing = [cfg.short_form() for cfg in (args.config_a, args.config_b) if cfg not in present]
         print(
-            "error: the extension does not hold both configurations"
+            f"error: the extension does not hold both configurations in variant {args.variant}"
             + (f" for {args.arch}" if args.arch else "")
             + (f"; missing: {'; '.join(missing)}" if missing else "")
             + "\nconfigurations it holds:\n  "

@@ -4,14 +4,17 @@ ranks them.
 
 Configurations: the compiled ones among --kernels, else the KERNELS environment variable, else the
 tuning set ('tune'); build them first, e.g. FLASH_BUILD_KERNELS=tune pip install --no-build-isolation -e .
-Shapes: each dtype, d_head and seq_len of the benchmark shapes (batch 16/16/16/16/8/4 for seq
-512..16384; 16 heads for d_head 128, 32 for d_head 64). Every timing goes to the CSV file as it is
-measured (default profiles/autotune.csv); then the summary ranks, per (dtype, d_head, seq_len), the
-winner, its TFLOP/s, the runner-up and the winner's margin over it, and the top N; and per
-(dtype, d_head), the configurations with the best harmonic mean of TFLOP/s over the sequence
-lengths: the first is the candidate default for that dtype and d_head.
+Shapes: each dtype, d_head, mask (without and with the causal mask unless --causal says otherwise)
+and seq_len of the benchmark shapes (batch 16/16/16/16/8/4 for seq 512..16384; heads * d_head =
+2048: 16 heads for d_head 128, 32 for d_head 64). Every timing goes to the CSV file as it is
+measured (default profiles/autotune.csv); then the summary ranks, per (dtype, d_head, mask,
+seq_len), the winner, its TFLOP/s, the runner-up and the winner's margin over it, and the top N;
+and per (dtype, d_head, mask), the configurations with the best harmonic mean of TFLOP/s over the
+sequence lengths: the first is the candidate default for that dtype, d_head and mask. Causal
+TFLOP/s count half of the unmasked problem's FLOPs, as FlashAttention does.
 
---summary-only CSV ranks an existing CSV file (of this tool or of pt_bench.py --csv) without a GPU.
+--summary-only CSV ranks an existing CSV file (of this tool or of pt_bench.py --csv) without a GPU;
+files without a causal column are of unmasked attention.
 """
 
 from __future__ import annotations
@@ -35,10 +38,11 @@ DEFAULT_TOP = 5
 
 @dataclasses.dataclass
 class ShapeRanking:
-    """The configurations at one (dtype, d_head, seq_len), fastest first."""
+    """The configurations at one (dtype, d_head, mask, seq_len), fastest first."""
 
     dtype: str
     d_head: int
+    causal: bool
     seq_len: int
     ranked: list[common.TimingRow]
 
@@ -60,7 +64,7 @@ class ShapeRanking:
 
 @dataclasses.dataclass
 class GroupCandidate:
-    """One configuration's harmonic mean of TFLOP/s over the sequence lengths of a (dtype, d_head)."""
+    """One configuration's harmonic mean of TFLOP/s over the sequence lengths of a (dtype, d_head, mask)."""
 
     config: str
     harmonic_mean_tflops: float
@@ -68,11 +72,12 @@ class GroupCandidate:
 
 @dataclasses.dataclass
 class GroupRanking:
-    """The configurations of one (dtype, d_head) by harmonic-mean TFLOP/s over its sequence lengths,
-    counting only configurations measured at every one of them."""
+    """The configurations of one (dtype, d_head, mask) by harmonic-mean TFLOP/s over its sequence
+    lengths, counting only configurations measured at every one of them."""
 
     dtype: str
     d_head: int
+    causal: bool
     seq_lens: list[int]
     ranked: list[GroupCandidate]
 
@@ -81,10 +86,11 @@ class GroupRanking:
         return self.ranked[0] if self.ranked else None
 
 
-def _group_order(dtype: str, d_head: int) -> tuple[int, int]:
-    """Groups in the order people read them: the dtypes' usual order (fp16 first), then by d_head."""
+def _group_order(dtype: str, d_head: int, causal: bool) -> tuple[int, int, bool]:
+    """Groups in the order people read them: the dtypes' usual order (fp16 first), then by d_head,
+    unmasked before causal."""
     known = common.DTYPE_NAMES
-    return (known.index(dtype) if dtype in known else len(known), d_head)
+    return (known.index(dtype) if dtype in known else len(known), d_head, causal)
 
 
 def usable(rows: list[common.TimingRow]) -> list[common.TimingRow]:
@@ -96,27 +102,27 @@ def rank_shapes(rows: list[common.TimingRow]) -> list[ShapeRanking]:
     rows = usable(rows)
     rankings = []
     shapes = sorted(
-        {(row.dtype, row.d_head, row.seq_len) for row in rows},
-        key=lambda shape: (_group_order(shape[0], shape[1]), shape[2]),
+        {(row.dtype, row.d_head, row.causal, row.seq_len) for row in rows},
+        key=lambda shape: (_group_order(*shape[:3]), shape[3]),
     )
-    for dtype, d_head, seq_len in shapes:
-        at_shape = [row for row in rows if (row.dtype, row.d_head, row.seq_len) == (dtype, d_head, seq_len)]
+    for shape in shapes:
+        at_shape = [row for row in rows if (row.dtype, row.d_head, row.causal, row.seq_len) == shape]
         # Ties keep the configurations' order, so rankings are reproducible.
         ranked = sorted(at_shape, key=lambda row: (-row.tflops, row.config))
-        rankings.append(ShapeRanking(dtype, d_head, seq_len, ranked))
+        rankings.append(ShapeRanking(*shape, ranked))
     return rankings
 
 
 def rank_groups(rows: list[common.TimingRow]) -> list[GroupRanking]:
     rows = usable(rows)
     rankings = []
-    for dtype, d_head in sorted({(row.dtype, row.d_head) for row in rows}, key=lambda group: _group_order(*group)):
-        group = [row for row in rows if (row.dtype, row.d_head) == (dtype, d_head)]
+    for key in sorted({(row.dtype, row.d_head, row.causal) for row in rows}, key=lambda key: _group_order(*key)):
+        group = [row for row in rows if (row.dtype, row.d_head, row.causal) == key]
         seq_lens = sorted({row.seq_len for row in group})
         tflops_by_config: dict[str, dict[int, float]] = {}
         for row in group:
             tflops_by_config.setdefault(row.config, {})[row.seq_len] = row.tflops
-        # A configuration missing a sequence length (it failed, or its blocks do not divide it)
+        # A configuration missing a sequence length (it failed, or lacks the kernel variant for it)
         # cannot be the default for all of them.
         candidates = [
             GroupCandidate(config, common.harmonic_mean(by_seq.values()))
@@ -124,7 +130,7 @@ def rank_groups(rows: list[common.TimingRow]) -> list[GroupRanking]:
             if set(by_seq) == set(seq_lens)
         ]
         candidates.sort(key=lambda c: (-c.harmonic_mean_tflops, c.config))
-        rankings.append(GroupRanking(dtype, d_head, seq_lens, candidates))
+        rankings.append(GroupRanking(*key, seq_lens, candidates))
     return rankings
 
 
@@ -134,11 +140,12 @@ def format_summary(rows: list[common.TimingRow], top: int = DEFAULT_TOP) -> str:
         return "no timings of our configurations to rank"
     sections = []
 
-    headers = ["dtype", "d_head", "seq", "winner", "TFLOP/s", "runner-up", "TFLOP/s", "margin %"]
+    headers = ["dtype", "d_head", "mask", "seq", "winner", "TFLOP/s", "runner-up", "TFLOP/s", "margin %"]
     table = [
         [
             r.dtype,
             r.d_head,
+            common.mask_name(r.causal),
             r.seq_len,
             r.winner.config,
             r.winner.tflops,
@@ -148,24 +155,35 @@ def format_summary(rows: list[common.TimingRow], top: int = DEFAULT_TOP) -> str:
         ]
         for r in shape_rankings
     ]
-    sections.append("Winner per shape\n" + common.format_table(headers, table, float_formats={7: ".2f"}))
+    sections.append("Winner per shape\n" + common.format_table(headers, table, float_formats={8: ".2f"}))
 
     for r in shape_rankings:
         table = [[place, row.config, row.tflops, row.time_ms] for place, row in enumerate(r.ranked[:top], start=1)]
-        title = f"Top {min(top, len(r.ranked))} of {len(r.ranked)}: {r.dtype}, d_head {r.d_head}, seq {r.seq_len}"
+        where = f"{r.dtype}, d_head {r.d_head}, {common.mask_name(r.causal)}, seq {r.seq_len}"
+        title = f"Top {min(top, len(r.ranked))} of {len(r.ranked)}: {where}"
         sections.append(
             title + "\n" + common.format_table(["#", "config", "TFLOP/s", "time (ms)"], table, float_formats={3: ".4f"})
         )
 
     for g in group_rankings:
         seq_lens = ", ".join(map(str, g.seq_lens))
-        title = f"Candidate default for {g.dtype}, d_head {g.d_head}: best harmonic mean of TFLOP/s over seq {seq_lens}"
+        where = f"{g.dtype}, d_head {g.d_head}, {common.mask_name(g.causal)}"
+        title = f"Candidate default for {where}: best harmonic mean of TFLOP/s over seq {seq_lens}"
         if not g.ranked:
             sections.append(f"{title}\n(no configuration was measured at every sequence length)")
             continue
         table = [[place, c.config, c.harmonic_mean_tflops] for place, c in enumerate(g.ranked[:top], start=1)]
         sections.append(f"{title}\n" + common.format_table(["#", "config", "harmonic mean TFLOP/s"], table))
         sections.append(f"candidate default: {g.candidate.config}")
+
+    # One line per group, so the defaults with and without the mask read side by side.
+    table = [
+        [g.dtype, g.d_head, common.mask_name(g.causal), g.candidate.config, g.candidate.harmonic_mean_tflops]
+        for g in group_rankings
+        if g.candidate
+    ]
+    headers = ["dtype", "d_head", "mask", "candidate default", "harmonic mean TFLOP/s"]
+    sections.append("Candidate defaults\n" + common.format_table(headers, table))
     return "\n\n".join(sections)
 
 
@@ -179,23 +197,25 @@ def sweep(args: argparse.Namespace, configs, csv_writer: common.TimingCsvWriter)
 
     timer, timing = common.make_timer(args.rep_ms)
     print(f"{len(configs)} configurations; {timing}")
+    variants = common.compiled_variants()
     shapes = []
-    for dtype_name, d_head, seq_len in itertools.product(args.dtypes, args.d_heads, args.seq_lens):
+    masks = common.causal_values(args.causal)
+    for dtype_name, d_head, causal, seq_len in itertools.product(args.dtypes, args.d_heads, masks, args.seq_lens):
         dtype = common.dtype_from_name(dtype_name)
-        fitting = [cfg for cfg in configs if common.fits(cfg, dtype, d_head, seq_len)]
+        problem = common.benchmark_problem(seq_len, d_head, causal)
+        fitting = [cfg for cfg in configs if common.fits(cfg, dtype, problem, variants)]
         if fitting:
-            shapes.append((dtype_name, dtype, d_head, seq_len, fitting))
+            shapes.append((dtype_name, dtype, problem, fitting))
 
     rows = []
     with common.Progress(sum(len(shape[-1]) for shape in shapes), "autotuning") as progress:
-        for dtype_name, dtype, d_head, seq_len, fitting in shapes:
-            progress.set_description(f"{dtype_name} d_head {d_head} seq {seq_len}")
-            batch, heads = common.batch_for_seq_len(seq_len), common.heads_for_d_head(d_head)
-            q, k, v = common.make_inputs(batch, seq_len, heads, d_head, dtype)
+        for dtype_name, dtype, problem, fitting in shapes:
+            progress.set_description(f"{dtype_name} {problem.describe()}")
+            q, k, v = common.make_inputs(problem, dtype)
             o = q.new_empty(q.shape)
             for cfg in fitting:
-                time_ms = timer(functools.partial(flash_attention.forward, cfg, q, k, v, o))
-                row = common.timing_row(dtype_name, d_head, seq_len, batch, heads, "ours", cfg.short_form(), time_ms)
+                time_ms = timer(functools.partial(flash_attention.forward, cfg, q, k, v, o, causal=problem.causal))
+                row = common.timing_row(dtype_name, problem, "ours", cfg.short_form(), time_ms)
                 csv_writer.write(row)
                 rows.append(row)
                 progress.update()
@@ -211,8 +231,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--d-heads", nargs="+", type=int, choices=common.D_HEADS, default=list(common.D_HEADS), help="(default: all)"
     )
     parser.add_argument(
-        "--seq-lens", nargs="+", type=int, default=list(common.SEQ_LENS), metavar="SEQ", help="(default: 512 ... 16384)"
+        "--seq-lens",
+        nargs="+",
+        type=common.positive_int,
+        default=list(common.SEQ_LENS),
+        metavar="SEQ",
+        help="(default: 512 ... 16384)",
     )
+    common.add_causal_argument(parser, default="both")
     parser.add_argument(
         "--kernels",
         help="configurations to time: short forms separated by ';', or a set name (prog, progall, tune, all, "
@@ -236,10 +262,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="CSV",
         help="rank the timings in an existing CSV file instead of measuring (no GPU needed)",
     )
-    args = parser.parse_args(argv)
-    if any(seq_len < 1 for seq_len in args.seq_lens):
-        parser.error("sequence lengths must be positive")
-    return args
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
-"""What the benchmark and analysis tools share: the benchmark shapes, inputs, timing, the PyTorch
-SDPA references, the float32 reference check, configuration selection, tables, CSV files and
-progress bars.
+"""What the benchmark and analysis tools share: the benchmark shapes and problems, FLOP counts,
+inputs, timing, the PyTorch SDPA references, the FLASH output check, configuration selection,
+tables, CSV files and progress bars.
 
 Importing this module imports neither torch nor the compiled extension (they are imported inside
 the functions that need them), so every tool's ``--help`` is instant and the parsers and
@@ -9,6 +9,8 @@ summaries that need no GPU work on any machine.
 
 from __future__ import annotations
 
+import argparse
+import collections
 import contextlib
 import csv
 import dataclasses
@@ -29,7 +31,7 @@ if str(REPO_ROOT / "py") not in sys.path:
 
 from flash_helpers.dtypes import DTYPES, DType  # noqa: E402
 from flash_helpers.kernel_sets import BUILD_KERNELS_ENV, KERNELS_ENV, get_kernel_configs  # noqa: E402
-from flash_helpers.problem import attention_flop, total_flop  # noqa: E402
+from flash_helpers.problem import MaskKind, ProblemVariant  # noqa: E402
 from flash_helpers.sm80_config import D_HEADS, FlashForwardKernelConfig  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------
@@ -65,9 +67,118 @@ def dtype_from_name(name: str) -> DType:
     return DType.from_string(name)
 
 
-def flop_counts(d_head: int, batch: int, heads: int, seq_len: int) -> tuple[int, int]:
-    """(attention FLOPs, total FLOPs) of one forward pass: the counts of ``flash_helpers.problem``."""
-    return attention_flop(batch, heads, seq_len, d_head), total_flop(batch, heads, seq_len, d_head)
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def mask_name(causal: bool) -> str:
+    return "causal" if causal else "no mask"
+
+
+# --causal's values and the masks each measures. A bare --causal means "on".
+CAUSAL_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
+
+
+def add_causal_argument(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument(
+        "--causal",
+        nargs="?",
+        const="on",
+        default=default,
+        choices=tuple(CAUSAL_CHOICES),
+        help="with the causal mask (a bare --causal, or 'on'), without it ('off'), or each in turn ('both') "
+        f"(default: {default})",
+    )
+
+
+def causal_values(choice: str) -> tuple[bool, ...]:
+    """The masks a --causal value measures: False for none, True for causal."""
+    return CAUSAL_CHOICES[choice]
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One attention problem: q is (batch, seqlen_q, heads_q, d_head), k and v are (batch, seqlen_k,
+    heads_kv, d_head); causal masks the keys past the bottom-right-aligned diagonal."""
+
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_kv: int
+    d_head: int
+    causal: bool = False
+
+    def flop_counts(self) -> tuple[float, float]:
+        return flop_counts(self.d_head, self.batch, self.heads_q, self.seqlen_q, self.seqlen_k, self.causal)
+
+    def describe(self) -> str:
+        """E.g. ``batch 16, seq 4096, 16 heads (4 k/v heads), d_head 128, causal``."""
+        seq = f"seq {self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"seq {self.seqlen_q} x {self.seqlen_k}"
+        heads = f"{self.heads_q} heads" + (f" ({self.heads_kv} k/v heads)" if self.heads_kv != self.heads_q else "")
+        return f"batch {self.batch}, {seq}, {heads}, d_head {self.d_head}, {mask_name(self.causal)}"
+
+
+def benchmark_problem(seq_len: int, d_head: int, causal: bool = False, gqa_ratio: int = 1) -> Problem:
+    """The benchmark shape at any sequence length (self-attention: seqlen_k = seqlen_q) and head size,
+    with gqa_ratio query heads per key/value head. Raises ValueError if gqa_ratio does not divide
+    the heads."""
+    heads = heads_for_d_head(d_head)
+    if heads % gqa_ratio:
+        raise ValueError(f"a GQA ratio of {gqa_ratio} does not divide the {heads} heads of d_head {d_head}")
+    return Problem(batch_for_seq_len(seq_len), seq_len, seq_len, heads, heads // gqa_ratio, d_head, causal)
+
+
+# ----------------------------------------------------------------------------------------------
+# FLOP counts
+
+
+def score_pairs(seqlen_q: int, seqlen_k: int, causal: bool = False) -> float:
+    """The (query, key) pairs per head that the FLOP counts count (DESIGN.md, Measuring).
+
+    Without a mask: all seqlen_q * seqlen_k. Causal with seqlen_q = seqlen_k: half of them, as
+    FlashAttention counts, so that our TFLOP/s compare with theirs (the mask keeps n (n + 1) / 2,
+    the diagonal too). Causal with other lengths: exactly the pairs the bottom-right-aligned mask
+    keeps. Query i attends keys 0 .. i + seqlen_k - seqlen_q, so the last row attends seqlen_k keys,
+    the one before it seqlen_k - 1, and so on up to the first row (rows that would attend fewer than
+    one attend none): 1 + ... + seqlen_k less 1 + ... + max(0, seqlen_k - seqlen_q).
+    """
+    if not causal:
+        return seqlen_q * seqlen_k
+    if seqlen_q == seqlen_k:
+        return seqlen_q * seqlen_k / 2
+    skipped = max(0, seqlen_k - seqlen_q)
+    return (seqlen_k * (seqlen_k + 1) - skipped * (skipped + 1)) // 2
+
+
+def flop_rule(problem: Problem) -> str:
+    """How the attention FLOPs of ``problem`` are counted (``score_pairs``), for the tables."""
+    unmasked = "4 * batch * heads_q * seqlen_q * seqlen_k * d_head"
+    if not problem.causal:
+        return unmasked
+    if problem.seqlen_q == problem.seqlen_k:
+        return f"half of {unmasked} (causal), as FlashAttention counts"
+    return "4 * batch * heads_q * d_head per unmasked (query, key) pair (causal)"
+
+
+def flop_counts(
+    d_head: int, batch: int, heads: int, seqlen_q: int, seqlen_k: int | None = None, causal: bool = False
+) -> tuple[float, float]:
+    """(attention FLOPs, total FLOPs) of one forward pass over the ``score_pairs`` of every head.
+
+    The terms are those of ``flash_helpers.problem``, which counts the unmasked problem with
+    seqlen_q = seqlen_k (seqlen_k defaults to seqlen_q): the two matmuls, 4 * d_head per pair
+    (attention_flop); in the total also the online softmax's five operations per pair and the
+    normalisation of each output element (total_flop).
+    """
+    seqlen_k = seqlen_q if seqlen_k is None else seqlen_k
+    pairs = batch * heads * score_pairs(seqlen_q, seqlen_k, causal)
+    attention = 4 * d_head * pairs
+    return attention, attention + 5 * pairs + batch * heads * seqlen_q * d_head
 
 
 def tflops(flop: float, time_ms: float) -> float:
@@ -77,9 +188,40 @@ def tflops(flop: float, time_ms: float) -> float:
     return flop / time_ms / 1e9
 
 
-def fits(cfg: FlashForwardKernelConfig, dtype: DType, d_head: int, seq_len: int) -> bool:
-    """Whether ``cfg`` can run this shape: same dtype and d_head, block sizes dividing seq_len."""
-    return cfg.dtype == dtype and cfg.d_head == d_head and seq_len % cfg.B_r == 0 and seq_len % cfg.B_c == 0
+# ----------------------------------------------------------------------------------------------
+# Which configuration runs which problem
+
+
+def needed_variant(cfg: FlashForwardKernelConfig, problem: Problem) -> ProblemVariant:
+    """The kernel variant the binding runs for ``cfg`` on ``problem``: partial last blocks (a length
+    that is not a multiple of the block size) need masked tails."""
+    masked_tails = problem.seqlen_q % cfg.B_r != 0 or problem.seqlen_k % cfg.B_c != 0
+    return ProblemVariant(MaskKind.CAUSAL if problem.causal else MaskKind.NONE, masked_tails)
+
+
+def compiled_variants() -> dict[FlashForwardKernelConfig, frozenset[ProblemVariant]]:
+    """Each compiled configuration's problem variants (``flash_attention.compiled_variants``), in one
+    pass over the compiled kernels rather than one per configuration: tuning builds hold thousands."""
+    import flash_attention
+
+    variants = collections.defaultdict(set)
+    for cfg, variant in flash_attention.compiled_kernels():
+        variants[cfg].add(variant)
+    return {cfg: frozenset(at_cfg) for cfg, at_cfg in variants.items()}
+
+
+def fits(
+    cfg: FlashForwardKernelConfig,
+    dtype: DType,
+    problem: Problem,
+    variants: dict[FlashForwardKernelConfig, frozenset[ProblemVariant]],
+) -> bool:
+    """Whether ``cfg`` can run ``problem``: same dtype and d_head, and the variant the problem needs
+    is compiled (``variants``: ``compiled_variants()``). Any lengths fit a configuration that has
+    the masked-tails variant."""
+    return (
+        cfg.dtype == dtype and cfg.d_head == problem.d_head and needed_variant(cfg, problem) in variants.get(cfg, ())
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -96,19 +238,25 @@ def no_gpu_message(tool: str) -> str:
     return f"no CUDA GPU visible: {tool} needs one"
 
 
-def make_inputs(batch: int, seq_len: int, heads: int, d_head: int, dtype: DType, seed: int | None = None):
-    """Random q, k, v of shape (batch, seq_len, heads, d_head) on the current GPU (never zeros:
-    every kernel must do its real work)."""
+# Where the inputs are made: the tools measure the GPU.
+DEVICE = "cuda"
+
+
+def make_inputs(problem: Problem, dtype: DType, seed: int | None = None):
+    """Random q (batch, seqlen_q, heads_q, d_head), k and v (batch, seqlen_k, heads_kv, d_head) on the
+    current GPU (never zeros: every kernel must do its real work)."""
     import torch
 
-    generator = torch.Generator(device="cuda")
+    generator = torch.Generator(device=DEVICE)
     if seed is None:
         generator.seed()
     else:
         generator.manual_seed(seed)
-    shape = (batch, seq_len, heads, d_head)
+    q_shape = (problem.batch, problem.seqlen_q, problem.heads_q, problem.d_head)
+    kv_shape = (problem.batch, problem.seqlen_k, problem.heads_kv, problem.d_head)
     return tuple(
-        torch.randn(shape, dtype=DType(dtype).to_torch_dtype(), device="cuda", generator=generator) for _ in range(3)
+        torch.randn(shape, dtype=DType(dtype).to_torch_dtype(), device=DEVICE, generator=generator)
+        for shape in (q_shape, kv_shape, kv_shape)
     )
 
 
@@ -180,15 +328,60 @@ def use_sdpa_reference(reference: str):
     return sdpa_kernel(sdpa_backend(reference))
 
 
-def sdpa_runner(q, k, v) -> Callable[[], object]:
+def sdpa_runner(q, k, v, causal: bool = False, repeat_kv: bool = False) -> Callable[[], object]:
     """SDPA on the same tensors: it takes (batch, heads, seq, d_head), so it gets transposed views of
     our (batch, seq, heads, d_head) inputs, and returns the output in our layout. Call it inside
     ``use_sdpa_reference`` (entered once around the timing, not per call, to keep the CPU cost of
-    the context out of the measurement)."""
+    the context out of the measurement).
+
+    With fewer key/value heads than query heads (GQA), SDPA groups the query heads itself
+    (enable_gqa), or, with ``repeat_kv``, is given k and v with each head repeated for its group
+    (made here, outside any timing), for backends that do not take enable_gqa. SDPA's is_causal
+    aligns the mask top-left and ours bottom-right: they agree only for seqlen_q = seqlen_k.
+    """
     import torch.nn.functional as F
 
+    if causal and q.shape[1] != k.shape[1]:
+        raise ValueError("SDPA's causal mask is ours only for seqlen_q = seqlen_k (it is aligned top-left)")
+    group = q.shape[2] // k.shape[2]
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    return lambda: F.scaled_dot_product_attention(q, k, v).transpose(1, 2)
+    options = {"is_causal": causal}
+    if group > 1 and repeat_kv:
+        k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    elif group > 1:
+        options["enable_gqa"] = True
+    return lambda: F.scaled_dot_product_attention(q, k, v, **options).transpose(1, 2)
+
+
+# How an SDPA call was given grouped key/value heads (the "config" of its timing rows).
+GQA_NATIVE = "enable_gqa"
+GQA_REPEATED = "kv_repeated"
+
+
+@dataclasses.dataclass
+class SdpaCall:
+    """One SDPA backend's call on our inputs, run once."""
+
+    run: Callable[[], object]  # the call; time it inside use_sdpa_reference
+    output: object  # its output, in our layout
+    gqa: str  # "" without GQA, else GQA_NATIVE or GQA_REPEATED
+
+
+def sdpa_call(reference: str, q, k, v, causal: bool = False) -> SdpaCall:
+    """The call of one SDPA backend on q, k, v, run once to find a form the backend accepts: with GQA
+    first enable_gqa (FLASH and CUDNN take it on torch >= 2.5; EFFICIENT does not), else k and v
+    with repeated heads. Raises RuntimeError if the backend runs neither (it does not support this
+    GPU, dtype, head size or shape)."""
+    forms = (GQA_NATIVE, GQA_REPEATED) if q.shape[2] != k.shape[2] else ("",)
+    with use_sdpa_reference(reference):
+        for form in forms:
+            run = sdpa_runner(q, k, v, causal, repeat_kv=form == GQA_REPEATED)
+            try:
+                return SdpaCall(run, run(), form)
+            # TypeError: torch < 2.5 has no enable_gqa.
+            except (RuntimeError, TypeError) as error:
+                failure = error
+    raise failure
 
 
 # Largest |ours - SDPA FLASH| accepted: a loose sanity bound for outputs of magnitude up to ~1, where
@@ -277,39 +470,77 @@ def select_configs(key: str | None, default_key: str | None = None) -> list[Flas
 
 @dataclasses.dataclass
 class TimingRow:
-    """One timed implementation at one shape: a row of the benchmark and autotuning CSV files."""
+    """One timed implementation at one problem: a row of the benchmark and autotuning CSV files."""
 
     dtype: str
     d_head: int
-    seq_len: int
+    causal: bool
+    seq_len: int  # seqlen_q
+    seqlen_k: int
     batch: int
-    heads: int
+    heads: int  # heads_q
+    heads_kv: int
     implementation: str  # "ours", or "sdpa_" + an SDPA_REFERENCES key
-    config: str  # our configuration's short form; empty for SDPA
+    config: str  # our configuration's short form; for SDPA, how GQA was passed (SdpaCall.gqa)
     time_ms: float  # NaN where the implementation could not run
-    tflops: float  # attention TFLOP/s: 4 * batch * heads * seq^2 * d_head / time
+    tflops: float  # attention TFLOP/s: the first of flop_counts over the time
+
+    @property
+    def problem(self) -> Problem:
+        return Problem(self.batch, self.seq_len, self.seqlen_k, self.heads, self.heads_kv, self.d_head, self.causal)
 
 
 TIMING_FIELDS = [field.name for field in dataclasses.fields(TimingRow)]
+# Columns that files written before masks and GQA lack, and their values there.
+_ADDED_TIMING_FIELDS = {
+    "causal": lambda row: "False",
+    "seqlen_k": lambda row: row["seq_len"],
+    "heads_kv": lambda row: row["heads"],
+}
 
 
-def timing_row(
-    dtype: str, d_head: int, seq_len: int, batch: int, heads: int, implementation: str, config: str, time_ms: float
-) -> TimingRow:
-    attn_flop, _ = flop_counts(d_head, batch, heads, seq_len)
-    return TimingRow(dtype, d_head, seq_len, batch, heads, implementation, config, time_ms, tflops(attn_flop, time_ms))
+def timing_row(dtype: str, problem: Problem, implementation: str, config: str, time_ms: float) -> TimingRow:
+    attn_flop, _ = problem.flop_counts()
+    return TimingRow(
+        dtype,
+        problem.d_head,
+        problem.causal,
+        problem.seqlen_q,
+        problem.seqlen_k,
+        problem.batch,
+        problem.heads_q,
+        problem.heads_kv,
+        implementation,
+        config,
+        time_ms,
+        tflops(attn_flop, time_ms),
+    )
+
+
+def _parse_bool(text: str) -> bool:
+    """A bool as csv.DictWriter writes it."""
+    if text not in ("True", "False"):
+        raise ValueError(f"not a boolean: {text!r}")
+    return text == "True"
 
 
 def read_timing_csv(path: str | os.PathLike) -> list[TimingRow]:
-    """Rows written by ``TimingCsvWriter`` or ``write_csv`` (pt_bench and autotune files)."""
+    """Rows written by ``TimingCsvWriter`` or ``write_csv`` (pt_bench and autotune files), including
+    files from before the causal, seqlen_k and heads_kv columns (unmasked, self-attention, no GQA)."""
     types = {field.name: field.type for field in dataclasses.fields(TimingRow)}
-    converters = {"int": int, "float": float, "str": str}
+    converters = {"int": int, "float": float, "str": str, "bool": _parse_bool}
     with open(path, newline="") as file:
         reader = csv.DictReader(file)
-        absent = set(TIMING_FIELDS) - set(reader.fieldnames or [])
+        absent = set(TIMING_FIELDS) - set(_ADDED_TIMING_FIELDS) - set(reader.fieldnames or [])
         if absent:
             raise ValueError(f"{path}: not a timing CSV file, it lacks the columns {', '.join(sorted(absent))}")
-        return [TimingRow(**{name: converters[types[name]](row[name]) for name in TIMING_FIELDS}) for row in reader]
+        rows = []
+        for row in reader:
+            for name, default in _ADDED_TIMING_FIELDS.items():
+                if row.get(name) is None:
+                    row[name] = default(row)
+            rows.append(TimingRow(**{name: converters[types[name]](row[name]) for name in TIMING_FIELDS}))
+        return rows
 
 
 def write_csv(path: str | os.PathLike, rows: Sequence[object], fieldnames: Sequence[str] | None = None) -> None:

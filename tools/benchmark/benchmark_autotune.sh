@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Autotuning sweep: times every compiled configuration of the tuning set at the benchmark shapes and
-# prints the ranking (see: python tools/benchmark/autotune.py --help).
-#   bash tools/benchmark/benchmark_autotune.sh [SEQ_LEN...] [autotune.py options...]
+# Autotuning sweep: times every compiled configuration of the tuning set at the benchmark shapes,
+# without and with the causal mask, and prints the ranking (see: python tools/benchmark/autotune.py --help).
+#   bash tools/benchmark/benchmark_autotune.sh [SEQ_LEN...] [autotune.py options: --causal off|on|both, ...]
 # SEQ_LENs default to 512 1024 2048 4096 8192 16384; the options start at the first argument that
 # is not a number. KERNELS selects the configurations (default: tune, intersected with the build:
 # build them with FLASH_BUILD_KERNELS=tune). Timings go to profiles/autotune.csv unless --csv says

@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
 """Profiles the compiled forward kernels (and PyTorch SDPA references) with Nsight Compute.
 
-For each (seq_len, d_head) it runs
+For each (seq_len, d_head, mask) it runs
 
     ncu --clock-control none --csv --page raw --metrics <NCU_METRICS> python run_kernels.py SEQ D_HEAD ...
 
-at the benchmark shape (batch 16/16/16/16/8/4 for seq 512..16384; 16 heads for d_head 128, 32 for
-d_head 64), maps each profiled kernel back to its configuration's short form (SDPA kernels to the
+at the benchmark shape (batch 16, at most 64Ki tokens: 16/16/16/16/8/4 for seq 512..16384;
+heads * d_head = 2048: 16 heads for d_head 128, 32 for d_head 64), with the causal mask or without
+(--causal), maps each profiled kernel back to its configuration's short form (SDPA kernels to the
 backend's name; other kernels, such as the inputs' random fill, are left out), averages over the
 runs and prints per kernel: duration, cycles, registers per thread, shared memory per block,
 achieved occupancy, L2 hit rate, DRAM throughput, tensor-pipe utilization, and TFLOP/s counting
-all the work (total_flop) or only the two matmuls (attn_flop).
+all the work (total_flop) or only the two matmuls (attn_flop); with the causal mask, half of the
+unmasked problem's, as FlashAttention counts.
 
 --clock-control none leaves the GPU at its normal clocks, so durations are comparable with the
 benchmark's. Needs Nsight Compute (ncu) and a GPU.
@@ -250,6 +252,7 @@ class ProfileRow:
 
     dtype: str
     d_head: int
+    causal: bool
     seq_len: int
     batch: int
     heads: int
@@ -267,16 +270,17 @@ class ProfileRow:
     attn_tflops: float  # attn_flop / duration
 
 
-def profile_row(summary: KernelSummary, dtype: str, d_head: int, seq_len: int, batch: int, heads: int) -> ProfileRow:
+def profile_row(summary: KernelSummary, dtype: str, problem: common.Problem) -> ProfileRow:
     metric = summary.metrics.get
     duration_ms = metric(TIME, math.nan) / 1e6
-    attn_flop, total_flop = common.flop_counts(d_head, batch, heads, seq_len)
+    attn_flop, total_flop = problem.flop_counts()
     return ProfileRow(
         dtype=dtype,
-        d_head=d_head,
-        seq_len=seq_len,
-        batch=batch,
-        heads=heads,
+        d_head=problem.d_head,
+        causal=problem.causal,
+        seq_len=problem.seqlen_q,
+        batch=problem.batch,
+        heads=problem.heads_q,
         kernel=summary.kernel.label,
         launches=summary.launches,
         duration_us=duration_ms * 1e3,
@@ -319,11 +323,17 @@ def format_profile_table(rows: list[ProfileRow]) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--seq_lens", nargs="+", type=int, default=[4096], metavar="SEQ", help="sequence lengths (default: 4096)"
+        "--seq_lens",
+        nargs="+",
+        type=common.positive_int,
+        default=[4096],
+        metavar="SEQ",
+        help="sequence lengths, any positive values (default: 4096)",
     )
     parser.add_argument(
         "--d_heads", nargs="+", type=int, choices=common.D_HEADS, default=[128], help="head dimensions (default: 128)"
     )
+    common.add_causal_argument(parser, default="off")
     parser.add_argument("--runs", type=int, default=3, metavar="N", help="profiled runs of each kernel (default: 3)")
     parser.add_argument(
         "--kernels",
@@ -350,7 +360,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def ncu_command(ncu: str, args: argparse.Namespace, seq_len: int, d_head: int, batch: int, heads: int) -> list[str]:
+def ncu_command(ncu: str, args: argparse.Namespace, problem: common.Problem) -> list[str]:
     command = [
         ncu,
         "--clock-control", "none",
@@ -361,13 +371,15 @@ def ncu_command(ncu: str, args: argparse.Namespace, seq_len: int, d_head: int, b
         # bare function name, which all our configurations share.
         "--print-kernel-base", "demangled",
         "--metrics", ",".join(NCU_METRICS),
-        sys.executable, str(RUN_KERNELS), str(seq_len), str(d_head),
+        sys.executable, str(RUN_KERNELS), str(problem.seqlen_q), str(problem.d_head),
         "--n_runs", str(args.runs),
-        "--batch", str(batch),
-        "--heads", str(heads),
+        "--batch", str(problem.batch),
+        "--heads", str(problem.heads_q),
         "--dtype", args.dtype,
         "--reference", args.reference,
     ]  # fmt: skip
+    if problem.causal:
+        command.append("--causal")
     if args.kernels:
         command += ["--kernels", args.kernels]
     return command
@@ -390,24 +402,27 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     all_rows, tables, failures = [], [], []
-    shapes = list(itertools.product(args.seq_lens, args.d_heads))
-    for seq_len, d_head in common.track(shapes, description="profiling"):
-        batch, heads = common.batch_for_seq_len(seq_len), common.heads_for_d_head(d_head)
-        where = f"{args.dtype}, seq {seq_len}, d_head {d_head}, batch {batch}, {heads} heads"
-        result = subprocess.run(ncu_command(ncu, args, seq_len, d_head, batch, heads), capture_output=True, text=True)
+    problems = [
+        common.benchmark_problem(seq_len, d_head, causal)
+        for seq_len, d_head, causal in itertools.product(args.seq_lens, args.d_heads, common.causal_values(args.causal))
+    ]
+    for problem in common.track(problems, description="profiling"):
+        where = f"{args.dtype}, {problem.describe()}"
+        result = subprocess.run(ncu_command(ncu, args, problem), capture_output=True, text=True)
         try:
             summaries = summarize(parse_ncu_csv(result.stdout), include_other=args.all_kernels)
         except NcuOutputError as error:
-            summaries, problem = [], str(error)
+            summaries, trouble = [], str(error)
         else:
-            problem = "" if summaries else "ncu reported none of our or SDPA's kernels"
+            trouble = "" if summaries else "ncu reported none of our or SDPA's kernels"
         if result.returncode != 0:
-            problem = f"ncu exited with status {result.returncode}" + (f"; {problem}" if problem else "")
-        if problem:
-            failures.append(f"{where}: {problem}\n{output_tail(result)}")
-        rows = [profile_row(summary, args.dtype, d_head, seq_len, batch, heads) for summary in summaries]
+            trouble = f"ncu exited with status {result.returncode}" + (f"; {trouble}" if trouble else "")
+        if trouble:
+            failures.append(f"{where}: {trouble}\n{output_tail(result)}")
+        rows = [profile_row(summary, args.dtype, problem) for summary in summaries]
         if rows:
-            tables.append(f"{where} (averages over {args.runs} run(s))\n{format_profile_table(rows)}")
+            title = f"{where} (averages over {args.runs} run(s)); attention FLOPs: {common.flop_rule(problem)}"
+            tables.append(f"{title}\n{format_profile_table(rows)}")
         all_rows += rows
 
     print("\n\n".join(tables))

@@ -1,20 +1,27 @@
 #!/usr/bin/env python3
 """Compares the compiled forward kernels with PyTorch's SDPA (FLASH, CUDNN and EFFICIENT backends).
 
-For each dtype, d_head and sequence length of the benchmark shapes (batch 16/16/16/16/8/4 for seq
-512/1024/2048/4096/8192/16384; 16 heads for d_head 128, 32 for d_head 64), times every selected
-compiled configuration whose block sizes divide seq, then SDPA with each backend, on the same
+For each dtype, d_head, mask (--causal) and sequence length, at the benchmark shape (batch 16,
+capped at 64Ki tokens: 16/16/16/16/8/4 for seq 512/1024/2048/4096/8192/16384; heads * d_head =
+2048, or the nearest below: 16 heads for d_head 128, 32 for 64, 21 for 96; --gqa-ratio R query
+heads per key/value head),
+times every selected compiled configuration that has the kernel variant the problem needs (any
+length fits a configuration compiled with masked tails), then SDPA with each backend, on the same
 inputs in the same run. Time is the median of triton.testing.do_bench (of CUDA-event timings if
-triton is missing); TFLOP/s = 4 * batch * heads * seq^2 * d_head / time.
+triton is missing); TFLOP/s = 4 * batch * heads_q * seq^2 * d_head / time, half of that with the
+causal mask, as FlashAttention counts.
 
-Prints one table per (dtype, d_head) with the best configuration per seq and its ratio to the
-FLASH backend, then the harmonic mean of those ratios. The best configuration's output is checked
-against the FLASH backend's once per shape; a mismatch is reported and makes the exit status 1.
+Prints one table per (dtype, d_head, mask) with the best configuration per seq and its ratios to
+the FLASH and CUDNN backends, then the harmonic means of those ratios. A backend that cannot run a
+shape is shown as '-'; with GQA, a backend that rejects enable_gqa is given k and v with repeated
+heads, and the table says so. The best configuration's output is checked against the FLASH
+backend's once per shape; a mismatch is reported and makes the exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import itertools
 import math
@@ -22,9 +29,31 @@ import sys
 
 import bench_common as common
 
-# The SDPA backends timed, in table order; the first is the one the ratio and the check use.
+# The SDPA backends timed, in table order; the ours/<backend> ratios; the backend the check uses.
 REFERENCES = ("flash", "cudnn", "efficient")
-RATIO_REFERENCE = "flash"
+RATIO_REFERENCES = ("flash", "cudnn")
+CHECK_REFERENCE = "flash"
+
+
+@dataclasses.dataclass
+class Group:
+    """The problems of one table: one dtype, d_head and mask, every sequence length."""
+
+    dtype_name: str
+    d_head: int
+    causal: bool
+    problems: list[common.Problem]
+
+
+def groups(args: argparse.Namespace) -> list[Group]:
+    def problems(d_head: int, causal: bool) -> list[common.Problem]:
+        return [common.benchmark_problem(seq_len, d_head, causal, args.gqa_ratio) for seq_len in args.seq_lens]
+
+    masks = common.causal_values(args.causal)
+    return [
+        Group(dtype_name, d_head, causal, problems(d_head, causal))
+        for dtype_name, d_head, causal in itertools.product(args.dtypes, args.d_heads, masks)
+    ]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -34,7 +63,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dtypes", nargs="+", choices=common.DTYPE_NAMES, default=list(common.DTYPE_NAMES), help="(default: both)"
     )
     parser.add_argument(
-        "--seq-lens", nargs="+", type=int, choices=common.SEQ_LENS, default=list(common.SEQ_LENS), help="(default: all)"
+        "--seq-lens",
+        nargs="+",
+        type=common.positive_int,
+        default=list(common.SEQ_LENS),
+        metavar="SEQ",
+        help="sequence lengths, any positive values, e.g. 1000 4000 8000 (default: 512 ... 16384)",
+    )
+    common.add_causal_argument(parser, default="off")
+    parser.add_argument(
+        "--gqa-ratio",
+        type=common.positive_int,
+        default=1,
+        metavar="R",
+        help="query heads per key/value head (grouped-query attention): heads_kv = heads_q / R, where heads_q "
+        "is the benchmark shape's (default: 1)",
     )
     parser.add_argument(
         "--kernels",
@@ -51,57 +94,64 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--plot",
         metavar="PATH",
-        help="also draw TFLOP/s against seq per (dtype, d_head) to the PNG file PATH: our best configuration "
+        help="also draw TFLOP/s against seq per (dtype, d_head, mask) to the PNG file PATH: our best configuration "
         "and each SDPA backend (needs matplotlib)",
     )
     parser.add_argument(
         "--check-gpu", action="store_true", help="only check that a CUDA GPU is visible (exit status 0 if so)"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    # The shapes are built here once so that a ratio not dividing some d_head's heads is a usage
+    # error, not a failure halfway through the measurements.
+    try:
+        groups(args)
+    except ValueError as error:
+        parser.error(f"--gqa-ratio: {error}")
+    return args
 
 
 def implementation_name(reference: str) -> str:
     return f"sdpa_{reference}"
 
 
-def benchmark_shape(dtype_name, d_head, seq_len, configs, timer, progress) -> tuple[list[common.TimingRow], str | None]:
-    """Times our configurations and SDPA at one shape; returns the rows and a correctness failure, if any."""
+def benchmark_shape(
+    dtype_name: str, problem: common.Problem, configs, timer, progress
+) -> tuple[list[common.TimingRow], str | None]:
+    """Times our configurations and SDPA on one problem; returns the rows and a correctness failure, if any."""
     import flash_attention
 
-    batch, heads = common.batch_for_seq_len(seq_len), common.heads_for_d_head(d_head)
-    q, k, v = common.make_inputs(batch, seq_len, heads, d_head, common.dtype_from_name(dtype_name))
+    q, k, v = common.make_inputs(problem, common.dtype_from_name(dtype_name))
     o = q.new_empty(q.shape)
+    forward = functools.partial(flash_attention.forward, causal=problem.causal)
 
     def row(implementation: str, config: str, time_ms: float) -> common.TimingRow:
-        return common.timing_row(dtype_name, d_head, seq_len, batch, heads, implementation, config, time_ms)
+        return common.timing_row(dtype_name, problem, implementation, config, time_ms)
 
     rows = []
     for cfg in configs:
-        rows.append(row("ours", cfg.short_form(), timer(functools.partial(flash_attention.forward, cfg, q, k, v, o))))
+        rows.append(row("ours", cfg.short_form(), timer(functools.partial(forward, cfg, q, k, v, o))))
         progress.update()
 
-    run_sdpa = common.sdpa_runner(q, k, v)
-    reference_output = None
+    check_output = None
     for reference in REFERENCES:
         try:
+            call = common.sdpa_call(reference, q, k, v, problem.causal)
             with common.use_sdpa_reference(reference):
-                time_ms = timer(run_sdpa)
-                if reference == RATIO_REFERENCE:
-                    reference_output = run_sdpa()
+                rows.append(row(implementation_name(reference), call.gqa, timer(call.run)))
         except RuntimeError as error:
             label = common.SDPA_REFERENCES[reference]
-            progress.write(f"{label} cannot run {dtype_name} d_head {d_head} seq {seq_len}: {error}")
-            time_ms = math.nan
-        rows.append(row(implementation_name(reference), "", time_ms))
+            progress.write(f"{label} cannot run {dtype_name}, {problem.describe()}: {error}")
+            rows.append(row(implementation_name(reference), "", math.nan))
+        else:
+            if reference == CHECK_REFERENCE:
+                check_output = call.output
         progress.update()
 
     failure = None
     best = best_ours(rows)
-    if best is not None and reference_output is not None:
-        out = flash_attention.forward(best.config, q, k, v)
-        failure = common.flash_mismatch(
-            out, reference_output, dtype_name, f"{best.config} at batch {batch}, seq {seq_len}, heads {heads}"
-        )
+    if best is not None and check_output is not None:
+        out = forward(best.config, q, k, v)
+        failure = common.flash_mismatch(out, check_output, dtype_name, f"{best.config} at {problem.describe()}")
     return rows, failure
 
 
@@ -115,25 +165,26 @@ def reference_tflops(rows: list[common.TimingRow], reference: str) -> float:
     return next((r.tflops for r in rows if r.implementation == implementation_name(reference)), math.nan)
 
 
-def format_group_table(dtype_name: str, d_head: int, rows: list[common.TimingRow]) -> str:
-    """The table of one (dtype, d_head): best configuration per seq, each backend, the ratio to
-    FLASH, and the harmonic mean of the ratios."""
+def format_group_table(rows: list[common.TimingRow]) -> str:
+    """The table of one (dtype, d_head, mask): best configuration per seq, each backend, the ratios
+    to FLASH and CUDNN and their harmonic means, and how GQA was given to each backend."""
+    first = rows[0].problem
     headers = [
         "seq",
         "batch",
         "best config",
         "ours",
         *(r.upper() for r in REFERENCES),
-        f"ours/{RATIO_REFERENCE.upper()}",
+        *(f"ours/{r.upper()}" for r in RATIO_REFERENCES),
     ]
-    table, ratios = [], []
+    table = []
+    ratios = {reference: [] for reference in RATIO_REFERENCES}
     for seq_len in sorted({r.seq_len for r in rows}):
         at_seq = [r for r in rows if r.seq_len == seq_len]
         best = best_ours(at_seq)
         ours = best.tflops if best else math.nan
-        ratio = ours / reference_tflops(at_seq, RATIO_REFERENCE)
-        if math.isfinite(ratio):
-            ratios.append(ratio)
+        for reference in RATIO_REFERENCES:
+            ratios[reference].append(ours / reference_tflops(at_seq, reference))
         table.append(
             [
                 seq_len,
@@ -141,23 +192,32 @@ def format_group_table(dtype_name: str, d_head: int, rows: list[common.TimingRow
                 best.config if best else "(no configuration fits)",
                 ours,
                 *(reference_tflops(at_seq, reference) for reference in REFERENCES),
-                ratio,
+                *(ratios[reference][-1] for reference in RATIO_REFERENCES),
             ]
         )
-    title = f"{dtype_name}, d_head {d_head}, {common.heads_for_d_head(d_head)} heads (TFLOP/s)"
-    lines = [title, common.format_table(headers, table, float_formats={len(headers) - 1: ".3f"})]
-    if ratios:
-        mean = common.harmonic_mean(ratios)
-        lines.append(f"harmonic mean of ours/{RATIO_REFERENCE.upper()} over {len(ratios)} sequence lengths: {mean:.3f}")
+    heads = f"{first.heads_q} heads" + (f", {first.heads_kv} k/v heads" if first.heads_kv != first.heads_q else "")
+    title = f"{rows[0].dtype}, d_head {first.d_head}, {heads}, {common.mask_name(first.causal)} (TFLOP/s)"
+    ratio_formats = {len(headers) - 1 - i: ".3f" for i in range(len(RATIO_REFERENCES))}
+    lines = [title, f"FLOPs: {common.flop_rule(first)}"]
+    lines.append(common.format_table(headers, table, float_formats=ratio_formats))
+    for reference in RATIO_REFERENCES:
+        usable = [ratio for ratio in ratios[reference] if math.isfinite(ratio)]
+        if usable:
+            mean = common.harmonic_mean(usable)
+            lines.append(f"harmonic mean of ours/{reference.upper()} over {len(usable)} sequence lengths: {mean:.3f}")
+    for reference in REFERENCES:
+        if any(r.implementation == implementation_name(reference) and r.config == common.GQA_REPEATED for r in rows):
+            label = common.SDPA_REFERENCES[reference]
+            lines.append(f"{label} rejects enable_gqa: it was given k and v with each head repeated")
     return "\n".join(lines)
 
 
 def plot(path: str, rows: list[common.TimingRow]) -> None:
-    """TFLOP/s against seq, one panel per (dtype, d_head): our best configuration and each backend."""
-    groups = sorted({(r.dtype, r.d_head) for r in rows})
-    with common.png_figure(path, panels=len(groups)) as axes:
-        for axis, (dtype_name, d_head) in zip(axes, groups, strict=True):
-            group = [r for r in rows if (r.dtype, r.d_head) == (dtype_name, d_head)]
+    """TFLOP/s against seq, one panel per (dtype, d_head, mask): our best configuration and each backend."""
+    groups_plotted = sorted({(r.dtype, r.d_head, r.causal) for r in rows})
+    with common.png_figure(path, panels=len(groups_plotted)) as axes:
+        for axis, (dtype_name, d_head, causal) in zip(axes, groups_plotted, strict=True):
+            group = [r for r in rows if (r.dtype, r.d_head, r.causal) == (dtype_name, d_head, causal)]
             seq_lens = sorted({r.seq_len for r in group})
             at_seq = {seq_len: [r for r in group if r.seq_len == seq_len] for seq_len in seq_lens}
             best = [best_ours(at_seq[s]) for s in seq_lens]
@@ -170,7 +230,7 @@ def plot(path: str, rows: list[common.TimingRow]) -> None:
             axis.set_xscale("log", base=2)
             axis.set_xticks(seq_lens, [str(s) for s in seq_lens])
             axis.set_xlabel("sequence length")
-            common.finish_tflops_axis(axis, f"{dtype_name}, d_head {d_head}")
+            common.finish_tflops_axis(axis, f"{dtype_name}, d_head {d_head}, {common.mask_name(causal)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,24 +248,26 @@ def main(argv: list[str] | None = None) -> int:
     except common.ConfigSelectionError as error:
         print(error, file=sys.stderr)
         return 1
+    variants = common.compiled_variants()
     timer, timing = common.make_timer(args.rep_ms)
     versions = f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}"
     print(f"{torch.cuda.get_device_name()}, {versions}; {timing}")
 
     all_rows, failures = [], []
-    for dtype_name, d_head in itertools.product(args.dtypes, args.d_heads):
-        dtype = common.dtype_from_name(dtype_name)
-        fitting = {s: [c for c in configs if common.fits(c, dtype, d_head, s)] for s in args.seq_lens}
-        total = sum(len(at_seq) + len(REFERENCES) for at_seq in fitting.values())
+    for group in groups(args):
+        dtype = common.dtype_from_name(group.dtype_name)
+        fitting = [[c for c in configs if common.fits(c, dtype, p, variants)] for p in group.problems]
+        total = sum(len(at_problem) + len(REFERENCES) for at_problem in fitting)
         group_rows = []
-        with common.Progress(total, f"{dtype_name} d_head {d_head}") as progress:
-            for seq_len in args.seq_lens:
-                rows, failure = benchmark_shape(dtype_name, d_head, seq_len, fitting[seq_len], timer, progress)
+        description = f"{group.dtype_name} d_head {group.d_head} {common.mask_name(group.causal)}"
+        with common.Progress(total, description) as progress:
+            for problem, at_problem in zip(group.problems, fitting, strict=True):
+                rows, failure = benchmark_shape(group.dtype_name, problem, at_problem, timer, progress)
                 group_rows += rows
                 if failure:
                     failures.append(failure)
         print()
-        print(format_group_table(dtype_name, d_head, group_rows))
+        print(format_group_table(group_rows))
         all_rows += group_rows
 
     if args.csv:

@@ -4,15 +4,16 @@ profiler such as Nsight Compute can measure them:
 
     ncu --metrics gpu__time_duration.sum python tools/benchmark/run_kernels.py 4096 128 --n_runs 3
 
-Every selected compiled configuration with this dtype and d_head whose block sizes divide SEQ_LEN
+Every selected compiled configuration with this dtype and d_head that has the kernel variant the
+problem needs (--causal or not; masked tails where SEQ_LEN is not a multiple of its block sizes)
 runs N times on the same random inputs, then each chosen SDPA backend N times. Batch and heads
-default to the benchmark shape of SEQ_LEN (batch 16/16/16/16/8/4 for seq 512..16384; 16 heads for
-d_head 128, 32 for d_head 64).
+default to the benchmark shape of SEQ_LEN (batch 16, at most 64Ki tokens: 16/16/16/16/8/4 for seq
+512..16384; heads * d_head = 2048: 16 heads for d_head 128, 32 for d_head 64).
 
---check also compares each configuration's output with a float32 reference (the tests' criterion:
-max|out - ref32| <= 2 * max|ref16 - ref32| + 1e-5 and relative norm error < 1e-2), prints the errors
-and exits with status 1 on any mismatch. Leave it off under a profiler: the reference launches
-many kernels of its own.
+--check also compares each configuration's output with a float32 reference with the same mask
+(the tests' criterion: max|out - ref32| <= 2 * max|ref16 - ref32| + 1e-5 and relative norm error
+< 1e-2), prints the errors and exits with status 1 on any mismatch. Leave it off under a profiler:
+the reference launches many kernels of its own.
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ REFERENCE_CHOICES = ("none", *common.SDPA_REFERENCES, "all")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("seq_len", type=int, metavar="SEQ_LEN", help="sequence length")
-    parser.add_argument("d_head", type=int, choices=common.D_HEADS, metavar="D_HEAD", help="head dimension (64 or 128)")
+    parser.add_argument(
+        "d_head",
+        type=int,
+        choices=common.D_HEADS,
+        metavar="D_HEAD",
+        help=f"head dimension: {', '.join(map(str, common.D_HEADS))}",
+    )
     parser.add_argument(
         "--kernels",
         help="configurations to run: short forms separated by ';', or a set name (prog, progall, tune, all, "
@@ -39,6 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, help="batch size (default: the benchmark shape's)")
     parser.add_argument("--heads", type=int, help="heads (default: the benchmark shape's)")
     parser.add_argument("--dtype", choices=common.DTYPE_NAMES, default="fp16", help="(default: fp16)")
+    parser.add_argument("--causal", action="store_true", help="with the causal mask (bottom-right aligned)")
     parser.add_argument(
         "--reference",
         choices=REFERENCE_CHOICES,
@@ -76,24 +84,26 @@ def main(argv: list[str] | None = None) -> int:
     dtype = common.dtype_from_name(args.dtype)
     batch = args.batch or common.batch_for_seq_len(args.seq_len)
     heads = args.heads or common.heads_for_d_head(args.d_head)
+    problem = common.Problem(batch, args.seq_len, args.seq_len, heads, heads, args.d_head, args.causal)
     try:
         selected = common.select_configs(args.kernels)
     except common.ConfigSelectionError as error:
         print(error, file=sys.stderr)
         return 1
-    configs = [cfg for cfg in selected if common.fits(cfg, dtype, args.d_head, args.seq_len)]
+    variants = common.compiled_variants()
+    configs = [cfg for cfg in selected if common.fits(cfg, dtype, problem, variants)]
     references = chosen_references(args.reference)
     skipped = len(selected) - len(configs)
     print(
-        f"batch {batch}, seq {args.seq_len}, heads {heads}, d_head {args.d_head}, {args.dtype}: "
-        f"{len(configs)} configuration(s), {skipped} skipped (other dtype or d_head, or blocks not dividing seq)"
+        f"{problem.describe()}, {args.dtype}: {len(configs)} configuration(s), {skipped} skipped "
+        "(other dtype or d_head, or no kernel for this mask and length)"
     )
     if not configs and not references:
         print("nothing to run: no selected configuration fits this shape and --reference is none", file=sys.stderr)
         return 1
 
-    q, k, v = common.make_inputs(batch, args.seq_len, heads, args.d_head, dtype, seed=args.seed)
-    reference = FloatReference(q, k, v) if args.check and configs else None
+    q, k, v = common.make_inputs(problem, dtype, seed=args.seed)
+    reference = FloatReference(q, k, v, causal=args.causal) if args.check and configs else None
     o = torch.empty_like(q)
     comparisons = {}
     for cfg in configs:
@@ -101,19 +111,19 @@ def main(argv: list[str] | None = None) -> int:
             # Poisoned with NaN so that any element the kernel fails to write shows in the check.
             o.fill_(float("nan"))
         for _ in range(args.n_runs):
-            flash_attention.forward(cfg, q, k, v, o)
+            flash_attention.forward(cfg, q, k, v, o, causal=args.causal)
         print(f"ran {args.n_runs}x {cfg.short_form()}")
         if reference is not None:
             comparisons[cfg.short_form()] = reference.compare(o)
 
-    run_sdpa = common.sdpa_runner(q, k, v)
     for name in references:
         # A backend that does not support this GPU or shape is only reported: the references are
         # there for comparison, our configurations are what is under test.
         try:
+            call = common.sdpa_call(name, q, k, v, args.causal)  # the first of the N runs
             with common.use_sdpa_reference(name):
-                for _ in range(args.n_runs):
-                    run_sdpa()
+                for _ in range(args.n_runs - 1):
+                    call.run()
         except RuntimeError as error:
             print(f"{common.SDPA_REFERENCES[name]} cannot run this shape: {error}", file=sys.stderr)
             continue
