@@ -88,6 +88,17 @@ tool_options() {
     esac
 }
 
+# The comparison with the reference runs under memcheck only. Under the other tools PyTorch's own
+# kernels, which the filter leaves uninstrumented, misbehave: racecheck fails on the reference's
+# matrix products with "failed to handle a hardware exception" (an illegal address in cuBLAS), and
+# initcheck reports host reads of their results as reads of uninitialized memory.
+driver_options() {
+    case $1 in
+    memcheck) echo "" ;;
+    *) echo "--no-check" ;;
+    esac
+}
+
 run_tool() {
     local tool=$1
     local status=0
@@ -95,7 +106,7 @@ run_tool() {
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SANITIZER" --tool "$tool" $(tool_options "$tool") \
         --kernel-name "$KERNEL_FILTER" --error-exitcode "$TOOL_ERROR_STATUS" --print-limit 1000 \
         --log-file "$LOG_DIR/$tool.log" \
-        "$PYTHON" tools/sanitize_cases.py "${KERNELS_ARG[@]}" >"$LOG_DIR/$tool.out" 2>&1 || status=$?
+        "$PYTHON" tools/sanitize_cases.py $(driver_options "$tool") "${KERNELS_ARG[@]}" >"$LOG_DIR/$tool.out" 2>&1 || status=$?
     echo "$status" >"$LOG_DIR/$tool.status"
 }
 

@@ -58,6 +58,11 @@ def selected_kernels(selection: str | None) -> list[tuple]:
     return [(cfg, variant) for cfg, variant in flash_attention.compiled_kernels() if cfg in chosen]
 
 
+def on_gpu(inputs: helpers.Inputs) -> helpers.Inputs:
+    kwargs = {key: value.cuda() if isinstance(value, torch.Tensor) else value for key, value in inputs.kwargs.items()}
+    return helpers.Inputs(inputs.q.cuda(), inputs.k.cuda(), inputs.v.cuda(), kwargs)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     kernels = selected_kernels(args.kernels)
@@ -73,11 +78,13 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA GPU visible: the kernels need one", file=sys.stderr)
         return 1
 
-    rng = torch.Generator(device="cuda").manual_seed(args.seed)
+    # Inputs are drawn on the host and copied over: initcheck sees a copy's writes, but not those
+    # of PyTorch's kernels, which the kernel filter leaves uninstrumented.
+    rng = torch.Generator().manual_seed(args.seed)
     failures = 0
     for cfg, variant, problem in problems:
         label = f"{cfg.short_form()} [{variant.describe()}] {problem.describe()}"
-        inputs = problem.make(cfg, rng)
+        inputs = on_gpu(problem.make(cfg, rng))
         try:
             out, lse = inputs.forward(cfg, return_lse=True)
             torch.cuda.synchronize()
