@@ -25,7 +25,7 @@ from flash_helpers.kernel_sets import (
     should_autotune_config,
 )
 from flash_helpers.problem import attention_flop, total_flop
-from flash_helpers.sm80_config import B_CS, B_RS, D_HEADS, N_WARPS, FlashForwardKernelConfig
+from flash_helpers.sm80_config import B_CS, B_RS, D_HEADS, MAX_SMEM_BYTES, N_WARPS, FlashForwardKernelConfig
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 FP16, BF16 = DType.FP16, DType.BF16
@@ -322,6 +322,18 @@ def test_module_imports_without_torch():
 
 # ----------------------------------------------------------------------------------------------
 # Sizes and FLOP counts
+
+
+def test_smem_bytes_and_its_limit():
+    assert Config(FP16, 128, 64, 64, 4).smem_bytes() == (64 + 2 * 64) * 128 * 2 == 49152
+    eager = Config(FP16, 128, 128, 64, 4, True, True)
+    assert eager.smem_bytes() == (128 + 2 * 2 * 64) * 128 * 2 == 98304
+    # d_head 96 and 32 rows carry one 16-byte chunk of padding in the conflict-free layout.
+    assert Config(FP16, 96, 64, 64, 4, swizzled=True).smem_bytes() == (64 + 2 * 64) * (96 * 2 + 16)
+    assert Config(FP16, 96, 64, 64, 4).smem_bytes() == (64 + 2 * 64) * 96 * 2
+    too_big = Config(FP16, 256, 128, 128, 4, True, True)
+    assert too_big.smem_bytes() > MAX_SMEM_BYTES and "shared memory" in too_big.validity_error()
+    assert all(cfg.smem_bytes() <= MAX_SMEM_BYTES for cfg in get_all_kernel_configs())
 
 
 def test_flop_counts():

@@ -15,7 +15,7 @@ from typing import ClassVar
 from flash_helpers.dtypes import DType, coerce_dtype
 from flash_helpers.problem import ProblemVariant
 
-__all__ = ["B_CS", "B_RS", "D_HEADS", "FlashForwardKernelConfig", "LOAD_TILES", "N_WARPS", "SHORT_FORM_EXAMPLE"]
+__all__ = ["B_CS", "B_RS", "D_HEADS", "FlashForwardKernelConfig", "LOAD_TILES", "MAX_SMEM_BYTES", "N_WARPS", "SHORT_FORM_EXAMPLE"]
 
 # The values each dimension of the configuration space can take. The first four are also what the
 # kernel supports (validity rule 1); the load-tile counts and booleans are further constrained by
@@ -31,6 +31,9 @@ LOAD_TILES = (0, 1, 2, 4)
 _MMA_K = 16
 # The M of one mma.sync.m16n8k16 instruction: the granularity of a warp's query rows.
 _MMA_M = 16
+# The most dynamic shared memory a block can have on any GPU the family runs on (sm_90's opt-in
+# limit, 227 KiB; sm_80 allows 163 KiB, which the binding checks at call time).
+MAX_SMEM_BYTES = 232448
 
 SHORT_FORM_EXAMPLE = "(FP16, 128, 64, 64, 4): async+load_0_2_2_tiles"
 
@@ -134,6 +137,16 @@ class FlashForwardKernelConfig:
         parts += [flag.removesuffix("_tiles") for flag in self._flags()]
         return "_".join(parts)
 
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory of one block: the Q tile, and a K and a V tile per pipeline stage
+        (two with eager_load_blocks), of 2-byte elements; rows of d_head 32 or 96 are one 16-byte
+        chunk longer in the conflict-free layout. The kernel's traits lay the same tiles out, and
+        the tests compare the two."""
+        padded = self.swizzled and self.d_head % 64 != 0
+        row_bytes = 2 * self.d_head + (16 if padded else 0)
+        stages = 2 if self.eager_load_blocks else 1
+        return (self.B_r + 2 * stages * self.B_c) * row_bytes
+
     def validity_error(self) -> str | None:
         """Why the kernel cannot run this configuration (the first failing rule), or None if it can."""
         for field, supported in (("d_head", D_HEADS), ("B_r", B_RS), ("B_c", B_CS), ("n_warps", N_WARPS)):
@@ -169,6 +182,12 @@ class FlashForwardKernelConfig:
                 f"Q_mma_load_K_tiles must be 0 (Q fragments loaded once and kept in registers) or equal to "
                 f"K_mma_load_K_tiles = {self.K_mma_load_K_tiles} (Q and K slices loaded together); "
                 f"got {self.Q_mma_load_K_tiles}."
+            )
+
+        if self.smem_bytes() > MAX_SMEM_BYTES:
+            return (
+                f"the tiles need {self.smem_bytes()} bytes of shared memory per block (B_r + 2 * B_c per stage "
+                f"rows of d_head), more than the {MAX_SMEM_BYTES} any supported GPU allows."
             )
 
         if self.mma_double_buffer_loads and not (self.K_mma_load_K_tiles or self.V_mma_load_K_tiles):
