@@ -17,25 +17,43 @@
 namespace flash::sm80 {
 
 // How a block's threads cover a tile in 16-byte chunks, consecutive threads on consecutive chunks
-// of a row so each warp's accesses coalesce: thread t copies the chunks t + i * n_threads of the
-// tile, counted row by row. The plan is regular when a step of n_threads chunks covers whole rows,
-// the steps cover the tile exactly and, in a swizzled tile, a thread's rows are a multiple of 8
-// apart: then each thread copies one chunk column of rows rows_per_step apart, all at the same
-// swizzled column, so one per-thread address plus a compile-time offset reaches each chunk.
-// Otherwise (rows of 12 or 24 chunks, d_head 96 or 192; or 32-chunk rows with 4 warps, d_head 256)
-// each chunk's position is computed.
+// of a row so each warp's accesses coalesce.
+//
+// A regular plan copies rows_per_step whole rows per step: thread t copies the chunk column
+// t % chunks_per_row of rows t / chunks_per_row + i * rows_per_step, so one per-thread address plus
+// a compile-time offset reaches each of its chunks. rows_per_step is the largest power of two
+// whose rows the threads can cover at once (it then divides the tile's rows); in a swizzled tile
+// it must be a multiple of 8, so all of a thread's chunks sit at one swizzled column. Where rows
+// of 12 chunks (d_head 96) leave threads over, those threads copy nothing.
+//
+// Otherwise (rows of 24 chunks with 4 warps, d_head 192; 32-chunk rows with 4 warps, d_head 256)
+// thread t copies the chunks t + i * n_threads of the tile, counted row by row, each chunk's
+// position computed.
 template <int n_threads, typename Tile>
 struct TileCopyPlan {
     static constexpr int chunks_per_row = Tile::cols / ELEMS_PER_COPY;
     static constexpr int chunks = Tile::rows * chunks_per_row;
-    static constexpr bool regular = n_threads % chunks_per_row == 0 && Tile::rows % (n_threads / chunks_per_row) == 0 &&
-                                    (!Tile::swizzled || (n_threads / chunks_per_row) % SWIZZLE_CHUNKS == 0);
-    static constexpr int rows_per_step = n_threads / chunks_per_row; // of a regular plan
-    static constexpr int steps = (chunks + n_threads - 1) / n_threads;
+
+  private:
+    static constexpr int power_of_two_at_most(int n) {
+        int p = 1;
+        while (2 * p <= n)
+            p *= 2;
+        return p;
+    }
+    static constexpr int widest_step = power_of_two_at_most(n_threads / chunks_per_row);
+
+  public:
+    static constexpr bool regular =
+        n_threads >= chunks_per_row && Tile::rows % widest_step == 0 && (!Tile::swizzled || widest_step % SWIZZLE_CHUNKS == 0);
+    static constexpr int rows_per_step = regular ? widest_step : 0;
+    // Threads at or past this copy nothing in a regular plan.
+    static constexpr int active_threads = rows_per_step * chunks_per_row;
+    static constexpr int steps = regular ? Tile::rows / rows_per_step : (chunks + n_threads - 1) / n_threads;
     static constexpr int smem_step_bytes = rows_per_step * Tile::row_bytes;
 
-    // Chunk i of this thread: its row and first column, and whether it exists (the last step of an
-    // irregular plan may be short).
+    // Chunk i of this thread: its row and first column, and whether it exists (a thread may have
+    // no chunk in a regular plan, and the last step of an irregular plan may be short).
     static __device__ __forceinline__ int row(int i) {
         return regular ? threadIdx.x / chunks_per_row + i * rows_per_step : (threadIdx.x + i * n_threads) / chunks_per_row;
     }
@@ -43,7 +61,10 @@ struct TileCopyPlan {
         return ((regular ? threadIdx.x : threadIdx.x + i * n_threads) % chunks_per_row) * ELEMS_PER_COPY;
     }
     static __device__ __forceinline__ bool exists(int i) {
-        return chunks % n_threads == 0 || i + 1 < steps || threadIdx.x + i * n_threads < chunks;
+        if constexpr (regular)
+            return active_threads == n_threads || threadIdx.x < active_threads;
+        else
+            return chunks % n_threads == 0 || i + 1 < steps || threadIdx.x + i * n_threads < chunks;
     }
 };
 
@@ -63,25 +84,29 @@ __device__ __forceinline__ void copy_global_to_shared(const Tile &dst, const typ
         const uint32_t dst_address = ptx::shared_address(dst.at(Plan::row(0), Plan::col(0)));
         const value_t *src_thread = src + Plan::row(0) * src_row_stride + Plan::col(0);
         const int64_t src_step = Plan::rows_per_step * src_row_stride;
-        if constexpr (async_copy) {
+        // A thread the plan leaves over copies nothing (and still commits its empty group).
+        if (Plan::exists(0)) {
+            if constexpr (async_copy) {
 #pragma unroll
-            for (int i = 0; i < Plan::steps; ++i) {
-                if constexpr (partial)
-                    ptx::cp_async_16_zfill(dst_address + i * Plan::smem_step_bytes, src_thread + i * src_step,
-                                           row_exists(i) ? COPY_BYTES : 0);
-                else
-                    ptx::cp_async_16(dst_address + i * Plan::smem_step_bytes, src_thread + i * src_step);
+                for (int i = 0; i < Plan::steps; ++i) {
+                    if constexpr (partial)
+                        ptx::cp_async_16_zfill(dst_address + i * Plan::smem_step_bytes, src_thread + i * src_step,
+                                               row_exists(i) ? COPY_BYTES : 0);
+                    else
+                        ptx::cp_async_16(dst_address + i * Plan::smem_step_bytes, src_thread + i * src_step);
+                }
+            } else {
+                // All loads first, then all stores, so the loads are in flight together.
+                uint4 staged[Plan::steps];
+#pragma unroll
+                for (int i = 0; i < Plan::steps; ++i)
+                    staged[i] =
+                        row_exists(i) ? *reinterpret_cast<const uint4 *>(src_thread + i * src_step) : uint4{0, 0, 0, 0};
+#pragma unroll
+                for (int i = 0; i < Plan::steps; ++i)
+                    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst_address + i * Plan::smem_step_bytes),
+                                 "r"(staged[i].x), "r"(staged[i].y), "r"(staged[i].z), "r"(staged[i].w));
             }
-        } else {
-            // All loads first, then all stores, so the loads are in flight together.
-            uint4 staged[Plan::steps];
-#pragma unroll
-            for (int i = 0; i < Plan::steps; ++i)
-                staged[i] = row_exists(i) ? *reinterpret_cast<const uint4 *>(src_thread + i * src_step) : uint4{0, 0, 0, 0};
-#pragma unroll
-            for (int i = 0; i < Plan::steps; ++i)
-                asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst_address + i * Plan::smem_step_bytes),
-                             "r"(staged[i].x), "r"(staged[i].y), "r"(staged[i].z), "r"(staged[i].w));
         }
     } else {
 #pragma unroll
@@ -114,7 +139,7 @@ __device__ __forceinline__ void copy_shared_to_global(typename Tile::value_t *ds
         value_t *dst_thread = dst + Plan::row(0) * dst_row_stride + Plan::col(0);
 #pragma unroll
         for (int i = 0; i < Plan::steps; ++i)
-            if (!partial || Plan::row(i) < valid_rows)
+            if (Plan::exists(i) && (!partial || Plan::row(i) < valid_rows))
                 *reinterpret_cast<uint4 *>(dst_thread + i * Plan::rows_per_step * dst_row_stride) =
                     *reinterpret_cast<const uint4 *>(src_thread + i * Plan::rows_per_step * Tile::row_stride);
     } else {
