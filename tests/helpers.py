@@ -21,7 +21,7 @@ from collections.abc import Callable, Hashable, Sequence
 
 import torch
 
-from flash_helpers.problem import MaskKind, ProblemVariant
+from flash_helpers.problem import MaskKind, ProblemVariant, needed_variant
 from flash_helpers.reference import FloatReference
 
 # Set to 1 to run the whole matrix of test_features.py instead of its default sample.
@@ -129,25 +129,9 @@ class Problem:
         return "-".join(parts)
 
     def variant(self, cfg) -> ProblemVariant:
-        """The problem variant the binding looks up for this call: no mask unless a window side
-        bounds some row (a side reaching past every key is unbounded), causal for a bound right
-        side of 0 alone, local otherwise; masked tails for lengths that are not multiples of the
-        blocks, and with score mods; score mods for softcap or ALiBi."""
-        left, right = self.window_size
-        if self.causal:
-            right = 0
-        left_bounded = 0 <= left < self.seqlen_k - 1  # the last query reaches key 0 otherwise
-        right_bounded = 0 <= right < self.seqlen_q - 1  # the first query reaches the last key otherwise
-        if not (left_bounded or right_bounded):
-            mask = MaskKind.NONE
-        elif not left_bounded and right == 0:
-            mask = MaskKind.CAUSAL
-        else:
-            mask = MaskKind.LOCAL
+        """The problem variant the binding looks up for this call."""
         score_mods = self.softcap > 0 or self.alibi is not None
-        # Score mods are compiled with masked tails only (that kernel serves any lengths).
-        masked_tails = score_mods or self.seqlen_q % cfg.B_r != 0 or self.seqlen_k % cfg.B_c != 0
-        return ProblemVariant(mask, masked_tails, score_mods)
+        return needed_variant(cfg, self.seqlen_q, self.seqlen_k, self.causal, self.window_size, score_mods)
 
     def make(self, cfg, rng: torch.Generator) -> Inputs:
         """Fresh random inputs for ``cfg``'s dtype and d_head."""

@@ -11,7 +11,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import types
 
 import pytest
 

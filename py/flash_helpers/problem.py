@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-__all__ = ["ALL_VARIANTS", "BENCHMARK_VARIANTS", "MaskKind", "ProblemVariant", "attention_flop", "total_flop"]
+__all__ = ["ALL_VARIANTS", "BENCHMARK_VARIANTS", "MaskKind", "ProblemVariant", "attention_flop", "needed_variant", "total_flop"]
 
 
 class MaskKind(enum.IntEnum):
@@ -53,6 +53,32 @@ ALL_VARIANTS = tuple(
 )
 # The variants the benchmark shapes need: unmasked and causal attention over whole blocks.
 BENCHMARK_VARIANTS = (ProblemVariant(MaskKind.NONE), ProblemVariant(MaskKind.CAUSAL))
+
+
+def needed_variant(
+    cfg, seqlen_q: int, seqlen_k: int, causal: bool = False, window_size=(-1, -1), score_mods: bool = False
+) -> ProblemVariant:
+    """The problem variant the binding runs ``cfg`` with for this problem (its rule, in Python, so
+    tests and tools can pick the configurations that have it; the GPU tests check the two agree).
+
+    The mask kind is NONE unless a window side bounds some row (a side reaching past every key is
+    unbounded), CAUSAL for a bounded right side of 0 alone (causal sets right to 0), LOCAL
+    otherwise. Masked tails where a length is not a multiple of the family's blocks
+    (``cfg.needs_masked_tails``), and always with score mods (softcap or ALiBi), which are compiled
+    with masked tails only."""
+    left, right = window_size
+    if causal:
+        right = 0
+    left_bounded = 0 <= left < seqlen_k - 1  # the last query reaches key 0 otherwise
+    right_bounded = 0 <= right < seqlen_q - 1  # the first query reaches the last key otherwise
+    if not (left_bounded or right_bounded):
+        mask = MaskKind.NONE
+    elif not left_bounded and right == 0:
+        mask = MaskKind.CAUSAL
+    else:
+        mask = MaskKind.LOCAL
+    masked_tails = score_mods or cfg.needs_masked_tails(seqlen_q, seqlen_k)
+    return ProblemVariant(mask, masked_tails, score_mods)
 
 
 def attention_flop(batch: int, heads: int, seq_len: int, d_head: int) -> int:

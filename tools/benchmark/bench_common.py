@@ -31,7 +31,8 @@ if str(REPO_ROOT / "py") not in sys.path:
 
 from flash_helpers.dtypes import DTYPES, DType  # noqa: E402
 from flash_helpers.kernel_sets import BUILD_KERNELS_ENV, KERNELS_ENV, get_kernel_configs  # noqa: E402
-from flash_helpers.problem import MaskKind, ProblemVariant  # noqa: E402
+from flash_helpers.problem import ProblemVariant  # noqa: E402
+from flash_helpers.problem import needed_variant as problem_variant_for  # noqa: E402
 from flash_helpers.sm80_config import D_HEADS, FlashForwardKernelConfig  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------
@@ -193,10 +194,8 @@ def tflops(flop: float, time_ms: float) -> float:
 
 
 def needed_variant(cfg: FlashForwardKernelConfig, problem: Problem) -> ProblemVariant:
-    """The kernel variant the binding runs for ``cfg`` on ``problem``: partial last blocks (a length
-    that is not a multiple of the block size) need masked tails."""
-    masked_tails = problem.seqlen_q % cfg.B_r != 0 or problem.seqlen_k % cfg.B_c != 0
-    return ProblemVariant(MaskKind.CAUSAL if problem.causal else MaskKind.NONE, masked_tails)
+    """The kernel variant the binding runs for ``cfg`` on ``problem`` (``flash_helpers.problem``)."""
+    return problem_variant_for(cfg, problem.seqlen_q, problem.seqlen_k, problem.causal)
 
 
 def compiled_variants() -> dict[FlashForwardKernelConfig, frozenset[ProblemVariant]]:
