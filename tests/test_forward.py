@@ -375,6 +375,13 @@ BAD_INPUTS = [
     # window_size: a pair of ints, each -1 (unbounded) or >= 0.
     BadInput("window_left_below_minus_1", ValueError, ("window_size",), _keywords(window_size=(-2, 0))),
     BadInput("window_right_below_minus_1", ValueError, ("window_size",), _keywords(window_size=(0, -5))),
+    # causal sets the right side to 0, but a bad value given for it is still an error.
+    BadInput(
+        "window_right_below_minus_1_with_causal",
+        ValueError,
+        ("window_size",),
+        _keywords(causal=True, window_size=(0, -5)),
+    ),
     BadInput("window_left_a_float", TypeError, ("window_size",), _keywords(window_size=(1.5, 0))),
     BadInput("window_right_a_string", TypeError, ("window_size",), _keywords(window_size=(0, "3"))),
     BadInput("window_size_not_a_pair", TypeError, ("window_size",), _keywords(window_size=5)),
