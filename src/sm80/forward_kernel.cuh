@@ -109,12 +109,13 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     value_t *O = tensor_rows<value_t>(params.o, params.o_strides, batch, head, Q_first_row);
     const int64_t K_tile_stride = B_c * params.k_strides.seq;
     const int64_t V_tile_stride = B_c * params.v_strides.seq;
-    // Issues the copies of KV tile KV_block into a stage: K's as one cp.async group, then V's. Rows
-    // past the last key arrive as zeros, so they add nothing to P V.
-    const auto copy_KV_tiles = [&](int KV_block, int stage) {
+    // Issues the copies of KV tile KV_block into a stage: K's as one cp.async group, then V's. A tile
+    // that may be the partial last one is copied with predicates: rows past the last key arrive as
+    // zeros, so they add nothing to P V.
+    const auto copy_KV_tiles = [&](int KV_block, int stage, auto whole) {
         const value_t *K_tile = K + KV_block * K_tile_stride;
         const value_t *V_tile = V + KV_block * V_tile_stride;
-        if constexpr (MASKED_TAILS) {
+        if constexpr (MASKED_TAILS && !decltype(whole)::value) {
             const int rows = params.seqlen_k - KV_block * B_c;
             copy_global_to_shared<async_copy, n_threads, true>(K_smem(stage), K_tile, params.k_strides.seq, rows);
             copy_global_to_shared<async_copy, n_threads, true>(V_smem(stage), V_tile, params.v_strides.seq, rows);
@@ -147,24 +148,28 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
             copy_global_to_shared<async_copy, n_threads, true>(Q_smem, Q, params.q_strides.seq, Q_rows);
         else
             copy_global_to_shared<async_copy, n_threads>(Q_smem, Q, params.q_strides.seq);
+        using Whole = std::true_type;
+        using MayBePartial = std::false_type;
         if constexpr (eager)
-            copy_KV_tiles(tiles.begin, 0);
+            copy_KV_tiles(tiles.begin, 0, MayBePartial{});
         typename Kernel::Q_fragments Q_frags;
         if constexpr (Kernel::Q_in_registers) {
             wait_for_copies<Kernel, eager ? 2 : 0>(); // Q has landed; K_0 and V_0 may be in flight
             load_A(Q_frags, Q_addresses, 0);
         }
 
-        const auto process_KV_tile = [&](int KV_block, auto first_tile, auto masked) {
+        // copies_whole: the tile this iteration copies (tile j + 1 when eager, else tile j) is known
+        // to be whole, so the copies need no predicates.
+        const auto process_KV_tile = [&](int KV_block, auto first_tile, auto masked, auto copies_whole) {
             const int stage = eager ? (KV_block - tiles.begin) % 2 : 0;
             if constexpr (eager) {
                 // Tile j (and Q) have landed, and every warp is done with the other stage.
                 wait_for_copies<Kernel, 0>();
                 if (KV_block + 1 < tiles.end)
-                    copy_KV_tiles(KV_block + 1, 1 - stage);
+                    copy_KV_tiles(KV_block + 1, 1 - stage, copies_whole);
             } else {
                 __syncthreads(); // every warp is done with the previous K and V tiles
-                copy_KV_tiles(KV_block, 0);
+                copy_KV_tiles(KV_block, 0, copies_whole);
                 wait_for_copies<Kernel, 1>(); // K_j (and Q) have landed; V_j may still be in flight
             }
 
@@ -209,30 +214,35 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
         };
         using Masked = std::true_type;
         using Unmasked = std::false_type;
-        const auto process_range = [&](int first, int last, auto masked) {
+        const auto process_range = [&](int first, int last, auto masked, auto copies_whole) {
             for (int KV_block = first; KV_block < last; ++KV_block)
-                process_KV_tile(KV_block, std::false_type{}, masked);
+                process_KV_tile(KV_block, std::false_type{}, masked, copies_whole);
         };
 
         // The optimized softmax peels the first KV tile, whose update needs no rescaling.
         int next_tile = tiles.begin;
         if constexpr (Kernel::optimized_softmax) {
             if (tiles.is_masked(next_tile))
-                process_KV_tile(next_tile, std::true_type{}, Masked{});
+                process_KV_tile(next_tile, std::true_type{}, Masked{}, MayBePartial{});
             else
-                process_KV_tile(next_tile, std::true_type{}, Unmasked{});
+                process_KV_tile(next_tile, std::true_type{}, Unmasked{}, MayBePartial{});
             ++next_tile;
         }
         using Tiles = decltype(tiles);
         if constexpr (Tiles::has_masked_prefix) {
-            process_range(next_tile, tiles.unmasked_begin, Masked{});
+            process_range(next_tile, tiles.unmasked_begin, Masked{}, MayBePartial{});
             next_tile = max(next_tile, tiles.unmasked_begin);
         }
         if constexpr (Tiles::has_masked_suffix) {
-            process_range(next_tile, tiles.unmasked_end, Unmasked{});
-            process_range(max(next_tile, tiles.unmasked_end), tiles.end, Masked{});
+            // Unmasked tiles are whole, so only the last unmasked iteration, which copies the first
+            // masked tile when eager, needs predicated copies: it is peeled, keeping the loop's
+            // code that of an aligned problem.
+            const int last_whole_copy = eager && MASKED_TAILS ? tiles.unmasked_end - 1 : tiles.unmasked_end;
+            process_range(next_tile, last_whole_copy, Unmasked{}, Whole{});
+            process_range(max(next_tile, last_whole_copy), tiles.unmasked_end, Unmasked{}, MayBePartial{});
+            process_range(max(next_tile, tiles.unmasked_end), tiles.end, Masked{}, MayBePartial{});
         } else {
-            process_range(next_tile, tiles.end, Unmasked{});
+            process_range(next_tile, tiles.end, Unmasked{}, Whole{});
         }
     }
 
