@@ -11,6 +11,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -430,10 +431,12 @@ def _pt_bench_rows(causal=False, gqa_ratio=1, efficient_gqa=""):
     return [
         row(1024, "ours", CFG_A.short_form(), 1.0),
         row(1024, "ours", CFG_B.short_form(), 2.0),
+        row(1024, pt_bench.AUTO, CFG_A.short_form(), 1.25),
         row(1024, "sdpa_flash", "", 0.5),
         row(1024, "sdpa_cudnn", "", 0.25),
         row(1024, "sdpa_efficient", "", math.nan),
         row(2048, "ours", CFG_B.short_form(), 2.0),
+        row(2048, pt_bench.AUTO, CFG_B.short_form(), 2.0),
         row(2048, "sdpa_flash", "", 1.0),
         row(2048, "sdpa_cudnn", "", 1.0),
         row(2048, "sdpa_efficient", efficient_gqa, 4.0),
@@ -445,14 +448,17 @@ def test_pt_bench_table_shows_the_best_configuration_and_the_ratios_to_flash_and
     assert lines[0] == "fp16, d_head 128, 16 heads, no mask (TFLOP/s)"
     assert lines[1] == "FLOPs: 4 * batch * heads_q * seqlen_q * seqlen_k * d_head"
     assert lines[2].split() == [
-        "seq", "batch", "best", "config", "ours", "FLASH", "CUDNN", "EFFICIENT", "ours/FLASH", "ours/CUDNN"
+        "seq", "batch", "best", "config", "ours", "auto", "FLASH", "CUDNN", "EFFICIENT", "ours/FLASH", "ours/CUDNN",
+        "auto/ours",
     ]  # fmt: skip
-    # 1.0 ms against FLASH's 0.5 ms and CUDNN's 0.25 ms; EFFICIENT could not run at 1024.
-    assert CFG_A.short_form() in lines[4] and lines[4].split()[-3:] == ["-", "0.500", "0.250"]
-    assert CFG_B.short_form() in lines[5] and lines[5].split()[-2:] == ["0.500", "0.500"]
+    # 1.0 ms against FLASH's 0.5 ms and CUDNN's 0.25 ms; EFFICIENT could not run at 1024; auto
+    # took 1.25 ms, 0.8 of the best configuration's speed.
+    assert CFG_A.short_form() in lines[4] and lines[4].split()[-4:] == ["-", "0.500", "0.250", "0.800"]
+    assert CFG_B.short_form() in lines[5] and lines[5].split()[-3:] == ["0.500", "0.500", "1.000"]
     assert lines[6:] == [
         "harmonic mean of ours/FLASH over 2 sequence lengths: 0.500",
         "harmonic mean of ours/CUDNN over 2 sequence lengths: 0.333",
+        "auto/ours (automatic configuration against the best): lowest 0.800",
     ]
 
 
@@ -463,7 +469,7 @@ def test_pt_bench_table_of_causal_gqa_says_how_flops_and_heads_were_counted():
     assert lines[1].startswith("FLOPs: half of 4 * batch * heads_q * seqlen_q * seqlen_k * d_head (causal)")
     # Half the FLOPs in the same time: half the TFLOP/s; the ratios are the same.
     assert rows[0].tflops == pytest.approx(_pt_bench_rows()[0].tflops / 2)
-    assert lines[4].split()[-2:] == ["0.500", "0.250"]
+    assert lines[4].split()[-3:] == ["0.500", "0.250", "0.800"]
     assert lines[-1] == "SDPA EFFICIENT rejects enable_gqa: it was given k and v with each head repeated"
 
 
@@ -993,6 +999,26 @@ def test_autotune_summary_only_needs_no_gpu(tmp_path):
     assert (tmp_path / "summary.txt").read_text().strip() == result.stdout.strip()
 
 
+def test_autotune_writes_the_rankings_as_a_dispatch_table(tmp_path):
+    from flash_helpers.dispatch_table import DispatchTable
+
+    rows = _tuning_rows() + _tuning_rows(TUNING_CAUSAL, causal=True)
+    common.write_csv(tmp_path / "tune.csv", rows, common.TIMING_FIELDS)
+    command = [sys.executable, str(BENCHMARK_DIR / "autotune.py"), "--summary-only", str(tmp_path / "tune.csv")]
+    command += ["--dispatch-table", str(tmp_path / "sm_90.json")]
+    refused = run_tool(*command)
+    assert refused.returncode == 2 and "needs --arch and --gpu" in refused.stderr
+    result = run_tool(*command, "--arch", "sm_90", "--gpu", "Test GPU")
+    assert result.returncode == 0, result.stderr
+    table = DispatchTable.load(tmp_path / "sm_90.json")
+    assert (table.arch, table.gpu) == ("sm_90", "Test GPU") and "--summary-only" in table.command
+    rankings = autotune.rank_shapes(rows)
+    assert [(e.dtype, e.causal, e.seq_len, e.ranked) for e in table.entries] == sorted(
+        ("FP16", r.causal, r.seq_len, tuple(row.config for row in r.ranked)) for r in rankings
+    )
+    assert table.entry_for("FP16", 128, True, 600).ranked[0] == TUNING_NAMES["C"]
+
+
 def test_autotune_summary_only_reads_files_from_before_the_causal_column(tmp_path):
     old_fields = [name for name in common.TIMING_FIELDS if name not in ("causal", "seqlen_k", "heads_kv")]
     rows = [{name: getattr(row, name) for name in old_fields} for row in _tuning_rows()]
@@ -1026,8 +1052,9 @@ STAND_IN_KERNELS = [(TUNED_128, variant) for variant in BENCHMARK_VARIANTS] + [
 class StandInExtension:
     """The compiled extension ``flash_attention`` as the tools use it, on the CPU: its kernels are the
     (configuration, variant) pairs given; forward refuses a problem whose variant is not among them,
-    as the binding does, computes attention in float32 (``_attention``) and records each call; the
-    timer returns ``times[(configuration, causal)]`` for our calls and 0.5 ms for SDPA's."""
+    as the binding does, computes attention in float32 (``_attention``) and records each call;
+    automatic configuration takes the first configuration with the variant; the timer returns
+    ``times[(configuration, causal)]`` for our calls and 0.5 ms for SDPA's."""
 
     def __init__(self, kernels, times, honours_causal=True):
         self.kernels, self.times, self.honours_causal = kernels, times, honours_causal
@@ -1042,10 +1069,21 @@ class StandInExtension:
     def compiled_kernel_set(self):
         return "stand-in"
 
+    @staticmethod
+    def _variant(cfg, q, k, causal):
+        masked_tails = q.shape[1] % cfg.B_r != 0 or k.shape[1] % cfg.B_c != 0
+        return ProblemVariant(MaskKind.CAUSAL if causal else MaskKind.NONE, masked_tails)
+
+    def choose_config(self, q, k, *, causal=False):
+        config = next(cfg for cfg, variant in self.kernels if variant == self._variant(cfg, q, k, causal))
+        return types.SimpleNamespace(config=config)
+
+    def flash_attn_func(self, q, k, v, *, causal=False):
+        return self.forward(self.choose_config(q, k, causal=causal).config, q, k, v, causal=causal)
+
     def forward(self, cfg, q, k, v, o=None, *, causal=False):
         cfg = parse_kernel_name_into_config(cfg) if isinstance(cfg, str) else cfg  # a short form, as the API takes
-        masked_tails = q.shape[1] % cfg.B_r != 0 or k.shape[1] % cfg.B_c != 0
-        variant = ProblemVariant(MaskKind.CAUSAL if causal else MaskKind.NONE, masked_tails)
+        variant = self._variant(cfg, q, k, causal)
         if (cfg, variant) not in self.kernels:
             raise ValueError(f"{cfg.short_form()} has no kernel for {variant.describe()}")
         self.calls.append((cfg, tuple(q.shape), tuple(k.shape), causal))
@@ -1092,13 +1130,14 @@ def test_pt_bench_times_each_mask_length_and_gqa_shape(stand_in_gpu, tmp_path, c
     out, err = capsys.readouterr()
     assert status == 0, err
     # 200 is no multiple of the block sizes: only the configuration with masked tails runs it. Each
-    # configuration is timed, then the fastest checked.
+    # configuration is timed, then automatic configuration, then the fastest is checked.
     timed = [(TUNED_128, 128), (DEFAULT_128, 128), (DEFAULT_128, 200)]
+    auto = [(TUNED_128, 128), (DEFAULT_128, 200)]
     checked = [(TUNED_128, 128), (DEFAULT_128, 200)]
     assert sorted((cfg.short_form(), q[1], k, causal) for cfg, q, k, causal in extension.calls) == sorted(
         (cfg.short_form(), seq_len, (16, seq_len, 4, 128), causal)
         for causal in (False, True)
-        for cfg, seq_len in timed + checked
+        for cfg, seq_len in timed + auto + checked
     )
     for mask in ("no mask", "causal"):
         assert f"fp16, d_head 128, 16 heads, 4 k/v heads, {mask} (TFLOP/s)" in out
@@ -1108,7 +1147,7 @@ def test_pt_bench_times_each_mask_length_and_gqa_shape(stand_in_gpu, tmp_path, c
     assert "SDPA CUDNN cannot run fp16, batch 16, seq 128, 16 heads (4 k/v heads), d_head 128, causal" in err
 
     rows = common.read_timing_csv(tmp_path / "bench.csv")
-    assert len(rows) == 2 * ((2 + 3) + (1 + 3))
+    assert len(rows) == 2 * ((2 + 1 + 3) + (1 + 1 + 3))
     flash = [row for row in rows if row.implementation == "sdpa_flash"]
     assert [(r.causal, r.seq_len, r.heads, r.heads_kv, r.config, r.time_ms) for r in flash] == [
         (causal, seq_len, 16, 4, common.GQA_NATIVE, 0.5) for causal in (False, True) for seq_len in (128, 200)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-__all__ = ["ALL_VARIANTS", "BENCHMARK_VARIANTS", "MaskKind", "ProblemVariant", "attention_flop", "needed_variant", "total_flop"]
+__all__ = ["ALL_VARIANTS", "BENCHMARK_VARIANTS", "MaskKind", "ProblemVariant", "attention_flop", "mask_kind", "needed_variant", "total_flop"]
 
 
 class MaskKind(enum.IntEnum):
@@ -66,19 +66,23 @@ def needed_variant(
     otherwise. Masked tails where a length is not a multiple of the family's blocks
     (``cfg.needs_masked_tails``), and always with score mods (softcap or ALiBi), which are compiled
     with masked tails only."""
+    masked_tails = score_mods or cfg.needs_masked_tails(seqlen_q, seqlen_k)
+    return ProblemVariant(mask_kind(seqlen_q, seqlen_k, causal, window_size), masked_tails, score_mods)
+
+
+def mask_kind(seqlen_q: int, seqlen_k: int, causal: bool = False, window_size=(-1, -1)) -> MaskKind:
+    """The mask kind of a problem, the part of its variant that no configuration changes (see
+    needed_variant)."""
     left, right = window_size
     if causal:
         right = 0
     left_bounded = 0 <= left < seqlen_k - 1  # the last query reaches key 0 otherwise
     right_bounded = 0 <= right < seqlen_q - 1  # the first query reaches the last key otherwise
     if not (left_bounded or right_bounded):
-        mask = MaskKind.NONE
-    elif not left_bounded and right == 0:
-        mask = MaskKind.CAUSAL
-    else:
-        mask = MaskKind.LOCAL
-    masked_tails = score_mods or cfg.needs_masked_tails(seqlen_q, seqlen_k)
-    return ProblemVariant(mask, masked_tails, score_mods)
+        return MaskKind.NONE
+    if not left_bounded and right == 0:
+        return MaskKind.CAUSAL
+    return MaskKind.LOCAL
 
 
 def attention_flop(batch: int, heads: int, seq_len: int, d_head: int) -> int:

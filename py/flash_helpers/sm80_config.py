@@ -35,6 +35,15 @@ _MMA_M = 16
 # limit, 227 KiB; sm_80 allows 163 KiB, which the binding checks at call time).
 MAX_SMEM_BYTES = 232448
 
+
+def _smem_limit(capability: tuple[int, int]) -> int:
+    """A block's opt-in dynamic shared memory on a GPU of this compute capability (the CUDA
+    programming guide's table): 163 KiB on sm_80 and sm_87, 99 KiB on the other sm_8x, 227 KiB from
+    sm_90 on."""
+    if capability >= (9, 0):
+        return MAX_SMEM_BYTES
+    return 166912 if capability in ((8, 0), (8, 7)) else 101376
+
 SHORT_FORM_EXAMPLE = "(FP16, 128, 64, 64, 4): async+load_0_2_2_tiles"
 
 
@@ -151,6 +160,11 @@ class FlashForwardKernelConfig:
         row_bytes = 2 * self.d_head + (16 if padded else 0)
         stages = 2 if self.eager_load_blocks else 1
         return (self.B_r + 2 * stages * self.B_c) * row_bytes
+
+    def runs_on(self, capability: tuple[int, int]) -> bool:
+        """Whether a GPU of this compute capability runs the kernel: sm_80 or newer, with room for
+        its shared memory."""
+        return capability >= (8, 0) and self.smem_bytes() <= _smem_limit(capability)
 
     def validity_error(self) -> str | None:
         """Why the kernel cannot run this configuration (the first failing rule), or None if it can."""

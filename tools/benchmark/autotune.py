@@ -15,18 +15,27 @@ TFLOP/s count half of the unmasked problem's FLOPs, as FlashAttention does.
 
 --summary-only CSV ranks an existing CSV file (of this tool or of pt_bench.py --csv) without a GPU;
 files without a causal column are of unmasked attention.
+
+--dispatch-table PATH also writes the rankings as the dispatch table that automatic configuration
+reads (flash_helpers.dispatch_table): every configuration's place at every shape. The package's
+tables are py/flash_attention/dispatch_tables/<arch>.json, e.g. for the H200:
+
+    python tools/benchmark/autotune.py --kernels default --dispatch-table py/flash_attention/dispatch_tables/sm_90.json
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import functools
 import itertools
 import math
+import shlex
 import sys
 
 import bench_common as common
+from flash_helpers.dispatch_table import DispatchTable, TableEntry, arch_name
 
 DEFAULT_CSV = common.REPO_ROOT / "profiles" / "autotune.csv"
 DEFAULT_TOP = 5
@@ -187,6 +196,15 @@ def format_summary(rows: list[common.TimingRow], top: int = DEFAULT_TOP) -> str:
     return "\n\n".join(sections)
 
 
+def make_dispatch_table(rows: list[common.TimingRow], arch: str, gpu: str, command: str) -> DispatchTable:
+    """The rankings of every shape as a dispatch table (configurations fastest first)."""
+    entries = [
+        TableEntry(r.dtype.upper(), r.d_head, r.causal, r.seq_len, tuple(dict.fromkeys(row.config for row in r.ranked)))
+        for r in rank_shapes(rows)
+    ]
+    return DispatchTable.from_rankings(arch, gpu, datetime.date.today().isoformat(), command, entries)
+
+
 # ----------------------------------------------------------------------------------------------
 # Timing (needs the GPU)
 
@@ -262,7 +280,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="CSV",
         help="rank the timings in an existing CSV file instead of measuring (no GPU needed)",
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--dispatch-table",
+        metavar="PATH",
+        help="also write the rankings as a dispatch table (JSON) for automatic configuration",
+    )
+    parser.add_argument(
+        "--arch", help="the table's architecture, e.g. sm_90 (default: the GPU's; needed with --summary-only)"
+    )
+    parser.add_argument("--gpu", help="the table's GPU name (default: the GPU's; needed with --summary-only)")
+    args = parser.parse_args(argv)
+    if args.dispatch_table and args.summary_only and not (args.arch and args.gpu):
+        parser.error("--dispatch-table with --summary-only needs --arch and --gpu: the CSV does not say where it ran")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,7 +322,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.summary:
         with open(args.summary, "w") as file:
             file.write(summary + "\n")
+    if args.dispatch_table:
+        write_dispatch_table(args, rows, argv)
     return 0
+
+
+def write_dispatch_table(args: argparse.Namespace, rows: list[common.TimingRow], argv: list[str] | None) -> None:
+    arch, gpu = args.arch, args.gpu
+    if arch is None or gpu is None:
+        import torch
+
+        arch = arch or arch_name(torch.cuda.get_device_capability())
+        gpu = gpu or torch.cuda.get_device_name()
+    command = shlex.join(["python", "tools/benchmark/autotune.py", *(sys.argv[1:] if argv is None else argv)])
+    make_dispatch_table(rows, arch, gpu, command).save(args.dispatch_table)
+    print(f"dispatch table for {arch} ({gpu}) written to {args.dispatch_table}")
 
 
 if __name__ == "__main__":

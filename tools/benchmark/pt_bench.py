@@ -6,13 +6,15 @@ capped at 64Ki tokens: 16/16/16/16/8/4 for seq 512/1024/2048/4096/8192/16384; he
 2048, or the nearest below: 16 heads for d_head 128, 32 for 64, 21 for 96; --gqa-ratio R query
 heads per key/value head),
 times every selected compiled configuration that has the kernel variant the problem needs (any
-length fits a configuration compiled with masked tails), then SDPA with each backend, on the same
-inputs in the same run. Time is the median of triton.testing.do_bench (of CUDA-event timings if
+length fits a configuration compiled with masked tails), then automatic configuration ("auto":
+flash_attn_func, the configuration chosen per call from the dispatch table), then SDPA with each
+backend, on the same inputs in the same run. Time is the median of triton.testing.do_bench (of CUDA-event timings if
 triton is missing); TFLOP/s = 4 * batch * heads_q * seq^2 * d_head / time, half of that with the
 causal mask, as FlashAttention counts.
 
 Prints one table per (dtype, d_head, mask) with the best configuration per seq and its ratios to
-the FLASH and CUDNN backends, then the harmonic means of those ratios. A backend that cannot run a
+the FLASH and CUDNN backends, then the harmonic means of those ratios, and auto's ratio to the best
+configuration ("auto/ours"; auto is not counted as a configuration). A backend that cannot run a
 shape is shown as '-'; with GQA, a backend that rejects enable_gqa is given k and v with repeated
 heads, and the table says so. The best configuration's output is checked against the FLASH
 backend's once per shape; a mismatch is reported and makes the exit status 1.
@@ -33,6 +35,9 @@ import bench_common as common
 REFERENCES = ("flash", "cudnn", "efficient")
 RATIO_REFERENCES = ("flash", "cudnn")
 CHECK_REFERENCE = "flash"
+# Automatic configuration: flash_attn_func, which picks its configuration per call (choose_config),
+# timed as a model calls it, beside the best configuration chosen by hand.
+AUTO = "auto"
 
 
 @dataclasses.dataclass
@@ -131,6 +136,10 @@ def benchmark_shape(
     for cfg in configs:
         rows.append(row("ours", cfg.short_form(), timer(functools.partial(forward, cfg, q, k, v, o))))
         progress.update()
+    choice = flash_attention.choose_config(q, k, causal=problem.causal)
+    auto = functools.partial(flash_attention.flash_attn_func, q, k, v, causal=problem.causal)
+    rows.append(row(AUTO, choice.config.short_form(), timer(auto)))
+    progress.update()
 
     check_output = None
     for reference in REFERENCES:
@@ -165,39 +174,50 @@ def reference_tflops(rows: list[common.TimingRow], reference: str) -> float:
     return next((r.tflops for r in rows if r.implementation == implementation_name(reference)), math.nan)
 
 
+def auto_tflops(rows: list[common.TimingRow]) -> float:
+    return next((r.tflops for r in rows if r.implementation == AUTO), math.nan)
+
+
 def format_group_table(rows: list[common.TimingRow]) -> str:
-    """The table of one (dtype, d_head, mask): best configuration per seq, each backend, the ratios
-    to FLASH and CUDNN and their harmonic means, and how GQA was given to each backend."""
+    """The table of one (dtype, d_head, mask): best configuration per seq, automatic configuration,
+    each backend, the ratios to FLASH and CUDNN and their harmonic means, auto's ratio to the best,
+    and how GQA was given to each backend."""
     first = rows[0].problem
     headers = [
         "seq",
         "batch",
         "best config",
         "ours",
+        "auto",
         *(r.upper() for r in REFERENCES),
         *(f"ours/{r.upper()}" for r in RATIO_REFERENCES),
+        "auto/ours",
     ]
     table = []
     ratios = {reference: [] for reference in RATIO_REFERENCES}
+    auto_ratios = []
     for seq_len in sorted({r.seq_len for r in rows}):
         at_seq = [r for r in rows if r.seq_len == seq_len]
         best = best_ours(at_seq)
         ours = best.tflops if best else math.nan
         for reference in RATIO_REFERENCES:
             ratios[reference].append(ours / reference_tflops(at_seq, reference))
+        auto_ratios.append(auto_tflops(at_seq) / ours)
         table.append(
             [
                 seq_len,
                 at_seq[0].batch,
                 best.config if best else "(no configuration fits)",
                 ours,
+                auto_tflops(at_seq),
                 *(reference_tflops(at_seq, reference) for reference in REFERENCES),
                 *(ratios[reference][-1] for reference in RATIO_REFERENCES),
+                auto_ratios[-1],
             ]
         )
     heads = f"{first.heads_q} heads" + (f", {first.heads_kv} k/v heads" if first.heads_kv != first.heads_q else "")
     title = f"{rows[0].dtype}, d_head {first.d_head}, {heads}, {common.mask_name(first.causal)} (TFLOP/s)"
-    ratio_formats = {len(headers) - 1 - i: ".3f" for i in range(len(RATIO_REFERENCES))}
+    ratio_formats = {len(headers) - 1 - i: ".3f" for i in range(len(RATIO_REFERENCES) + 1)}
     lines = [title, f"FLOPs: {common.flop_rule(first)}"]
     lines.append(common.format_table(headers, table, float_formats=ratio_formats))
     for reference in RATIO_REFERENCES:
@@ -205,6 +225,9 @@ def format_group_table(rows: list[common.TimingRow]) -> str:
         if usable:
             mean = common.harmonic_mean(usable)
             lines.append(f"harmonic mean of ours/{reference.upper()} over {len(usable)} sequence lengths: {mean:.3f}")
+    usable = [ratio for ratio in auto_ratios if math.isfinite(ratio)]
+    if usable:
+        lines.append(f"auto/ours (automatic configuration against the best): lowest {min(usable):.3f}")
     for reference in REFERENCES:
         if any(r.implementation == implementation_name(reference) and r.config == common.GQA_REPEATED for r in rows):
             label = common.SDPA_REFERENCES[reference]
@@ -257,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     for group in groups(args):
         dtype = common.dtype_from_name(group.dtype_name)
         fitting = [[c for c in configs if common.fits(c, dtype, p, variants)] for p in group.problems]
-        total = sum(len(at_problem) + len(REFERENCES) for at_problem in fitting)
+        total = sum(len(at_problem) + 1 + len(REFERENCES) for at_problem in fitting)
         group_rows = []
         description = f"{group.dtype_name} d_head {group.d_head} {common.mask_name(group.causal)}"
         with common.Progress(total, description) as progress:

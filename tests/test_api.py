@@ -1,0 +1,358 @@
+"""The drop-in API: FlashAttention-2's entry points, the SDPA-shaped function, automatic
+configuration (the dispatch table and the rule), the torch operators (fake implementations,
+opcheck, torch.compile without graph breaks, CUDA graphs) and the error for a missing backward.
+
+Outputs are compared with the float32 reference and the criterion of the other tests; GPU tests
+carry the ``gpu`` marker and skip, with the reason, without a GPU or a build.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: these tests need it")
+
+import helpers  # noqa: E402
+from flash_helpers.dispatch_table import DispatchTable, TableEntry, arch_name  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not helpers.extension_is_built(), reason="flash_attention._C is not built")
+
+if helpers.extension_is_built():
+    import flash_attention
+    from flash_attention import dispatch, ops
+
+FP16_D128 = "(FP16, 128, 128, 64, 4): async+eager+swizzled+load_1_1_2_tiles+buffer+opt_softmax"
+
+
+def _meta(shape, dtype=torch.float16):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+# ----------------------------------------------------------------------------------------------
+# The dispatch table and automatic configuration (no GPU needed: meta tensors and an arch name)
+
+
+def _table(*ranked_lists) -> DispatchTable:
+    entries = [TableEntry("FP16", 128, False, seq, tuple(ranked)) for seq, ranked in ranked_lists]
+    return DispatchTable.from_rankings("sm_90", "test GPU", "2026-01-01", "made by hand", entries)
+
+
+def test_table_round_trips_through_json():
+    table = _table((1024, ["a", "b"]), (512, ["c"]))
+    assert DispatchTable.from_json(table.to_json()) == table
+    assert [e.seq_len for e in table.entries] == [512, 1024], "entries are sorted"
+
+
+def test_table_refuses_another_format():
+    text = _table((512, ["a"])).to_json().replace('"format_version": 1', '"format_version": 99')
+    with pytest.raises(ValueError, match="format"):
+        DispatchTable.from_json(text)
+
+
+@pytest.mark.parametrize("seqlen_q, measured", [(1, 512), (512, 512), (513, 1024), (1000, 1024), (5000, 1024)])
+def test_table_entry_is_the_next_measured_length_up(seqlen_q, measured):
+    table = _table((512, ["a"]), (1024, ["b"]))
+    assert table.entry_for("FP16", 128, False, seqlen_q).seq_len == measured
+    assert table.entry_for("FP16", 128, True, seqlen_q) is None
+    assert table.entry_for("BF16", 128, False, seqlen_q) is None
+
+
+def test_arch_name():
+    assert arch_name((9, 0)) == "sm_90" and arch_name((8, 6)) == "sm_86"
+
+
+def test_every_shipped_table_names_valid_configurations():
+    tables = sorted(dispatch.TABLES_DIR.glob("*.json"))
+    for path in tables:
+        table = DispatchTable.load(path)
+        assert path.stem == table.arch
+        for entry in table.entries:
+            assert entry.ranked, f"{path.name}: an entry ranks nothing"
+            for short_form in entry.ranked:
+                assert _parse(short_form).is_valid(), f"{path.name}: {short_form} is not valid"
+
+
+def _parse(short_form):
+    from flash_helpers.kernel_names import parse_kernel_name_into_config
+
+    return parse_kernel_name_into_config(short_form)
+
+
+def _with_table(monkeypatch, table: DispatchTable | None):
+    dispatch._choose.cache_clear()
+    monkeypatch.setattr(dispatch, "dispatch_table", lambda arch: table)
+
+
+@pytest.fixture
+def clear_choice_cache():
+    dispatch._choose.cache_clear()
+    yield
+    dispatch._choose.cache_clear()
+
+
+def test_choice_follows_the_table_skipping_what_is_not_compiled(monkeypatch, clear_choice_cache):
+    compiled = [c for c in flash_attention.compiled_configs() if c.dtype.name == "FP16" and c.d_head == 128]
+    if not compiled:
+        pytest.skip("no FP16 d_head 128 configuration compiled")
+    missing = "(FP16, 128, 64, 32, 4): load_0_1_1_tiles"
+    assert _parse(missing) not in flash_attention.compiled_configs()
+    _with_table(monkeypatch, _table((4096, [missing, compiled[-1].short_form()])))
+    q = _meta((2, 4096, 8, 128))
+    choice = flash_attention.choose_config(q, q, arch="sm_90")
+    assert choice.config == compiled[-1]
+    assert "dispatch table" in choice.reason and "place 2 of 2" in choice.reason
+
+
+def test_choice_falls_back_to_the_default_set(monkeypatch, clear_choice_cache):
+    _with_table(monkeypatch, None)
+    q = _meta((2, 1000, 8, 128))
+    choice = flash_attention.choose_config(q, q, causal=True, arch="sm_86")
+    assert "no dispatch table for sm_86" in choice.reason
+    assert choice.variant == flash_attention.ProblemVariant(flash_attention.MaskKind.CAUSAL, True, False)
+    assert choice.variant in flash_attention.compiled_variants(choice.config)
+
+
+def test_choice_respects_the_architectures_shared_memory(clear_choice_cache):
+    big = [c for c in flash_attention.compiled_configs() if c.smem_bytes() > 101376]
+    if not big:
+        pytest.skip("every compiled configuration fits in sm_86's shared memory")
+    cfg = big[0]
+    q = _meta((1, 512, 2, cfg.d_head), cfg.dtype.to_torch_dtype())
+    try:
+        choice = flash_attention.choose_config(q, q, arch="sm_86")
+    except ValueError as error:
+        assert "no configuration compiled into this build" in str(error)
+    else:
+        assert choice.config.smem_bytes() <= 101376
+
+
+def test_choice_rejects_what_no_kernel_runs(clear_choice_cache):
+    with pytest.raises(TypeError, match="q: dtype must be float16 or bfloat16"):
+        flash_attention.choose_config(_meta((1, 8, 1, 64), torch.float32), _meta((1, 8, 1, 64)), arch="sm_90")
+    with pytest.raises(ValueError, match="d_head 80"):
+        flash_attention.choose_config(_meta((1, 8, 1, 80)), _meta((1, 8, 1, 80)), arch="sm_90")
+    with pytest.raises(ValueError, match="arch"):
+        flash_attention.choose_config(_meta((1, 8, 1, 64)), _meta((1, 8, 1, 64)), arch="ampere")
+    with pytest.raises(ValueError, match="q: must be a CUDA tensor"):
+        flash_attention.choose_config(torch.empty(1, 8, 1, 64, dtype=torch.float16), _meta((1, 8, 1, 64)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Arguments rejected before anything runs
+
+
+def test_dropout_is_not_implemented():
+    q = _meta((1, 8, 1, 64))
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        flash_attention.flash_attn_func(q, q, q, dropout_p=0.1)
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        flash_attention.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+
+
+def test_packed_shapes_are_checked():
+    with pytest.raises(ValueError, match=r"qkv: expected a \(batch, seqlen, 3, heads, d\) tensor"):
+        flash_attention.flash_attn_qkvpacked_func(_meta((1, 8, 2, 1, 64)))
+    with pytest.raises(ValueError, match=r"kv: expected a \(batch, seqlen, 2, heads, d\) tensor"):
+        flash_attention.flash_attn_kvpacked_func(_meta((1, 8, 1, 64)), _meta((1, 8, 3, 1, 64)))
+
+
+def test_sdpa_rejects_grouped_heads_without_enable_gqa():
+    with pytest.raises(ValueError, match="enable_gqa"):
+        flash_attention.scaled_dot_product_attention(_meta((1, 4, 8, 64)), _meta((1, 2, 8, 64)), _meta((1, 2, 8, 64)))
+
+
+def test_sdpa_rejects_masks_that_change_something():
+    q = torch.empty(1, 1, 4, 64, dtype=torch.float16)
+    mask = torch.ones(4, 4, dtype=torch.bool).tril()
+    with pytest.raises(NotImplementedError, match="attn_mask: only masks that change nothing"):
+        flash_attention.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    with pytest.raises(NotImplementedError, match="attn_mask"):
+        flash_attention.scaled_dot_product_attention(q, q, q, attn_mask=torch.full((4, 4), -1.0))
+    with pytest.raises(ValueError, match="attn_mask: must be None when is_causal"):
+        flash_attention.scaled_dot_product_attention(q, q, q, attn_mask=mask, is_causal=True)
+
+
+def test_version_is_stated_once():
+    from importlib import metadata
+
+    try:
+        installed = metadata.version("flash-attention-from-scratch")
+    except metadata.PackageNotFoundError:
+        pytest.skip("the package is not installed")
+    assert installed == flash_attention.__version__
+
+
+# ----------------------------------------------------------------------------------------------
+# On the GPU
+
+
+def _inputs(rng, batch=2, seqlen_q=300, seqlen_k=300, heads=(8, 2), d_head=128, dtype=torch.float16):
+    q = helpers.random_tensor((batch, seqlen_q, heads[0], d_head), dtype, rng)
+    k, v = (helpers.random_tensor((batch, seqlen_k, heads[1], d_head), dtype, rng) for _ in range(2))
+    return q, k, v
+
+
+CALLS = [
+    dict(seqlen_q=300, seqlen_k=300),
+    dict(seqlen_q=1024, seqlen_k=1024, causal=True),
+    dict(seqlen_q=97, seqlen_k=400, causal=True, heads=(8, 1)),
+    dict(seqlen_q=256, seqlen_k=256, window_size=(64, 0), dtype=torch.bfloat16, d_head=64),
+    dict(seqlen_q=129, seqlen_k=65, softcap=20.0, d_head=96),
+    dict(seqlen_q=200, seqlen_k=333, alibi=True, d_head=256, dtype=torch.bfloat16),
+]
+
+
+def _call_id(call):
+    return "-".join(f"{k}{v}" for k, v in call.items()).replace("torch.", "").replace(" ", "")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("call", CALLS, ids=_call_id)
+def test_flash_attn_func_matches_the_reference(call, rng):
+    call = dict(call)
+    shape = {key: call.pop(key) for key in ("seqlen_q", "seqlen_k", "heads", "d_head", "dtype") if key in call}
+    q, k, v = _inputs(rng, **shape)
+    if call.pop("alibi", False):
+        call["alibi_slopes"] = torch.rand(q.shape[2], generator=rng, device="cuda") * 0.3
+    if "softcap" in call:
+        q = q * (call["softcap"] / 4)
+    out, lse, probs = flash_attention.flash_attn_func(q, k, v, return_attn_probs=True, **call)
+    assert probs is None
+    reference = helpers.assert_matches_reference(out, q, k, v, **call)
+    helpers.assert_lse_matches(lse, reference)
+    assert torch.equal(flash_attention.flash_attn_func(q, k, v, **call), out), "repeated calls differ"
+    choice = flash_attention.choose_config(q, k, **call)
+    expected = flash_attention.forward(choice.config, q, k, v, helpers.nan_like(q), **call)
+    assert torch.equal(out, expected), "flash_attn_func is not forward with the chosen configuration"
+
+
+@pytest.mark.gpu
+def test_packed_entry_points_match_flash_attn_func(rng):
+    qkv = helpers.random_tensor((2, 200, 3, 4, 64), torch.float16, rng)
+    q, k, v = qkv.unbind(dim=2)
+    expected = flash_attention.flash_attn_func(q, k, v, causal=True)
+    assert torch.equal(flash_attention.flash_attn_qkvpacked_func(qkv, causal=True), expected)
+    assert torch.equal(flash_attention.flash_attn_kvpacked_func(q, qkv[:, :, 1:], causal=True), expected)
+
+
+SDPA_CALLS = [
+    dict(seqlen_q=300, seqlen_k=300),
+    dict(seqlen_q=300, seqlen_k=300, is_causal=True),
+    dict(seqlen_q=100, seqlen_k=250, is_causal=True),  # top-left: the keys past the queries are never seen
+    dict(seqlen_q=250, seqlen_k=100, is_causal=True),  # top-left: the last queries see every key
+    dict(seqlen_q=128, seqlen_k=512, heads=(8, 2), enable_gqa=True, scale=0.3),
+    dict(seqlen_q=64, seqlen_k=64, mask="all_true"),
+    dict(seqlen_q=64, seqlen_k=64, mask="zeros"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("call", SDPA_CALLS, ids=_call_id)
+def test_sdpa_matches_pytorch(call, rng):
+    call = dict(call)
+    seqlen_q, seqlen_k, heads = call.pop("seqlen_q"), call.pop("seqlen_k"), call.pop("heads", (4, 4))
+    q, k, v = (t.transpose(1, 2) for t in _inputs(rng, 2, seqlen_q, seqlen_k, heads, 64, torch.bfloat16))
+    mask = call.pop("mask", None)
+    if mask == "all_true":
+        call["attn_mask"] = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device="cuda")
+    elif mask == "zeros":
+        call["attn_mask"] = torch.zeros(seqlen_q, seqlen_k, dtype=torch.bfloat16, device="cuda")
+    out = flash_attention.scaled_dot_product_attention(q, k, v, **call)
+    assert out.shape == q.shape
+    # PyTorch's math backend in float32 is the reference; ours in bf16 must be within the
+    # criterion's bound of it, judged against the same backend in bf16.
+    ref32 = torch.nn.functional.scaled_dot_product_attention(*(t.float() for t in (q, k, v)), **_float_mask(call))
+    ref16 = torch.nn.functional.scaled_dot_product_attention(q, k, v, **call).float()
+    error, bound = (out.float() - ref32).abs().max().item(), 2 * (ref16 - ref32).abs().max().item() + 1e-5
+    assert error <= bound, f"max error {error:.3g} exceeds {bound:.3g}"
+
+
+def _float_mask(call):
+    call = dict(call)
+    if "attn_mask" in call and call["attn_mask"].dtype != torch.bool:
+        call["attn_mask"] = call["attn_mask"].float()
+    return call
+
+
+@pytest.mark.gpu
+def test_missing_backward_raises_instead_of_detaching(rng):
+    q, k, v = _inputs(rng)
+    q.requires_grad_()
+    with pytest.raises(NotImplementedError, match="no backward pass"):
+        flash_attention.flash_attn_func(q, k, v)
+    with pytest.raises(NotImplementedError, match="no backward pass"):
+        flash_attention.forward(FP16_D128, q, k, v, torch.empty_like(q))
+    with torch.no_grad():
+        flash_attention.flash_attn_func(q, k, v)
+    with torch.inference_mode():
+        flash_attention.flash_attn_func(q, k, v)
+    assert not flash_attention.flash_attn_func(q.detach(), k, v).requires_grad
+
+
+def _op_args(rng, config="", return_lse=True, alibi=False):
+    q, k, v = _inputs(rng, 2, 150, 170)
+    slopes = torch.rand(8, generator=rng, device="cuda") * 0.3 if alibi else None
+    return (q, k, v, config, True, None, -1, 0, 0.0, slopes, return_lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", ["", FP16_D128])
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_opcheck(rng, config, return_lse):
+    if config and _parse(config) not in flash_attention.compiled_configs():
+        pytest.skip(f"{config} is not compiled")
+    torch.library.opcheck(torch.ops.flash_attention.forward.default, _op_args(rng, config, return_lse))
+    args = _op_args(rng, config, return_lse, alibi=True)
+    torch.library.opcheck(torch.ops.flash_attention.forward_out.default, (*args, torch.empty_like(args[0])))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "name, fn",
+    [
+        ("flash_attn_func", lambda q, k, v: flash_attention.flash_attn_func(q, k, v, causal=True)),
+        ("sdpa", lambda q, k, v: flash_attention.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True)),
+        ("forward", lambda q, k, v: flash_attention.forward(FP16_D128, q, k, v, window_size=(32, 8))),
+        ("forward_cfg_object", lambda q, k, v: flash_attention.forward(_parse(FP16_D128), q, k, v)),
+    ],
+)  # fmt: skip
+def test_torch_compile_fullgraph_without_breaks(name, fn, rng):
+    torch._dynamo.reset()
+    q, k, v = _inputs(rng)
+    explanation = torch._dynamo.explain(fn)(q, k, v)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(fn, fullgraph=True)
+    with torch.inference_mode():
+        expected = fn(q, k, v)
+        assert torch.equal(compiled(q, k, v), expected)
+        q2, k2, v2 = _inputs(rng, seqlen_q=301, seqlen_k=333)
+        assert torch.equal(compiled(q2, k2, v2), fn(q2, k2, v2)), "a recompiled shape differs"
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_and_replay(rng):
+    static = _inputs(rng, 2, 512, 512)
+    flash_attention.flash_attn_func(*static, causal=True)  # choose and set up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = flash_attention.flash_attn_func(*static, causal=True)
+    for _ in range(2):
+        fresh = _inputs(rng, 2, 512, 512)
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, flash_attention.flash_attn_func(*fresh, causal=True))
+
+
+@pytest.mark.gpu
+def test_choice_on_this_gpu_is_compiled_and_explained(rng):
+    q, k, _ = _inputs(rng)
+    choice = flash_attention.choose_config(q, k, causal=True)
+    assert choice.arch == dispatch.device_arch(q.device)
+    assert choice.variant in flash_attention.compiled_variants(choice.config)
+    assert choice.reason and str(choice).startswith(choice.config.short_form())
+    table = dispatch.dispatch_table(choice.arch)
+    if table is not None and not choice.reason.startswith("rule"):
+        assert table.gpu in choice.reason
