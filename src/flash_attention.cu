@@ -7,6 +7,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -432,6 +433,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "registries' order.");
     m.def("compiled_kernel_set", [] { return std::string(flash::compiled_kernel_set); },
           "The name of the kernel set this module was built with (FLASH_BUILD_KERNELS).");
+    // nvcc names the targets of every compilation, host code included, in __CUDA_ARCH_LIST__; the
+    // kernels' translation units are compiled with the same targets as this one.
+    m.def("compiled_architectures", [] { return std::vector<int>{__CUDA_ARCH_LIST__}; },
+          "The GPU architectures this module has code for, as nvcc numbers them (800, 900, ...).");
     m.def("kernel_attributes", &flash::kernel_attributes, py::arg("kernel_cfg"),
           "Registers, local (spill) bytes, static and dynamic shared memory of a compiled kernel.");
 }

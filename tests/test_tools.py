@@ -54,6 +54,7 @@ PYTHON_TOOLS = [
     BENCHMARK_DIR / "ncu_bench.py",
     BENCHMARK_DIR / "autotune.py",
     BENCHMARK_DIR / "progression.py",
+    BENCHMARK_DIR / "model_bench.py",
     ANALYSIS_DIR / "sass_counts.py",
     ANALYSIS_DIR / "sass_diff.py",
 ]
@@ -157,6 +158,7 @@ def test_autotune_script_passes_lengths_and_options_on(tmp_path):
         [BENCHMARK_DIR / "pt_bench.py"],
         [BENCHMARK_DIR / "autotune.py", "--csv", "unused.csv"],
         [BENCHMARK_DIR / "progression.py", "--csv", "unused.csv"],
+        [BENCHMARK_DIR / "model_bench.py", "--csv", "unused.csv"],
     ],
     ids=lambda command: command[0].name,
 )

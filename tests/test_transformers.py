@@ -1,0 +1,540 @@
+"""The transformers integration (flash_attention.integrations.transformers).
+
+Without a GPU: registration, and the mask function through transformers' own mask builders
+(create_causal_mask and its siblings, as models call them): no mask for the patterns the kernels
+compute, an error for padding, custom, packed, chunked and static-cache patterns; the attention
+function's errors (dropout, float32, masks it does not compute, unsupported features); padded
+batches raising in whole models.
+
+With a GPU (the ``gpu`` marker): real models built from configurations with random weights (BERT,
+ViT at 224 px, Llama with grouped and multi-query attention at head sizes 64 and 128, Mistral with
+a sliding window, Gemma 2 with softcap and alternating sliding layers), in float16 and bfloat16,
+eval mode, under inference_mode. Each output is compared with the same weights on SDPA (eager for
+Gemma 2, which SDPA refuses) by the criterion of the other tests: ref32 is the model in float32,
+ref16 the model in the test dtype, and ours must satisfy max|ours - ref32| <= 2 * max|ref16 -
+ref32| + 1e-5 and a relative norm error below 1e-2, or below twice ref16's where a whole model in
+the test dtype is further than 1e-2 from float32 (bfloat16 decoders, see _assert_matches). Every
+attention layer must have run through flash_attn_func. Decoding with a KV cache (a prompt, a chunk
+of several tokens, single tokens) and generate() are compared the same way.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: these tests need it")
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is not installed: pip install transformers to test the integration"
+)
+
+import helpers  # noqa: E402
+from flash_helpers.reference import MAX_RELATIVE_NORM_ERROR  # noqa: E402
+from transformers import AttentionInterface, AttentionMaskInterface, masking_utils  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not helpers.extension_is_built(), reason=helpers.NOT_BUILT_REASON)
+
+if helpers.extension_is_built():
+    import flash_attention
+    from flash_attention.integrations import transformers as integration
+
+gpu = pytest.mark.gpu
+
+
+@pytest.fixture
+def name() -> str:
+    return integration.register()
+
+
+# ----------------------------------------------------------------------------------------------
+# Registration
+
+
+def test_register_is_idempotent_and_fills_both_interfaces():
+    first = integration.register()
+    assert first == integration.IMPLEMENTATION_NAME
+    assert integration.register() == first
+    assert AttentionInterface()[first] is integration.attention_forward
+    assert AttentionMaskInterface()[first] is integration.create_mask
+
+
+def test_register_under_another_name():
+    assert integration.register("fa_test_name") == "fa_test_name"
+    assert AttentionInterface()["fa_test_name"] is integration.attention_forward
+
+
+@pytest.mark.parametrize("reserved", ["flash_attention_from_scratch", "my_sdpa", "org/kernel", "eager"])
+def test_register_rejects_names_transformers_reserves(reserved):
+    with pytest.raises(ValueError, match="name: "):
+        integration.register(reserved)
+
+
+def test_register_rejects_a_name_another_implementation_holds(monkeypatch):
+    monkeypatch.setitem(AttentionInterface._global_mapping, "taken_name", lambda *args, **kwargs: None)
+    with pytest.raises(ValueError, match="already registered"):
+        integration.register("taken_name")
+
+
+def test_models_take_the_name(name):
+    model = transformers.AutoModel.from_config(_bert_config(), attn_implementation=name)
+    assert model.config._attn_implementation == name
+    model.set_attn_implementation("sdpa")
+    model.set_attn_implementation(name)
+    assert model.config._attn_implementation == name
+
+
+def test_importing_flash_attention_does_not_import_transformers():
+    code = (
+        "import sys, flash_attention, flash_attention.integrations.transformers\n"
+        "assert 'transformers' not in sys.modules, 'transformers was imported'\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# The mask function, called by transformers' mask builders (no GPU: the masks are built on the CPU)
+
+BATCH, SEQ, HIDDEN = 2, 16, 64
+
+
+def _decoder_config(name: str, config_class=None, **overrides):
+    """A tiny decoder's configuration (Llama unless ``config_class`` says otherwise), its attention
+    implementation ``name``: the mask builders read the implementation from it."""
+    options = {
+        "vocab_size": 100,
+        "hidden_size": HIDDEN,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "pad_token_id": 0,
+    }
+    config_class = config_class or transformers.LlamaConfig
+    return config_class(**{**options, **overrides}, attn_implementation=name)
+
+
+def _ones(length: int = SEQ) -> torch.Tensor:
+    return torch.ones(BATCH, length, dtype=torch.long)
+
+
+def _with_padding(length: int = SEQ, left: bool = False) -> torch.Tensor:
+    mask = _ones(length)
+    mask[1, 0 if left else -1] = 0
+    return mask
+
+
+def _dynamic_cache(config, past: int):
+    """A DynamicCache holding ``past`` positions in every layer."""
+    cache = transformers.DynamicCache(config=config)
+    head_dim = config.hidden_size // config.num_attention_heads
+    for layer in range(config.num_hidden_layers):
+        states = torch.zeros(BATCH, config.num_key_value_heads, past, head_dim)
+        cache.update(states, states, layer)
+    return cache
+
+
+# transformers' mask builders, as models call them (once per forward, before any attention runs).
+BUILDERS = {
+    "causal": masking_utils.create_causal_mask,
+    "bidirectional": masking_utils.create_bidirectional_mask,
+    "sliding_window": masking_utils.create_sliding_window_causal_mask,
+    "bidirectional_sliding_window": masking_utils.create_bidirectional_sliding_window_mask,
+    "chunked": masking_utils.create_chunked_causal_mask,
+}
+
+
+def _build_mask(builder: str, config, seq: int = SEQ, attention_mask=None, past_key_values=None, **kwargs):
+    """What ``builder`` hands the attention function for ``seq`` new tokens (our create_mask's result)."""
+    return BUILDERS[builder](
+        config=config,
+        inputs_embeds=torch.zeros(BATCH, seq, HIDDEN),
+        attention_mask=attention_mask,
+        past_key_values=past_key_values,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("attention_mask", [None, "ones"])
+@pytest.mark.parametrize("builder", ["causal", "bidirectional", "sliding_window", "bidirectional_sliding_window"])
+def test_mask_is_none_without_padding(name, builder, attention_mask):
+    config = _decoder_config(name, sliding_window=4)
+    assert _build_mask(builder, config, attention_mask=_ones() if attention_mask == "ones" else None) is None
+
+
+@pytest.mark.parametrize("left", [False, True], ids=["right_padding", "left_padding"])
+@pytest.mark.parametrize("builder", ["causal", "bidirectional", "sliding_window"])
+def test_padding_raises(name, builder, left):
+    config = _decoder_config(name, sliding_window=4)
+    with pytest.raises(NotImplementedError, match="padding masks .* not supported"):
+        _build_mask(builder, config, attention_mask=_with_padding(left=left))
+
+
+@pytest.mark.parametrize("seq", [1, 3], ids=["decode", "chunk"])
+def test_mask_is_none_with_a_dynamic_cache(name, seq):
+    config = _decoder_config(name)
+    cache = _dynamic_cache(config, 10)
+    assert _build_mask("causal", config, seq, attention_mask=_ones(10 + seq), past_key_values=cache) is None
+
+
+def test_padding_in_the_cache_raises(name):
+    config = _decoder_config(name)
+    cache = _dynamic_cache(config, 10)
+    with pytest.raises(NotImplementedError, match="padding masks"):
+        _build_mask("causal", config, 1, attention_mask=_with_padding(11, left=True), past_key_values=cache)
+
+
+@pytest.mark.parametrize("past", [0, 3, 20], ids=["empty", "filling", "full"])
+def test_sliding_window_cache_is_aligned(name, past):
+    """A sliding-window layer's cache keeps only the window's last keys (kv_offset > 0 once full)."""
+    config = _decoder_config(name, transformers.MistralConfig, sliding_window=8)
+    cache = _dynamic_cache(config, past) if past else transformers.DynamicCache(config=config)
+    assert _build_mask("sliding_window", config, 1, past_key_values=cache) is None
+
+
+def test_static_cache_raises(name):
+    """A static cache's keys run to its maximum length, past the queries."""
+    config = _decoder_config(name)
+    cache = transformers.StaticCache(config=config, max_cache_len=64)
+    with pytest.raises(NotImplementedError, match="static cache"):
+        _build_mask("causal", config, past_key_values=cache)
+
+
+def test_packed_sequences_raise(name):
+    """Several sequences in one row, told apart by position_ids that restart (a padding-free batch)."""
+    position_ids = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]]).expand(BATCH, -1)
+    with pytest.raises(NotImplementedError, match="mask_function: "):
+        _build_mask("causal", _decoder_config(name), position_ids=position_ids)
+
+
+@pytest.mark.parametrize("combine", ["or_mask_function", "and_mask_function"])
+def test_custom_patterns_raise(name, combine):
+    def first_token_everywhere(batch_idx, head_idx, q_idx, kv_idx):
+        return kv_idx == 0
+
+    with pytest.raises(NotImplementedError, match="mask_function: "):
+        _build_mask("causal", _decoder_config(name), **{combine: first_token_everywhere})
+
+
+def test_chunked_attention_raises(name):
+    with pytest.raises(NotImplementedError, match="mask_function: "):
+        _build_mask("chunked", _decoder_config(name, attention_chunk_size=8))
+
+
+# ----------------------------------------------------------------------------------------------
+# The attention function's checks (no GPU: each raises before any kernel runs)
+
+
+class _Attention(torch.nn.Module):
+    is_causal = True
+
+
+def _qkv(dtype=torch.float16, seq: int = SEQ):
+    query = torch.zeros(BATCH, 4, seq, 64, dtype=dtype)
+    key = value = torch.zeros(BATCH, 2, seq, 64, dtype=dtype)
+    return query, key, value
+
+
+def test_dropout_raises():
+    with pytest.raises(NotImplementedError, match="dropout: .* model.eval"):
+        integration.attention_forward(_Attention(), *_qkv(), None, dropout=0.1)
+
+
+def test_float32_raises():
+    with pytest.raises(TypeError, match="query: .*float16 or torch.bfloat16"):
+        integration.attention_forward(_Attention(), *_qkv(torch.float32), None)
+
+
+@pytest.mark.parametrize("feature", ["position_bias", "s_aux", "cu_seq_lens_q"])
+def test_unsupported_features_raise(feature):
+    with pytest.raises(NotImplementedError, match=f"{feature}: "):
+        integration.attention_forward(_Attention(), *_qkv(), None, **{feature: torch.zeros(1)})
+
+
+def test_mask_that_is_not_the_computed_pattern_raises():
+    padding = torch.ones(BATCH, 1, SEQ, SEQ, dtype=torch.bool).tril()
+    padding[1, :, :, 0] = False
+    with pytest.raises(NotImplementedError, match="attention_mask: .* not the causal mask"):
+        integration.attention_forward(_Attention(), *_qkv(), padding)
+    full = torch.ones(BATCH, 1, SEQ, SEQ, dtype=torch.bool)
+    with pytest.raises(NotImplementedError, match="attention_mask: "):
+        integration.attention_forward(_Attention(), *_qkv(), full)
+
+
+def test_additive_bias_raises():
+    bias = torch.randn(BATCH, 1, SEQ, SEQ, dtype=torch.float16)
+    with pytest.raises(NotImplementedError, match="attention_mask: .*bias"):
+        integration.attention_forward(_Attention(), *_qkv(), bias, is_causal=False)
+
+
+def test_training_mode_raises(name):
+    model = transformers.AutoModel.from_config(_bert_config(), attn_implementation=name).train()
+    with pytest.raises(NotImplementedError, match="dropout: "):
+        model(input_ids=_ones())
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_padded_batch_raises_in_a_model(name, family):
+    """The mask is built before any attention runs, so this needs no GPU."""
+    config = _bert_config() if family == "bert" else _decoder_config(name)
+    model = transformers.AutoModel.from_config(config, attn_implementation=name).eval()
+    with torch.inference_mode(), pytest.raises(NotImplementedError, match="padding masks"):
+        model(input_ids=_ones(), attention_mask=_with_padding(left=family == "llama"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Whole models on the GPU against SDPA
+
+
+def _bert_config():
+    return transformers.BertConfig(
+        vocab_size=1000, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024
+    )
+
+
+def _token_ids(config, rng: torch.Generator, batch: int, seq: int) -> torch.Tensor:
+    return torch.randint(1, config.vocab_size, (batch, seq), generator=rng, device=rng.device)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCase:
+    """A model family at a small but real size: its configuration, model class, inputs and the
+    output compared."""
+
+    config: Callable[[], object]
+    model_class: Callable[[object], object]
+    inputs: Callable[[object, torch.Generator], dict]
+    output: str  # the attribute of the model's output compared
+    reference: str = "sdpa"  # the transformers implementation that makes ref32 and ref16
+
+    @property
+    def decoder(self) -> bool:
+        return self.output == "logits"
+
+    def build(self, seed: int):
+        """The model in float32 on the GPU, in eval mode, with random weights drawn from ``seed``."""
+        torch.manual_seed(seed)
+        return self.model_class(self.config()).cuda().eval()
+
+
+def _decoder_inputs(config, rng):
+    # 200 tokens: not a multiple of any tile, longer than Mistral's and Gemma 2's windows.
+    return {"input_ids": _token_ids(config, rng, 2, 200)}
+
+
+def _gpu_decoder(config_class, **overrides) -> Callable[[], object]:
+    """A decoder configuration: 4 layers of 8 query and 2 key/value heads of size 64 unless
+    ``overrides`` say otherwise."""
+    options = {
+        "vocab_size": 1000,
+        "hidden_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "intermediate_size": 1024,
+        "pad_token_id": 0,
+    }
+    return lambda: config_class(**{**options, **overrides})
+
+
+MODELS = {
+    "bert": ModelCase(
+        _bert_config,
+        transformers.BertModel,
+        lambda config, rng: {"input_ids": _token_ids(config, rng, 2, 300)},
+        "last_hidden_state",
+    ),
+    # 224 px in 16 px patches: 196 patches and the class token.
+    "vit": ModelCase(
+        lambda: transformers.ViTConfig(
+            image_size=224,
+            patch_size=16,
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            intermediate_size=1024,
+        ),
+        transformers.ViTModel,
+        lambda config, rng: {"pixel_values": torch.randn(2, 3, 224, 224, generator=rng, device=rng.device)},
+        "last_hidden_state",
+    ),
+    "llama_gqa_d64": ModelCase(
+        _gpu_decoder(transformers.LlamaConfig), transformers.LlamaForCausalLM, _decoder_inputs, "logits"
+    ),
+    "llama_mqa_d128": ModelCase(
+        _gpu_decoder(transformers.LlamaConfig, num_attention_heads=4, num_key_value_heads=1, head_dim=128),
+        transformers.LlamaForCausalLM,
+        _decoder_inputs,
+        "logits",
+    ),
+    "mistral_sliding_window": ModelCase(
+        _gpu_decoder(transformers.MistralConfig, sliding_window=64),
+        transformers.MistralForCausalLM,
+        _decoder_inputs,
+        "logits",
+    ),
+    # SDPA refuses softcap, so eager is the reference; layers alternate sliding-window and full.
+    "gemma2_softcap": ModelCase(
+        _gpu_decoder(
+            transformers.Gemma2Config,
+            sliding_window=64,
+            attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
+            query_pre_attn_scalar=64,
+        ),
+        transformers.Gemma2ForCausalLM,
+        _decoder_inputs,
+        "logits",
+        reference="eager",
+    ),
+}
+DECODERS = [model for model, case in MODELS.items() if case.decoder]
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@pytest.fixture
+def float32_references(monkeypatch):
+    """ref32 in true float32: no TF32 in matmuls or convolutions (ViT's patch embedding)."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "fp32_precision", "ieee")
+    monkeypatch.setattr(torch.backends.cudnn.conv, "fp32_precision", "ieee")
+
+
+@pytest.fixture
+def attention_calls(monkeypatch) -> list[int]:
+    """Counts the calls of flash_attn_func (what the attention function runs)."""
+    calls = []
+    original = flash_attention.flash_attn_func
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(flash_attention, "flash_attn_func", counted)
+    return calls
+
+
+@dataclasses.dataclass
+class Models:
+    """The same weights three ways: ref32 (float32, the reference implementation), ref16 (rounded
+    once to the test dtype, the reference implementation) and ours (the ref16 weights, our
+    attention implementation)."""
+
+    ref32: object
+    ref16: object
+    ours: object
+
+    @classmethod
+    def of(cls, case: ModelCase, dtype: torch.dtype, seed: int, name: str) -> Models:
+        ref32 = case.build(seed)
+        ref32.set_attn_implementation(case.reference)
+        ref16 = copy.deepcopy(ref32).to(dtype)
+        ours = copy.deepcopy(ref16)
+        ours.set_attn_implementation(name)
+        assert ours.config._attn_implementation == name, f"{type(ours).__name__} kept its attention implementation"
+        return cls(ref32, ref16, ours)
+
+    @property
+    def layers(self) -> int:
+        return self.ours.config.num_hidden_layers
+
+    def run(self, fn: Callable[[object], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ours, ref16, ref32) of ``fn(model)``, run under inference_mode."""
+        with torch.inference_mode():
+            return fn(self.ours), fn(self.ref16), fn(self.ref32)
+
+
+def _errors(out: torch.Tensor, ref32: torch.Tensor) -> tuple[float, float]:
+    """max |out - ref32| and the relative norm error ||out - ref32|| / ||ref32||."""
+    error = out.double() - ref32.double()
+    return error.abs().max().item(), (error.norm() / ref32.double().norm()).item()
+
+
+def _assert_matches(ours: torch.Tensor, ref16: torch.Tensor, ref32: torch.Tensor, what: str) -> None:
+    """FlashAttention's criterion on a whole model's output: max|ours - ref32| <= 2 * max|ref16 -
+    ref32| + 1e-5, and a relative norm error below 1e-2, or below twice ref16's where the model in
+    the test dtype is itself further than that from float32 (bfloat16 decoders are, about 1e-2
+    whatever attention runs in them: the error is in every layer, not in attention); the factor 2
+    is the max criterion's."""
+    max_error, relative = _errors(ours, ref32)
+    ref16_max_error, ref16_relative = _errors(ref16, ref32)
+    max_allowed = 2 * ref16_max_error + 1e-5
+    relative_allowed = max(MAX_RELATIVE_NORM_ERROR, 2 * ref16_relative)
+    # Written so that NaN fails.
+    assert max_error <= max_allowed and relative <= relative_allowed, (
+        f"{what} differs from the float32 reference: max error {max_error:.3g} (allowed {max_allowed:.3g}), "
+        f"relative norm error {relative:.3g} (allowed {relative_allowed:.3g})"
+    )
+
+
+@gpu
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("model", MODELS)
+def test_model_matches_reference(name, model, dtype_name, rng, seed, float32_references, attention_calls):
+    case = MODELS[model]
+    models = Models.of(case, DTYPES[dtype_name], seed, name)
+    inputs = case.inputs(models.ours.config, rng)
+
+    def forward(model) -> torch.Tensor:
+        # The float inputs (ViT's pixels) in the model's dtype, as a pipeline would give them.
+        cast = {key: value.to(model.dtype) if value.is_floating_point() else value for key, value in inputs.items()}
+        return getattr(model(**cast), case.output)
+
+    ours, ref16, ref32 = models.run(forward)
+    _assert_matches(ours, ref16, ref32, f"{model} {dtype_name} {case.output}")
+    assert len(attention_calls) == models.layers, "not every attention layer ran flash_attn_func"
+
+
+def _cached_logits(model, chunks: list[torch.Tensor]) -> torch.Tensor:
+    """The logits of feeding ``chunks`` of token ids one after the other through one DynamicCache."""
+    cache = transformers.DynamicCache(config=model.config)
+    return torch.cat([model(input_ids=chunk, past_key_values=cache, use_cache=True).logits for chunk in chunks], dim=1)
+
+
+@gpu
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("model", DECODERS)
+def test_decoding_with_a_kv_cache(name, model, dtype_name, rng, seed, float32_references, attention_calls):
+    """A prompt, then 3 tokens at once (queries at the bottom-right of the score matrix, which
+    transformers' SDPA path runs with an explicit mask), then 3 single tokens: the same token ids
+    for every model, so the logits compare step by step. The prompt is longer than the sliding
+    windows, so their caches drop keys (the keys no longer start at position 0)."""
+    models = Models.of(MODELS[model], DTYPES[dtype_name], seed, name)
+    tokens = _token_ids(models.ours.config, rng, 2, 100 + 3 + 3)
+    chunks = [tokens[:, :100], tokens[:, 100:103], *tokens[:, 103:].split(1, dim=1)]
+    ours, ref16, ref32 = models.run(lambda model: _cached_logits(model, chunks))
+    _assert_matches(ours, ref16, ref32, f"{model} {dtype_name} cached logits")
+    assert len(attention_calls) == models.layers * len(chunks)
+
+
+@gpu
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_generate(name, dtype_name, rng, seed, float32_references, attention_calls):
+    """Greedy generation with our attention: its logits at each new token must match the
+    references' logits for the same sequence in one forward without a cache (the tokens are ours,
+    so near-ties in the random model cannot make the compared sequences differ)."""
+    models = Models.of(MODELS["llama_gqa_d64"], DTYPES[dtype_name], seed, name)
+    prompt = _token_ids(models.ours.config, rng, 2, 50)
+    new_tokens = 3
+    with torch.inference_mode():
+        generated = models.ours.generate(
+            prompt,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        ours = torch.stack(generated.logits, dim=1)
+        sequence = generated.sequences[:, :-1]
+        ref16, ref32 = (model(input_ids=sequence).logits[:, -new_tokens:] for model in (models.ref16, models.ref32))
+    assert ours.shape[1] == new_tokens
+    assert len(attention_calls) == models.layers * new_tokens
+    _assert_matches(ours, ref16, ref32, f"generate {dtype_name} logits")
