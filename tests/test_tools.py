@@ -451,17 +451,28 @@ def test_pt_bench_table_shows_the_best_configuration_and_the_ratios_to_flash_and
     assert lines[1] == "FLOPs: 4 * batch * heads_q * seqlen_q * seqlen_k * d_head"
     assert lines[2].split() == [
         "seq", "batch", "best", "config", "ours", "auto", "FLASH", "CUDNN", "EFFICIENT", "ours/FLASH", "ours/CUDNN",
-        "auto/ours",
+        "auto/ours", "choice/ours",
     ]  # fmt: skip
     # 1.0 ms against FLASH's 0.5 ms and CUDNN's 0.25 ms; EFFICIENT could not run at 1024; auto
-    # took 1.25 ms, 0.8 of the best configuration's speed.
-    assert CFG_A.short_form() in lines[4] and lines[4].split()[-4:] == ["-", "0.500", "0.250", "0.800"]
-    assert CFG_B.short_form() in lines[5] and lines[5].split()[-3:] == ["0.500", "0.500", "1.000"]
+    # chose the best configuration, and took 1.25 ms, 0.8 of its speed, timed apart.
+    assert CFG_A.short_form() in lines[4] and lines[4].split()[-5:] == ["-", "0.500", "0.250", "0.800", "1.000"]
+    assert CFG_B.short_form() in lines[5] and lines[5].split()[-4:] == ["0.500", "0.500", "1.000", "1.000"]
     assert lines[6:] == [
         "harmonic mean of ours/FLASH over 2 sequence lengths: 0.500",
         "harmonic mean of ours/CUDNN over 2 sequence lengths: 0.333",
-        "auto/ours (automatic configuration against the best): lowest 0.800",
+        "automatic configuration chose the best at 2 of 2 lengths; choice/ours lowest 1.000; auto/ours (timed apart) "
+        "lowest 0.800",
     ]
+
+
+def test_pt_bench_judges_the_automatic_choice_by_its_own_timing_among_ours():
+    rows = _pt_bench_rows()
+    at_1024 = [row for row in rows if row.seq_len == 1024]
+    auto = next(row for row in at_1024 if row.implementation == pt_bench.AUTO)
+    slower_choice = dataclasses.replace(auto, config=CFG_B.short_form())
+    at_1024 = [slower_choice if row is auto else row for row in at_1024]
+    # CFG_B took 2.0 ms among ours against CFG_A's 1.0 ms.
+    assert pt_bench.choice_tflops(at_1024) == pytest.approx(pt_bench.best_ours(at_1024).tflops / 2)
 
 
 def test_pt_bench_table_of_causal_gqa_says_how_flops_and_heads_were_counted():
@@ -471,7 +482,7 @@ def test_pt_bench_table_of_causal_gqa_says_how_flops_and_heads_were_counted():
     assert lines[1].startswith("FLOPs: half of 4 * batch * heads_q * seqlen_q * seqlen_k * d_head (causal)")
     # Half the FLOPs in the same time: half the TFLOP/s; the ratios are the same.
     assert rows[0].tflops == pytest.approx(_pt_bench_rows()[0].tflops / 2)
-    assert lines[4].split()[-3:] == ["0.500", "0.250", "0.800"]
+    assert lines[4].split()[-4:] == ["0.500", "0.250", "0.800", "1.000"]
     assert lines[-1] == "SDPA EFFICIENT rejects enable_gqa: it was given k and v with each head repeated"
 
 
