@@ -356,3 +356,27 @@ def test_choice_on_this_gpu_is_compiled_and_explained(rng):
     table = dispatch.dispatch_table(choice.arch)
     if table is not None and not choice.reason.startswith("rule"):
         assert table.gpu in choice.reason
+
+
+def test_python_m_flash_attention_describes_the_build():
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "flash_attention"], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"flash_attention {flash_attention.__version__} ")
+    assert f"kernel set: {flash_attention.compiled_kernel_set()} ({len(flash_attention.compiled_configs())} " in (
+        result.stdout
+    )
+    compiled_for = next(line for line in lines if line.startswith("compiled for: "))
+    architectures = compiled_for.removeprefix("compiled for: ").split(", ")
+    assert architectures and all(arch.startswith("sm_") and int(arch[3:]) >= 80 for arch in architectures)
+    for cfg in flash_attention.compiled_configs():
+        assert f"  {cfg.short_form()}" in lines
+    tables = sorted(path.stem for path in dispatch.TABLES_DIR.glob("*.json"))
+    assert f"dispatch tables shipped: {', '.join(tables) if tables else 'none'}" in lines
+    if torch.cuda.is_available():
+        assert f"dispatch table: {dispatch.device_arch()}" in result.stdout or "the rule chooses" in result.stdout
+    else:
+        assert "GPUs: none visible" in lines
