@@ -2,7 +2,9 @@
 
 The kernel instantiations are generated first (tools/build/generate_kernel_instantiations.py), so
 the kernel map can never be stale. FLASH_BUILD_KERNELS picks the compiled set (see README.md);
-TORCH_CUDA_ARCH_LIST overrides the default targets, real machine code for sm_80 and sm_90.
+TORCH_CUDA_ARCH_LIST overrides the default targets, real machine code for sm_80 and sm_90. Its 9.0
+is compiled as 9.0a (sm_90a, which the Hopper family needs and which runs on sm_90 alone), and the
+Hopper family's configurations are compiled only when it has 9.0.
 """
 
 import os
@@ -14,15 +16,23 @@ from setuptools import setup
 ROOT = Path(__file__).parent.resolve()
 sys.path[:0] = [str(ROOT / "py"), str(ROOT / "tools" / "build")]
 
-from flash_helpers.kernel_sets import get_kernels_to_build, resolve_build_kernels_key  # noqa: E402
+from flash_helpers.kernel_sets import (  # noqa: E402
+    ARCH_LIST_ENV,
+    arch_list_for_build,
+    get_kernels_to_build,
+    resolve_arch_list,
+    resolve_build_kernels_key,
+)
 from generate_kernel_instantiations import generate  # noqa: E402
 
-os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
+# torch's extension builder takes the targets' -gencode flags from this variable.
+arch_list = resolve_arch_list()
+os.environ[ARCH_LIST_ENV] = arch_list_for_build(arch_list)
 
 from torch.utils.cpp_extension import BuildExtension, CUDAExtension  # noqa: E402
 
 kernel_set = resolve_build_kernels_key()
-instantiations = generate(get_kernels_to_build(kernel_set), ROOT / "src", kernel_set)
+instantiations = generate(get_kernels_to_build(kernel_set, arch_list), ROOT / "src", kernel_set)
 sources = ["src/flash_attention.cu"] + [str(path.relative_to(ROOT)) for path in instantiations]
 
 setup(

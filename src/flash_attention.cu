@@ -19,6 +19,7 @@
 #include "common/python_fields.h"
 #include "generated/kernel_registry.h"
 #include "sm80/binding.h"
+#include "sm90/binding.h"
 
 namespace py = pybind11;
 
@@ -26,7 +27,7 @@ namespace flash {
 namespace {
 
 // Every kernel family of this build. A new family adds its binding header above and its Family here.
-using Families = std::tuple<sm80::Family>;
+using Families = std::tuple<sm80::Family, sm90::Family>;
 
 // Calls visit(Family{}) for the family named `name`; false if there is none.
 template <typename Visit>
@@ -172,11 +173,10 @@ template <typename Family>
 void check_device(const at::Tensor &q, const ForwardLauncher &launcher) {
     const cudaDeviceProp *props = at::cuda::getDeviceProperties(q.device().index());
     const int capability = props->major * 10 + props->minor;
-    if (capability < Family::min_compute_capability)
+    if (!Family::runs_on(capability))
         throw py::value_error("q: " + q.device().str() + " (" + props->name + ") is sm_" + std::to_string(capability) +
-                              "; the " + Family::name + " kernels need sm_" +
-                              std::to_string(Family::min_compute_capability) + " or newer (" + Family::instructions +
-                              ")");
+                              "; the " + Family::name + " kernels need " + Family::requirement + " (" +
+                              Family::instructions + ")");
     if (static_cast<size_t>(launcher.smem_bytes) > props->sharedMemPerBlockOptin)
         throw py::value_error("kernel_cfg: needs " + std::to_string(launcher.smem_bytes) +
                               " bytes of shared memory per block; " + q.device().str() + " allows " +

@@ -1,6 +1,8 @@
-"""CPU tests of the kernel configuration type, its textual forms, its validity rules and its sets."""
+"""CPU tests of the kernel families' configuration types, their textual forms, their validity rules
+and the sets, which span the families."""
 
 import dataclasses
+import itertools
 import os
 import pathlib
 import random
@@ -11,25 +13,36 @@ import pytest
 
 from flash_helpers.dtypes import DType
 from flash_helpers.kernel_names import parse_kernel_name_into_config
+from flash_helpers import sm90_config
 from flash_helpers.kernel_sets import (
+    ARCH_LIST_ENV,
     BUILD_KERNELS_ENV,
+    DEFAULT_ARCH_LIST,
     DEFAULT_BUILD_KERNELS,
+    HOPPER_PROGRESSION_BLOCK,
+    HOPPER_PROGRESSION_STEPS,
     KERNELS_ENV,
     PROGRESSION_BLOCK_SIZE,
     PROGRESSION_STEPS,
+    REBUILD_HINT,
+    arch_list_for_build,
     get_all_kernel_configs,
     get_autotuning_kernel_configs,
     get_kernel_configs,
     get_kernel_progression_configs,
     get_kernels_to_build,
+    hopper_in_arch_list,
+    resolve_arch_list,
     should_autotune_config,
 )
-from flash_helpers.problem import attention_flop, total_flop
+from flash_helpers.problem import MaskKind, ProblemVariant, attention_flop, total_flop
 from flash_helpers.sm80_config import B_CS, B_RS, D_HEADS, MAX_SMEM_BYTES, N_WARPS, FlashForwardKernelConfig
+from flash_helpers.sm90_config import HopperForwardKernelConfig
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 FP16, BF16 = DType.FP16, DType.BF16
 Config = FlashForwardKernelConfig
+Hopper = HopperForwardKernelConfig
 
 # Which configuration field each short-form flag of a progression step turns on.
 STEP_FLAG_KNOBS = {
@@ -46,6 +59,11 @@ def _no_kernel_env(monkeypatch):
     """The sets read environment variables; tests start from an environment without them."""
     monkeypatch.delenv(KERNELS_ENV, raising=False)
     monkeypatch.delenv(BUILD_KERNELS_ENV, raising=False)
+    monkeypatch.delenv(ARCH_LIST_ENV, raising=False)
+
+
+def of_family(configs, cls):
+    return [cfg for cfg in configs if isinstance(cfg, cls)]
 
 
 def config_sets():
@@ -259,11 +277,14 @@ def test_configs_are_immutable():
         cfg.d_head = 64
 
 
-def test_ordering_is_field_tuple_ordering():
+def test_ordering_is_family_then_field_tuple_ordering():
     configs = get_all_kernel_configs()
     shuffled = configs[:]
     random.Random(0).shuffle(shuffled)
-    assert sorted(shuffled) == sorted(shuffled, key=lambda cfg: tuple(int(value) for value in dataclasses.astuple(cfg)))
+    key = lambda cfg: (cfg.family, *(int(value) for value in dataclasses.astuple(cfg)))  # noqa: E731
+    assert sorted(shuffled) == sorted(shuffled, key=key)
+    assert Config(BF16, 256, 128, 128, 8) < Hopper(FP16, 64, 64, 64, 1)  # the family decides first
+    assert Hopper(FP16, 64, 64, 64, 1) > Config(BF16, 256, 128, 128, 8) >= Config(BF16, 256, 128, 128, 8)
     assert Config(FP16, 128, 64, 64, 4) < Config(BF16, 64, 64, 64, 4)  # dtype code 5 < 15 decides first
     assert Config(FP16, 64, 128, 64, 4) < Config(FP16, 128, 64, 64, 4)  # then d_head, before B_r
     assert Config(FP16, 128, 64, 64, 4, False) < Config(FP16, 128, 64, 64, 4, True)  # False < True
@@ -429,7 +450,7 @@ def test_every_set_is_part_of_all(set_name):
 
 
 def test_all_covers_every_dtype_and_valid_block_size():
-    configs = get_all_kernel_configs()
+    configs = of_family(get_all_kernel_configs(), Config)
     assert {(cfg.d_head, cfg.B_r, cfg.B_c, cfg.n_warps) for cfg in configs} == valid_block_sizes()
     assert {cfg.dtype for cfg in configs} == {FP16, BF16}
     for cfg in GOOD_CONFIGS:
@@ -437,8 +458,8 @@ def test_all_covers_every_dtype_and_valid_block_size():
 
 
 def test_tune_is_the_all_knobs_chunked_subset_of_all():
-    tune = get_autotuning_kernel_configs()
-    assert tune == [cfg for cfg in get_all_kernel_configs() if should_autotune_config(cfg)]
+    assert get_autotuning_kernel_configs() == [cfg for cfg in get_all_kernel_configs() if should_autotune_config(cfg)]
+    tune = of_family(get_autotuning_kernel_configs(), Config)
     knobs = ("async_copy", "eager_load_blocks", "swizzled", "mma_double_buffer_loads", "optimized_softmax")
     assert all(getattr(cfg, knob) for cfg in tune for knob in knobs)
     assert all({cfg.K_mma_load_K_tiles, cfg.V_mma_load_K_tiles} <= {1, 2} for cfg in tune)
@@ -488,7 +509,7 @@ def test_prog_holds_every_step(step, flags):
 
 
 def test_prog_is_at_one_block_size_and_each_step_adds_knobs():
-    prog = get_kernel_progression_configs()
+    prog = of_family(get_kernel_progression_configs(), Config)
     assert {(cfg.d_head, cfg.B_r, cfg.B_c, cfg.n_warps) for cfg in prog} == {(128, *PROGRESSION_BLOCK_SIZE)}
     assert len(prog) == 2 * len(PROGRESSION_STEPS)
     assert Config(FP16, 128, *PROGRESSION_BLOCK_SIZE) in prog
@@ -501,14 +522,17 @@ def test_progall_covers_every_valid_block_size():
     progall = get_kernel_progression_configs(all_block_sizes=True)
     assert set(get_kernel_progression_configs()) <= set(progall)
     expected = {block for block in valid_block_sizes() if block[0] == 128}
-    assert {(cfg.d_head, cfg.B_r, cfg.B_c, cfg.n_warps) for cfg in progall} == expected
+    assert {(cfg.d_head, cfg.B_r, cfg.B_c, cfg.n_warps) for cfg in of_family(progall, Config)} == expected
 
 
-def test_block_size_key_selects_tuning_configs():
-    expected = [cfg for cfg in get_autotuning_kernel_configs() if (cfg.B_r, cfg.B_c) == (128, 64)]
+def test_block_size_key_selects_sm80_tuning_configs():
+    expected = [cfg for cfg in of_family(get_autotuning_kernel_configs(), Config) if (cfg.B_r, cfg.B_c) == (128, 64)]
     assert expected
     assert get_kernel_configs("128,64") == expected
     assert get_kernel_configs(" 128, 64 ") == expected
+    # The Hopper tuning set has (128, 128) too; the key keeps to the SM80 family.
+    assert any((cfg.B_r, cfg.B_c) == (128, 128) for cfg in of_family(get_autotuning_kernel_configs(), Hopper))
+    assert of_family(get_kernel_configs("128,128"), Hopper) == []
 
 
 def test_block_size_key_without_configs_is_an_error():
@@ -603,3 +627,384 @@ def test_keys_joined_by_plus_select_the_union():
     assert get_kernels_to_build("default+prog") == sorted(set(get_kernels_to_build()) | set(get_kernel_configs("prog")))
     with pytest.raises(ValueError, match="unknown kernel set"):
         get_kernel_configs("tune+nonsense")
+
+
+# ----------------------------------------------------------------------------------------------
+# The Hopper family
+
+HOPPER_FULL = Hopper(FP16, 128, 128, 128, 2, True, True, True)
+
+
+@pytest.mark.parametrize("set_name", [name for name in SET_NAMES if name != "128,64"])
+def test_sets_hold_both_families(set_name):
+    assert {cfg.family for cfg in config_sets()[set_name]} == {"sm80", "sm90"}
+
+
+def test_hopper_short_form_lists_flags_in_fixed_order():
+    assert HOPPER_FULL.short_form() == "sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap"
+    assert Hopper(BF16, 64, 64, 96, 3, intra_wg_overlap=True).short_form() == "sm90(BF16, 64, 64, 96, 3): overlap"
+    assert Hopper(BF16, 64, 64, 96, 1).short_form() == "sm90(BF16, 64, 64, 96, 1)"
+    assert parse_kernel_name_into_config(sm90_config.SHORT_FORM_EXAMPLE) == HOPPER_FULL
+
+
+def test_hopper_cpp_struct():
+    assert HOPPER_FULL.to_cpp_struct() == "HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true}"
+    assert Hopper(BF16, 64, 192, 80, 4, True).to_cpp_struct() == (
+        "HopperForwardKernelConfig{DType::BF16, 64, 192, 80, 4, true, false, false}"
+    )
+
+
+def test_hopper_demangled_kernel_name():
+    """c++filt of the first symbol of test_hopper_mangled_kernel_name."""
+    assert HOPPER_FULL.demangled_kernel_name() == (
+        "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
+        "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true}>, "
+        "(flash::MaskKind)0, false, false>(flash::sm90::KernelParams)"
+    )
+    causal_tails = ProblemVariant(MaskKind.CAUSAL, masked_tails=True)
+    suffix = ", (flash::MaskKind)1, true, false>(flash::sm90::KernelParams)"
+    assert HOPPER_FULL.demangled_kernel_name(causal_tails).endswith(suffix)
+
+
+def test_hopper_mangled_kernel_name():
+    """The first symbol read off an sm_90a cubin nvcc 13 compiled (readelf -s); the second spelled the same way."""
+    assert HOPPER_FULL.mangled_kernel_name() == (
+        "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
+        "LNS_5DTypeE5ELi128ELi128ELi128ELi2ELb1ELb1ELb1EEEEELNS_8MaskKindE0ELb0ELb0EEEvNS0_12KernelParamsE"
+    )
+    assert Hopper(BF16, 64, 192, 80, 4, True).mangled_kernel_name(ProblemVariant(MaskKind.LOCAL, True, True)) == (
+        "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
+        "LNS_5DTypeE15ELi64ELi192ELi80ELi4ELb1ELb0ELb0EEEEELNS_8MaskKindE2ELb1ELb1EEEvNS0_12KernelParamsE"
+    )
+
+
+def test_hopper_file_stem_example_and_uniqueness():
+    assert HOPPER_FULL.file_stem() == "fp16_d128_br128_bc128_s2_ws_pingpong_overlap"
+    assert Hopper(BF16, 64, 64, 96, 1).file_stem() == "bf16_d64_br64_bc96_s1"
+    configs = get_all_kernel_configs()
+    names = {f"{cfg.family}_{cfg.file_stem()}" for cfg in configs}  # the generator's file names
+    assert len(names) == len(configs)
+    assert all(name.replace("_", "").isalnum() and name.islower() for name in names)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap",
+        "sm90(FP16, 128, 128, 128, 2): overlap+ws+pingpong",
+        "  sm90 ( fp16,128,128,128,2 ) : pingpong + overlap+ws \n",
+        "HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true}",
+        "HopperForwardKernelConfig{5, (int)128, 128, 128, 2, (bool)1, 1, true}",
+        "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
+        "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true}>, "
+        "(flash::MaskKind)1, true, false>(flash::sm90::KernelParams)",
+    ],
+)
+def test_parse_hopper_spellings(text):
+    assert parse_kernel_name_into_config(text) == HOPPER_FULL
+
+
+def test_parse_hopper_names_without_trailing_false_fields():
+    name = (
+        "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
+        "flash::sm90::HopperForwardKernelConfig{(flash::DType)15, 64, 192, 80, 4, true}>"
+    )
+    cfg = parse_kernel_name_into_config(name)
+    assert cfg == Hopper(BF16, 64, 192, 80, 4, True)
+    assert cfg.pingpong is False and cfg.intra_wg_overlap is False
+    assert parse_kernel_name_into_config("HopperForwardKernelConfig{5, 128, 128, 128, 2}") == Hopper(FP16, 128, 128, 128, 2)
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("sm90(FP16, 128, 128, 128, 2): turbo", ["unknown flag 'turbo'", "ws, pingpong, overlap"]),
+        ("sm90(FP16, 128, 128, 128, 2): ws+ws", ["'ws' repeats"]),
+        ("sm90(FP16, 128, 128, 128, 2): ws+pingpong+ws", ["'ws' repeats"]),
+        ("sm90(FP16, 128, 128, 128, 2): async", ["unknown flag 'async'"]),
+        ("(FP16, 128, 64, 64, 4): ws", ["unknown flag 'ws'", "load_<Q>_<K>_<V>_tiles"]),
+        ("sm90(FP16, 128, 128, 128, 2):", ["unknown flag ''"]),
+        ("sm90(FP16, 128, 128, 128)", ["sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap", "(FP16, 128, 64, 64, 4)"]),
+        ("sm80(FP16, 128, 64, 64, 4)", ["HopperForwardKernelConfig{...}", "FlashForwardKernelConfig{...}"]),
+        ("sm90(FP32, 128, 128, 128, 2)", ["unsupported dtype 'FP32'"]),
+        ("HopperForwardKernelConfig{5, 128, 128, 128, 2, 1, 1, 1, 1}", ["9 initializer items", "8 fields"]),
+        ("HopperForwardKernelConfig{5, 128, 128, 128, 2, 2}", ["'2' is not a valid warp_specialized"]),
+        ("HopperForwardKernelConfig{5, 128, 128, true, 2}", ["'true' is not a valid B_c"]),
+    ],
+)
+def test_hopper_parse_errors_are_value_errors_quoting_the_name(name, words):
+    with pytest.raises(ValueError) as error:
+        parse_kernel_name_into_config(name)
+    assert repr(name) in str(error.value)
+    for word in words:
+        assert word in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "field_name"),
+    [
+        ({"dtype": 6}, ValueError, "dtype"),
+        ({"stages": "2"}, TypeError, "stages"),
+        ({"B_c": True}, TypeError, "B_c"),
+        ({"warp_specialized": 1}, TypeError, "warp_specialized"),
+        ({"intra_wg_overlap": None}, TypeError, "intra_wg_overlap"),
+    ],
+)
+def test_hopper_construction_checks_types(fields, error, field_name):
+    arguments = {"dtype": FP16, "d_head": 128, "B_r": 128, "B_c": 128, "stages": 2, **fields}
+    with pytest.raises(error, match=field_name):
+        Hopper(**arguments)
+
+
+def test_hopper_configs_are_immutable_hashable_and_never_equal_an_sm80_one():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        HOPPER_FULL.stages = 3
+    assert len({HOPPER_FULL, dataclasses.replace(HOPPER_FULL), parse_kernel_name_into_config(HOPPER_FULL.short_form())}) == 1
+    # Same field values, different families.
+    assert Hopper(FP16, 128, 64, 64, 4) != Config(FP16, 128, 64, 64, 4)
+
+
+def test_hopper_threads_and_warpgroups():
+    assert (HOPPER_FULL.consumer_warpgroups, HOPPER_FULL.n_threads) == (2, 384)
+    assert (Hopper(FP16, 64, 192, 64, 2).consumer_warpgroups, Hopper(FP16, 64, 192, 64, 2).n_threads) == (3, 384)
+    assert Hopper(FP16, 64, 64, 64, 2, True).n_threads == 256
+
+
+def test_hopper_smem_bytes():
+    # Q, a K and a V tile per stage, 1024 bytes of alignment slack, 8-byte mbarriers: 1 + 4 per stage.
+    assert HOPPER_FULL.smem_bytes() == 128 * 128 * 2 + 2 * 2 * 128 * 128 * 2 + 1024 + 8 * 9 == 164936
+    assert Hopper(BF16, 64, 64, 80, 1).smem_bytes() == 64 * 64 * 2 + 1 * 2 * 80 * 64 * 2 + 1024 + 8 * 5
+    assert Hopper(FP16, 256, 128, 80, 2).smem_bytes() == 230472  # the default set's d_head 256: just fits
+    assert all(cfg.smem_bytes() <= MAX_SMEM_BYTES for cfg in get_all_kernel_configs())
+
+
+@pytest.mark.parametrize(
+    ("cfg", "budget"),
+    [
+        (Hopper(FP16, 128, 64, 128, 2, True), 255),  # 65536 / 256 threads: a thread's most, no setmaxnreg
+        (Hopper(FP16, 128, 128, 128, 2, True), 240),  # setmaxnreg: the producer keeps 24
+        (Hopper(FP16, 128, 192, 128, 2, True), 160),  # setmaxnreg: the producer keeps 32
+        (Hopper(FP16, 128, 64, 128, 2), 255),  # 512: a thread's most
+        (Hopper(FP16, 128, 128, 128, 2), 255),  # 256
+        (Hopper(FP16, 128, 192, 128, 2), 168),  # 170.7, rounded down to a multiple of 8
+    ],
+    ids=str,
+)
+def test_hopper_consumer_registers(cfg, budget):
+    assert cfg.consumer_registers() == budget
+
+
+def test_hopper_register_estimate():
+    assert HOPPER_FULL.register_estimate() == 128 // 2 + 128 // 2 + 128 // 4 + 32 == 192
+    assert Hopper(FP16, 64, 192, 128, 2, True, True, True).register_estimate() == 160  # exactly the budget
+    assert Hopper(FP16, 64, 192, 128, 2, True, True, True).is_valid()
+
+
+GOOD_HOPPER_CONFIGS = [
+    HOPPER_FULL,
+    Hopper(BF16, 64, 64, 192, 4),
+    Hopper(FP16, 64, 192, 128, 2, True, True, True),
+    Hopper(FP16, 256, 128, 80, 2, True, True, True),
+    Hopper(BF16, 192, 128, 112, 2, True, False, True),
+    Hopper(FP16, 128, 64, 64, 1, True, False, True),
+]
+
+# (config, words its reason must contain): each config breaks exactly one rule.
+BAD_HOPPER_CONFIGS = [
+    (Hopper(FP16, 96, 128, 128, 2), ["d_head", "64, 128, 192, 256"]),
+    (Hopper(FP16, 128, 256, 128, 2), ["B_r"]),
+    (Hopper(FP16, 128, 128, 72, 2), ["B_c"]),
+    (Hopper(FP16, 128, 128, 128, 5), ["stages"]),
+    (Hopper(FP16, 128, 128, 128, 2, False, True), ["pingpong", "warp_specialized"]),
+    (Hopper(FP16, 128, 64, 128, 2, True, True), ["pingpong", "B_r = 64", "2 consumer warpgroups"]),
+    (Hopper(FP16, 256, 128, 128, 2, True), ["shared memory", "328776", str(MAX_SMEM_BYTES)]),
+    (Hopper(FP16, 128, 64, 128, 4), ["shared memory", str(MAX_SMEM_BYTES)]),
+    (Hopper(FP16, 256, 192, 64, 2, True), ["registers", "208", "160", "3 consumer warpgroup(s)", "producer"]),
+    (Hopper(FP16, 256, 192, 64, 2), ["registers", "208", "168"]),
+]
+
+
+@pytest.mark.parametrize("cfg", GOOD_HOPPER_CONFIGS, ids=Hopper.short_form)
+def test_good_hopper_configs_are_valid(cfg):
+    assert cfg.validity_error() is None
+    cfg.validate()
+
+
+@pytest.mark.parametrize(("cfg", "words"), BAD_HOPPER_CONFIGS, ids=[cfg.short_form() for cfg, _ in BAD_HOPPER_CONFIGS])
+def test_bad_hopper_configs_are_rejected_with_a_reason(cfg, words):
+    reason = cfg.validity_error()
+    assert reason is not None and reason.endswith(".")
+    for word in words:
+        assert word in reason
+    with pytest.raises(ValueError) as error:
+        cfg.validate()
+    assert str(error.value) == reason
+
+
+def test_hopper_registers_make_no_exception_for_producer_less_kernels():
+    """Without warp specialization every thread computes; the budget is the register file shared."""
+    cfg = Hopper(FP16, 256, 192, 64, 2)
+    assert "producer" not in cfg.validity_error()
+
+
+@pytest.mark.parametrize(
+    ("capability", "runs"), [((8, 0), False), ((8, 9), False), ((9, 0), True), ((10, 0), False), ((12, 0), False)]
+)
+def test_hopper_runs_on_sm90_only(capability, runs):
+    assert HOPPER_FULL.runs_on(capability) is runs
+
+
+@pytest.mark.parametrize(
+    ("seqlen_q", "seqlen_k", "tails"),
+    [(256, 256, False), (128, 1024, False), (257, 256, True), (256, 200, True), (64, 128, True), (1, 1, True)],
+)
+def test_hopper_needs_masked_tails(seqlen_q, seqlen_k, tails):
+    assert HOPPER_FULL.needs_masked_tails(seqlen_q, seqlen_k) is tails
+
+
+def test_hopper_all_is_every_valid_config():
+    hopper = of_family(get_all_kernel_configs(), Hopper)
+    space = itertools.product(
+        (FP16, BF16), sm90_config.D_HEADS, sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, *[(False, True)] * 3
+    )
+    assert hopper == sorted(cfg for cfg in itertools.starmap(Hopper, space) if cfg.is_valid())
+    for cfg in GOOD_HOPPER_CONFIGS:
+        assert cfg in hopper
+
+
+def test_hopper_tune_overlaps_everything_at_two_stages():
+    tune = of_family(get_autotuning_kernel_configs(), Hopper)
+    expected = [
+        cfg
+        for cfg in of_family(get_all_kernel_configs(), Hopper)
+        if cfg.warp_specialized and cfg.pingpong and cfg.intra_wg_overlap and cfg.B_r in (128, 192) and cfg.stages == 2
+    ]
+    assert tune == expected
+    assert {cfg.d_head for cfg in tune} == set(sm90_config.D_HEADS)
+    assert {cfg.B_r for cfg in tune} == {128, 192}
+    assert not should_autotune_config(dataclasses.replace(HOPPER_FULL, stages=3))
+    assert not should_autotune_config(dataclasses.replace(HOPPER_FULL, intra_wg_overlap=False))
+    assert of_family(get_autotuning_kernel_configs(dtypes=(BF16,), d_heads=(256,)), Hopper) == [
+        cfg for cfg in tune if (cfg.dtype, cfg.d_head) == (BF16, 256)
+    ]
+
+
+def test_hopper_progression_steps_in_order():
+    names = [name for name, _ in HOPPER_PROGRESSION_STEPS]
+    assert names == ["hopper_base", "hopper_ws", "hopper_pingpong", "hopper_overlap"]
+    prog = of_family(get_kernel_progression_configs(), Hopper)
+    for dtype in (FP16, BF16):
+        head = "sm90({}, 128, {}, {}, {})".format(dtype.name, *HOPPER_PROGRESSION_BLOCK)
+        steps = [
+            parse_kernel_name_into_config(f"{head}: {flags}" if flags else head) for _, flags in HOPPER_PROGRESSION_STEPS
+        ]
+        assert [cfg for cfg in prog if cfg.dtype == dtype] == steps  # each step adds a flag: they sort in order
+    assert steps[0] == Hopper(BF16, 128, 128, 128, 2) and steps[-1] == dataclasses.replace(HOPPER_FULL, dtype=BF16)
+
+
+def test_hopper_progall_covers_every_valid_block_at_two_stages():
+    progall = of_family(get_kernel_progression_configs(all_block_sizes=True), Hopper)
+    assert set(of_family(get_kernel_progression_configs(), Hopper)) <= set(progall)
+    blocks = itertools.product(sm90_config.B_RS, sm90_config.B_CS)
+    # The base step needs the fewest registers: a block size has some step exactly when it has that one.
+    assert {(cfg.B_r, cfg.B_c) for cfg in progall} == {block for block in blocks if Hopper(FP16, 128, *block, 2).is_valid()}
+    assert {(cfg.d_head, cfg.stages) for cfg in progall} == {(128, 2)}
+    assert not any(cfg.pingpong for cfg in progall if cfg.B_r == 64)  # invalid there: skipped
+
+
+def test_default_set_has_the_hopper_configurations():
+    hopper = of_family(get_kernels_to_build("default"), Hopper)
+    assert {(cfg.dtype, cfg.d_head) for cfg in hopper} == {(dtype, d) for dtype in (FP16, BF16) for d in sm90_config.D_HEADS}
+    assert all(cfg.warp_specialized and cfg.pingpong and cfg.intra_wg_overlap for cfg in hopper)
+    assert hopper == sorted(parse_kernel_name_into_config(text) for text in DEFAULT_BUILD_KERNELS if text.startswith("sm90("))
+
+
+def test_short_form_keys_may_mix_families():
+    sm80, hopper = "(FP16, 128, 64, 64, 4): async", "sm90(BF16, 64, 64, 96, 1)"
+    expected = [Config(FP16, 128, 64, 64, 4, True), Hopper(BF16, 64, 64, 96, 1)]
+    assert get_kernel_configs(f"{hopper}; {sm80};{hopper}") == expected
+    with pytest.raises(ValueError, match="not a valid configuration.*pingpong needs warp_specialized"):
+        get_kernel_configs(f"{sm80}; sm90(FP16, 128, 128, 128, 2): pingpong")
+
+
+# ----------------------------------------------------------------------------------------------
+# Architectures of the build
+
+
+@pytest.mark.parametrize(
+    ("arch_list", "hopper"),
+    [
+        ("8.0", False),
+        ("9.0", True),
+        ("8.0;9.0", True),
+        ("9.0a", True),
+        ("9.0+PTX", True),
+        ("9.0a+PTX", True),
+        ("8.0 9.0", True),
+        ("8.0 8.6+PTX", False),
+        ("8.0;8.9;10.0", False),
+        ("19.0;9.05", False),
+    ],
+)
+def test_hopper_is_built_only_for_an_arch_list_with_sm90(arch_list, hopper):
+    assert hopper_in_arch_list(arch_list) is hopper
+    for key in ("default", "tune", "prog", "default+prog"):
+        everything = get_kernels_to_build(key, "9.0")
+        built = get_kernels_to_build(key, arch_list)
+        assert built == (everything if hopper else of_family(everything, Config)), key
+        assert of_family(built, Config) == of_family(everything, Config)
+
+
+def test_arch_list_comes_from_the_environment(monkeypatch):
+    assert resolve_arch_list() == DEFAULT_ARCH_LIST == "8.0;9.0"
+    assert of_family(get_kernels_to_build(), Hopper)
+    monkeypatch.setenv(ARCH_LIST_ENV, "8.0")
+    assert resolve_arch_list() == "8.0"
+    assert of_family(get_kernels_to_build(), Hopper) == []
+    assert resolve_arch_list("9.0a") == "9.0a"
+    assert of_family(get_kernels_to_build(arch_list="9.0a"), Hopper)
+
+
+@pytest.mark.parametrize(
+    ("key", "count"),
+    [
+        ("sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap", 1),
+        ("(FP16, 128, 64, 64, 4); sm90(FP16, 128, 128, 128, 2)", 1),
+        ("sm90(FP16, 128, 128, 128, 2); sm90(BF16, 64, 64, 96, 1)", 2),
+        ("HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true}", 1),
+    ],
+)
+def test_hopper_short_forms_without_sm90_in_the_arch_list_are_an_error(key, count):
+    with pytest.raises(ValueError) as error:
+        get_kernels_to_build(key, "8.0")
+    message = str(error.value)
+    for words in (f"{count} Hopper configuration", "sm_90a", "'8.0'", f"add 9.0 to {ARCH_LIST_ENV}"):
+        assert words in message
+    assert len(of_family(get_kernels_to_build(key, "8.0;9.0"), Hopper)) == count
+
+
+def test_sm80_short_forms_build_without_sm90():
+    assert get_kernels_to_build("(FP16, 128, 64, 64, 4): async", "8.0") == [Config(FP16, 128, 64, 64, 4, True)]
+
+
+@pytest.mark.parametrize(
+    ("arch_list", "for_build"),
+    [
+        ("9.0", "9.0a"),
+        ("8.0;9.0", "8.0;9.0a"),
+        ("9.0a", "9.0a"),
+        ("9.0+PTX", "9.0a+PTX"),
+        ("9.0a+PTX", "9.0a+PTX"),
+        ("8.0 8.6+PTX 9.0", "8.0 8.6+PTX 9.0a"),
+        ("8.0;8.6+PTX", "8.0;8.6+PTX"),
+        ("9.0;10.0", "9.0a;10.0"),
+        ("19.0;9.05", "19.0;9.05"),
+    ],
+)
+def test_arch_list_for_build_compiles_sm90_as_sm90a(arch_list, for_build):
+    assert arch_list_for_build(arch_list) == for_build
+    assert hopper_in_arch_list(for_build) == hopper_in_arch_list(arch_list)
+
+
+def test_rebuild_hint_names_both_variables():
+    assert BUILD_KERNELS_ENV in REBUILD_HINT and ARCH_LIST_ENV in REBUILD_HINT and "9.0" in REBUILD_HINT

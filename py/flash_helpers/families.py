@@ -4,7 +4,8 @@ API find the class of a family named by the compiled module. A new family adds i
 from __future__ import annotations
 
 from flash_helpers.sm80_config import FlashForwardKernelConfig
+from flash_helpers.sm90_config import HopperForwardKernelConfig
 
 __all__ = ["FAMILIES"]
 
-FAMILIES = {cls.family: cls for cls in (FlashForwardKernelConfig,)}
+FAMILIES = {cls.family: cls for cls in (FlashForwardKernelConfig, HopperForwardKernelConfig)}

@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from flash_helpers.dtypes import DType, coerce_dtype
+from flash_helpers.dtypes import DType
+from flash_helpers.kernel_config import KernelConfig, demangled_variant, mangled_variant
 from flash_helpers.problem import ProblemVariant
 
 __all__ = ["B_CS", "B_RS", "D_HEADS", "FlashForwardKernelConfig", "LOAD_TILES", "MAX_SMEM_BYTES", "N_WARPS", "SHORT_FORM_EXAMPLE"]
@@ -47,16 +48,15 @@ def _smem_limit(capability: tuple[int, int]) -> int:
 SHORT_FORM_EXAMPLE = "(FP16, 128, 64, 64, 4): async+load_0_2_2_tiles"
 
 
-@dataclasses.dataclass(frozen=True, order=True)
-class FlashForwardKernelConfig:
+@dataclasses.dataclass(frozen=True)
+class FlashForwardKernelConfig(KernelConfig):
     """One configuration of the SM80 family's forward kernel.
 
-    Field order is the C++ struct's order and defines the ordering (dtype by its code, False < True),
-    so sorting here and iterating the C++ ``std::map`` agree. Construction checks types only; whether
-    the kernel can run the combination is answered by ``validity_error()``.
+    Field order is the C++ struct's order and defines the ordering (``KernelConfig``). Construction
+    checks types only; whether the kernel can run the combination is answered by
+    ``validity_error()``.
     """
 
-    # The family's name: the binding's and the generator's key for this class.
     family: ClassVar[str] = "sm80"
 
     dtype: DType
@@ -72,17 +72,6 @@ class FlashForwardKernelConfig:
     V_mma_load_K_tiles: int = 0
     mma_double_buffer_loads: bool = False
     optimized_softmax: bool = False
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", coerce_dtype(self.dtype))
-        # Field types are the annotation strings ("int", "bool"): annotations are postponed here.
-        for field in dataclasses.fields(self)[1:]:
-            value = getattr(self, field.name)
-            if field.type == "bool":
-                if not isinstance(value, bool):
-                    raise TypeError(f"{field.name} must be a bool, got {type(value).__name__} {value!r}")
-            elif isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{field.name} must be an int, got {type(value).__name__} {value!r}")
 
     def _flags(self) -> list[str]:
         """The short form's flags, in their fixed order."""
@@ -103,37 +92,19 @@ class FlashForwardKernelConfig:
         flags = self._flags()
         return f"{head}: {'+'.join(flags)}" if flags else head
 
-    def to_cpp_struct(self) -> str:
-        """The C++ aggregate initializer with all 13 fields, as the generator writes it."""
-        items = [_cpp_literal(value) for value in dataclasses.astuple(self)]
-        return f"FlashForwardKernelConfig{{{', '.join(items)}}}"
-
     def demangled_kernel_name(self, variant: ProblemVariant = ProblemVariant()) -> str:
         """The kernel's name as Nsight Compute prints it: the demangled device symbol, which spells
         all 13 fields (the dtype as a cast) and then the problem variant's fields."""
-        items = [
-            f"(flash::DType){int(value)}" if isinstance(value, DType) else _cpp_literal(value)
-            for value in dataclasses.astuple(self)
-        ]
         return (
             "void flash::sm80::flash_forward_kernel<flash::sm80::StaticForwardKernelConfig<"
-            f"flash::sm80::FlashForwardKernelConfig{{{', '.join(items)}}}>, "
-            f"(flash::MaskKind){int(variant.mask)}, {_cpp_literal(variant.masked_tails)}, "
-            f"{_cpp_literal(variant.score_mods)}>(flash::ForwardParams)"
+            f"{self._demangled_initializer()}>, {demangled_variant(variant)}>(flash::ForwardParams)"
         )
 
     def mangled_kernel_name(self, variant: ProblemVariant = ProblemVariant()) -> str:
         """The kernel's device symbol (Itanium mangling), as ``cuobjdump`` lists it in the SASS."""
-        items = "".join(
-            f"LNS_5DTypeE{int(value)}E" if isinstance(value, DType)
-            else f"Lb{int(value)}E" if isinstance(value, bool)
-            else f"Li{value}E"
-            for value in dataclasses.astuple(self)
-        )  # fmt: skip
         return (
             "_ZN5flash4sm8020flash_forward_kernelINS0_25StaticForwardKernelConfigIXtlNS0_24FlashForwardKernelConfigE"
-            f"{items}EEEELNS_8MaskKindE{int(variant.mask)}ELb{int(variant.masked_tails)}ELb{int(variant.score_mods)}E"
-            "EEvNS_13ForwardParamsE"
+            f"{self._mangled_items()}EEEE{mangled_variant(variant)}EEvNS_13ForwardParamsE"
         )
 
     def file_stem(self) -> str:
@@ -160,6 +131,11 @@ class FlashForwardKernelConfig:
         row_bytes = 2 * self.d_head + (16 if padded else 0)
         stages = 2 if self.eager_load_blocks else 1
         return (self.B_r + 2 * stages * self.B_c) * row_bytes
+
+    @property
+    def n_threads(self) -> int:
+        """Threads per block: n_warps warps."""
+        return 32 * self.n_warps
 
     def runs_on(self, capability: tuple[int, int]) -> bool:
         """Whether a GPU of this compute capability runs the kernel: sm_80 or newer, with room for
@@ -215,20 +191,3 @@ class FlashForwardKernelConfig:
                 "V_mma_load_K_tiles): with whole operands there is no next chunk to load early."
             )
         return None
-
-    def is_valid(self) -> bool:
-        return self.validity_error() is None
-
-    def validate(self) -> None:
-        """Raise ValueError with the reason if the kernel cannot run this configuration."""
-        reason = self.validity_error()
-        if reason is not None:
-            raise ValueError(reason)
-
-
-def _cpp_literal(value) -> str:
-    if isinstance(value, DType):
-        return value.to_cpp_str()
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)

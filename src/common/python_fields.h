@@ -60,4 +60,26 @@ inline std::string field_text(int value) { return std::to_string(value); }
 inline std::string field_text(bool value) { return value ? "true" : "false"; }
 inline std::string field_text(DType value) { return value == DType::FP16 ? "FP16" : "BF16"; }
 
+// A family's configuration read from and written to Python, and described in messages: the
+// static members from_python, to_python and describe of a binding's Family struct, written from
+// the family's field list (FIELDS(F) calls F(type, name) per field, in the dataclass's order).
+#define FLASH_CONFIG_PYTHON_CONVERSIONS(Config, FIELDS)                                                    \
+    /* Reads the fields by name from any object that has them (the Python dataclass normally). */         \
+    static Config from_python(py::handle cfg) {                                                           \
+        return Config{FIELDS(FLASH_READ_FIELD)};                                                          \
+    }                                                                                                     \
+    static py::tuple to_python(const Config &c) {                                                         \
+        py::list fields;                                                                                  \
+        FIELDS(FLASH_WRITE_FIELD)                                                                         \
+        return py::tuple(fields);                                                                         \
+    }                                                                                                     \
+    static std::string describe(const Config &c) {                                                        \
+        std::string text;                                                                                 \
+        FIELDS(FLASH_DESCRIBE_FIELD)                                                                      \
+        return #Config "{" + text + "}";                                                                  \
+    }
+#define FLASH_READ_FIELD(type, name) field_from_python<type>(cfg, #name),
+#define FLASH_WRITE_FIELD(type, name) fields.append(field_to_python(c.name));
+#define FLASH_DESCRIBE_FIELD(type, name) text += (text.empty() ? "" : ", ") + field_text(c.name);
+
 } // namespace flash

@@ -19,33 +19,12 @@ namespace py = pybind11;
 struct Family {
     using Config = FlashForwardKernelConfig;
     static constexpr const char *name = "sm80";
-    static constexpr int min_compute_capability = 80;
+    // The GPUs it runs on (compute capability major * 10 + minor), and how messages say it.
+    static constexpr bool runs_on(int capability) { return capability >= 80; }
+    static constexpr const char *requirement = "sm_80 or newer";
     static constexpr const char *instructions = "mma.sync.m16n8k16, ldmatrix, cp.async";
 
-    // Reads the fields by name from any object that has them (the Python dataclass normally).
-    static Config from_python(py::handle cfg) {
-        return Config{
-#define FLASH_READ_FIELD(type, name) field_from_python<type>(cfg, #name),
-            FLASH_SM80_CONFIG_FIELDS(FLASH_READ_FIELD)
-#undef FLASH_READ_FIELD
-        };
-    }
-
-    static py::tuple to_python(const Config &c) {
-        py::list fields;
-#define FLASH_WRITE_FIELD(type, name) fields.append(field_to_python(c.name));
-        FLASH_SM80_CONFIG_FIELDS(FLASH_WRITE_FIELD)
-#undef FLASH_WRITE_FIELD
-        return py::tuple(fields);
-    }
-
-    static std::string describe(const Config &c) {
-        std::string text;
-#define FLASH_DESCRIBE_FIELD(type, name) text += (text.empty() ? "" : ", ") + field_text(c.name);
-        FLASH_SM80_CONFIG_FIELDS(FLASH_DESCRIBE_FIELD)
-#undef FLASH_DESCRIBE_FIELD
-        return "FlashForwardKernelConfig{" + text + "}";
-    }
+    FLASH_CONFIG_PYTHON_CONVERSIONS(FlashForwardKernelConfig, FLASH_SM80_CONFIG_FIELDS)
 
     // Its compiled kernels, from the generated registry.
     static const auto &kernels() { return compiled_kernels; }

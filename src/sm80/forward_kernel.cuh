@@ -13,8 +13,8 @@
 #include "sm80/gemm.cuh"
 #include "sm80/layout.cuh"
 #include "sm80/load_store.cuh"
-#include "sm80/masking.cuh"
-#include "sm80/softmax.cuh"
+#include "common/masking.cuh"
+#include "common/online_softmax.cuh"
 #include "sm80/traits.cuh"
 
 namespace flash::sm80 {
@@ -32,27 +32,6 @@ __device__ __forceinline__ void wait_for_copies() {
     if constexpr (Kernel::async_copy)
         ptx::cp_async_wait<n_pending>();
     __syncthreads();
-}
-
-// Writes the log-sum-exp of a warp's rows first_row.. to lse (the block's first row's entry);
-// rows at or past valid_rows do not exist. One lane of each quad writes its two rows per 16-row tile.
-template <typename Softmax>
-__device__ __forceinline__ void store_log_sum_exp(const Softmax &softmax, float scale, float *lse, int first_row,
-                                                  int valid_rows) {
-    constexpr int M_tiles = Softmax::M_tiles;
-    float row_lse[M_tiles][2];
-    softmax.log_sum_exp(row_lse, scale);
-    const int lane = threadIdx.x % WARP_SIZE;
-    if (lane % QUAD_SIZE != 0)
-        return;
-#pragma unroll
-    for (int m = 0; m < M_tiles; ++m)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = first_row + m * MMA_M + h * 8 + lane / QUAD_SIZE;
-            if (row < valid_rows)
-                lse[row] = row_lse[m][h];
-        }
 }
 
 struct NoFragments {};

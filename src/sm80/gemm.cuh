@@ -1,5 +1,4 @@
-// Warp-level matrix products on register fragments, and the float32 -> 16-bit conversion that
-// turns one product's accumulators into the next product's A operand.
+// Warp-level matrix products on register fragments.
 #pragma once
 
 #include "common/ptx.cuh"
@@ -44,23 +43,6 @@ __device__ __forceinline__ void chunked_product(Load &&load, Multiply &&multiply
             multiply(c, fragments);
         }
     }
-}
-
-// The accumulator layout of two neighbouring 16x8 tiles is the A layout of one 16x16 slice, so
-// the probabilities P = softmax(S) feed the P*V product straight from registers.
-template <typename value_t, int M, int N>
-__device__ __forceinline__ void accumulators_to_A(FragmentsA<M, N / 2> &a, const Accumulators<M, N> &acc) {
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-#pragma unroll
-        for (int k = 0; k < N / 2; ++k) {
-            const float(&left)[4] = acc.r[m][2 * k];
-            const float(&right)[4] = acc.r[m][2 * k + 1];
-            a.r[m][k][0] = pack_pair<value_t>(left[0], left[1]);
-            a.r[m][k][1] = pack_pair<value_t>(left[2], left[3]);
-            a.r[m][k][2] = pack_pair<value_t>(right[0], right[1]);
-            a.r[m][k][3] = pack_pair<value_t>(right[2], right[3]);
-        }
 }
 
 } // namespace flash::sm80

@@ -1,9 +1,11 @@
 // Where a tile's elements live: shared-memory tiles addressed by (row, column), and the register
-// arrays holding one warp's MMA fragments.
+// arrays holding one warp's mma.sync B fragments (common/fragments.cuh has the A fragments and
+// the accumulators, which the Hopper family shares).
 #pragma once
 
 #include <cstdint>
 
+#include "common/fragments.cuh"
 #include "common/swizzling.cuh"
 
 namespace flash::sm80 {
@@ -34,15 +36,6 @@ struct SmemTile {
     }
 };
 
-// A-operand fragments of one warp: M_tiles 16-row tiles x K_slices 16-wide k-slices,
-// 4 registers (8 elements) per lane each, in the m16n8k16 A layout.
-template <int M_tiles_, int K_slices_>
-struct FragmentsA {
-    static constexpr int M_tiles = M_tiles_;
-    static constexpr int K_slices = K_slices_;
-    uint32_t r[M_tiles][K_slices][4];
-};
-
 // B-operand fragments of one warp: N_tiles 8-column tiles x K_slices 16-deep k-slices,
 // 2 registers (4 elements) per lane each, in the m16n8k16 B layout.
 template <int N_tiles_, int K_slices_>
@@ -50,25 +43,6 @@ struct FragmentsB {
     static constexpr int N_tiles = N_tiles_;
     static constexpr int K_slices = K_slices_;
     uint32_t r[N_tiles][K_slices][2];
-};
-
-// float32 accumulators of one warp: M_tiles x N_tiles 16x8 tiles, 4 registers per lane each.
-// Lane l holds rows l/4 (registers 0, 1) and l/4 + 8 (registers 2, 3), columns 2*(l%4) + {0, 1}.
-template <int M_tiles_, int N_tiles_>
-struct Accumulators {
-    static constexpr int M_tiles = M_tiles_;
-    static constexpr int N_tiles = N_tiles_;
-    float r[M_tiles][N_tiles][4];
-
-    __device__ __forceinline__ void zero() {
-#pragma unroll
-        for (int m = 0; m < M_tiles; ++m)
-#pragma unroll
-            for (int n = 0; n < N_tiles; ++n)
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    r[m][n][i] = 0.0f;
-    }
 };
 
 } // namespace flash::sm80

@@ -12,7 +12,9 @@ Output is deterministic (configurations sorted) and a file is only rewritten whe
 changes, so an unchanged set leaves every mtime alone and incremental builds stay incremental.
 Instantiation files of configurations no longer in the set are deleted.
 
-Usable as a module (``generate``) and as a script (``--kernels KEY --src-dir DIR``).
+Every family's registry map is written, empty where the set has none of its configurations (a
+build whose architectures exclude a family's). Usable as a module (``generate``) and as a script
+(``--kernels KEY --arch-list LIST --src-dir DIR``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ if str(REPO_ROOT / "py") not in sys.path:
 
 from flash_helpers.families import FAMILIES  # noqa: E402
 from flash_helpers.kernel_sets import (  # noqa: E402
+    ARCH_LIST_ENV,
     BUILD_KERNELS_ENV,
+    DEFAULT_ARCH_LIST,
     REBUILD_HINT,
     get_kernels_to_build,
     resolve_build_kernels_key,
@@ -128,7 +132,7 @@ def generate(configs: Iterable, src_dir: pathlib.Path, set_name: str) -> list[pa
     returns the instantiation paths, sorted. Raises ValueError for an empty or invalid configuration.
     """
     src_dir = pathlib.Path(src_dir)
-    configs = sorted(set(configs), key=lambda cfg: (cfg.family, cfg))
+    configs = sorted(set(configs))
     if not configs:
         raise ValueError(f"kernel set {set_name!r} has no configurations to generate")
     for cfg in configs:
@@ -157,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         f"(default: ${BUILD_KERNELS_ENV}, else default)",
     )
     parser.add_argument(
+        "--arch-list",
+        help=f"the architectures the build compiles for, as {ARCH_LIST_ENV} lists them; Hopper configurations "
+        f"need 9.0 (default: ${ARCH_LIST_ENV}, else {DEFAULT_ARCH_LIST})",
+    )
+    parser.add_argument(
         "--src-dir",
         type=pathlib.Path,
         default=REPO_ROOT / "src",
@@ -165,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     key = resolve_build_kernels_key(args.kernels)
     try:
-        configs = get_kernels_to_build(key)
+        configs = get_kernels_to_build(key, args.arch_list)
     except ValueError as error:
         parser.error(str(error))
     generate(configs, args.src_dir, key)

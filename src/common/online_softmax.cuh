@@ -7,9 +7,9 @@
 
 #include "common/common.h"
 #include "common/ptx.cuh"
-#include "sm80/layout.cuh"
+#include "common/fragments.cuh"
 
-namespace flash::sm80 {
+namespace flash {
 
 // Row statistics of one warp's M_tiles x 16 query rows. Each lane holds two rows per 16-row tile
 // (lane/4 and lane/4 + 8: index h), shared with the three other lanes of its quad.
@@ -54,7 +54,17 @@ struct OnlineSoftmax {
     template <bool first_tile, int N_tiles, int D_tiles>
     __device__ __forceinline__ void update(Accumulators<M_tiles, N_tiles> &s, Accumulators<M_tiles, D_tiles> &o,
                                            float scale) {
+        exponentiate<first_tile>(s, scale, [&](int m, int h, float rescale) { rescale_row(o.r[m], h, rescale); });
+    }
+
+    // update() without touching the outputs, for kernels whose output accumulators may still be
+    // written by an asynchronous product while the probabilities are computed: moves the reference
+    // maxima, exponentiates s in place and adjusts the row sums, and calls rescale(m, h, factor)
+    // for each row whose outputs must be multiplied by factor. Returns whether it did (warp-uniform).
+    template <bool first_tile, int N_tiles, typename Rescale>
+    __device__ __forceinline__ bool exponentiate(Accumulators<M_tiles, N_tiles> &s, float scale, Rescale &&rescale) {
         static_assert(optimized || !first_tile, "only the optimized softmax specializes the first tile");
+        bool rescaled = false;
         if constexpr (optimized) {
             const float scale_log2 = scale * LOG2_E;
             float tile_max[M_tiles][2];
@@ -77,16 +87,17 @@ struct OnlineSoftmax {
                     for (int h = 0; h < 2; ++h)
                         too_stale |= (tile_max[m][h] - row_max[m][h]) * scale_log2 > MAX_STALE_LOG2;
                 // Warp-uniform, so the common path holds no rescaling code at all.
-                if (__any_sync(FULL_WARP_MASK, too_stale))
+                rescaled = __any_sync(FULL_WARP_MASK, too_stale);
+                if (rescaled)
 #pragma unroll
                     for (int m = 0; m < M_tiles; ++m)
 #pragma unroll
                         for (int h = 0; h < 2; ++h) {
                             const float new_max = fmaxf(row_max[m][h], tile_max[m][h]);
-                            const float rescale = ptx::exp2((row_max[m][h] - exponent_max(new_max)) * scale_log2);
+                            const float factor = ptx::exp2((row_max[m][h] - exponent_max(new_max)) * scale_log2);
                             row_max[m][h] = new_max;
-                            row_sum[m][h] *= rescale;
-                            rescale_row(o.r[m], h, rescale);
+                            row_sum[m][h] *= factor;
+                            rescale(m, h, factor);
                         }
             }
 #pragma unroll
@@ -95,12 +106,14 @@ struct OnlineSoftmax {
                 for (int h = 0; h < 2; ++h)
                     row_sum[m][h] += exponentiate_row_folded(s.r[m], h, exponent_max(row_max[m][h]), scale_log2);
         } else {
+            rescaled = true;
 #pragma unroll
             for (int m = 0; m < M_tiles; ++m)
 #pragma unroll
                 for (int h = 0; h < 2; ++h)
-                    update_row_textbook(s.r[m], o.r[m], h, row_max[m][h], row_sum[m][h], scale);
+                    rescale(m, h, update_row_textbook(s.r[m], h, row_max[m][h], row_sum[m][h], scale));
         }
+        return rescaled;
     }
 
     // The natural log of each row's sum of exp(scale * score), for M_tiles x 2 rows; +infinity for
@@ -141,9 +154,10 @@ struct OnlineSoftmax {
     }
 
     // One lane's row h of one 16-row tile: s[n][2h], s[n][2h + 1] over the N_tiles column tiles.
-    template <int N_tiles, int D_tiles>
-    static __device__ __forceinline__ void update_row_textbook(float (&s)[N_tiles][4], float (&o)[D_tiles][4], int h,
-                                                               float &row_max, float &row_sum, float scale) {
+    // Returns the factor the row's outputs must be multiplied by.
+    template <int N_tiles>
+    static __device__ __forceinline__ float update_row_textbook(float (&s)[N_tiles][4], int h, float &row_max,
+                                                                float &row_sum, float scale) {
         float tile_max = -INFINITY;
 #pragma unroll
         for (int n = 0; n < N_tiles; ++n) {
@@ -164,7 +178,7 @@ struct OnlineSoftmax {
                 tile_sum += s[n][i];
             }
         row_sum = row_sum * rescale + tile_sum;
-        rescale_row(o, h, rescale);
+        return rescale;
     }
 
     // The maximum of one lane's share of row h of one 16-row tile.
@@ -193,6 +207,8 @@ struct OnlineSoftmax {
         return lane_sum;
     }
 
+  public:
+    // Multiplies row h of one 16-row tile of outputs by rescale.
     template <int D_tiles>
     static __device__ __forceinline__ void rescale_row(float (&o)[D_tiles][4], int h, float rescale) {
 #pragma unroll
@@ -202,6 +218,7 @@ struct OnlineSoftmax {
         }
     }
 
+  private:
     static __device__ __forceinline__ float quad_max(float x) {
 #pragma unroll
         for (int offset = 1; offset < QUAD_SIZE; offset *= 2)
@@ -217,4 +234,25 @@ struct OnlineSoftmax {
     }
 };
 
-} // namespace flash::sm80
+// Writes the log-sum-exp of a warp's rows first_row.. to lse (the block's first row's entry);
+// rows at or past valid_rows do not exist. One lane of each quad writes its two rows per 16-row tile.
+template <typename Softmax>
+__device__ __forceinline__ void store_log_sum_exp(const Softmax &softmax, float scale, float *lse, int first_row,
+                                                  int valid_rows) {
+    constexpr int M_tiles = Softmax::M_tiles;
+    float row_lse[M_tiles][2];
+    softmax.log_sum_exp(row_lse, scale);
+    const int lane = threadIdx.x % WARP_SIZE;
+    if (lane % QUAD_SIZE != 0)
+        return;
+#pragma unroll
+    for (int m = 0; m < M_tiles; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = first_row + m * MMA_M + h * 8 + lane / QUAD_SIZE;
+            if (row < valid_rows)
+                lse[row] = row_lse[m][h];
+        }
+}
+
+} // namespace flash

@@ -10,9 +10,9 @@
 #include "common/forward_params.h"
 #include "common/problem_variant.h"
 #include "common/ptx.cuh"
-#include "sm80/layout.cuh"
+#include "common/fragments.cuh"
 
-namespace flash::sm80 {
+namespace flash {
 
 // floor(a / b) for b > 0 and any a.
 __device__ __forceinline__ int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
@@ -156,4 +156,4 @@ struct NoScoreMods {
 template <bool score_mods>
 using ScoreModsOf = std::conditional_t<score_mods, ScoreMods, NoScoreMods>;
 
-} // namespace flash::sm80
+} // namespace flash

@@ -1,0 +1,122 @@
+"""What every kernel family's configuration shares: the type checks made at construction, one order
+across families, validation built on the family's ``validity_error()``, and the spelling of field
+values in the C++ initializer and in the kernel's demangled and mangled names. Importable without
+torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import operator
+from collections.abc import Callable
+from typing import ClassVar
+
+from flash_helpers.dtypes import DType, coerce_dtype
+from flash_helpers.problem import ProblemVariant
+
+__all__ = ["KernelConfig", "demangled_variant", "mangled_variant"]
+
+
+class KernelConfig:
+    """The base of every family's configuration: a frozen dataclass whose first field is ``dtype``
+    and whose other fields are ints and bools, in the order of the family's C++ struct.
+
+    Configurations sort by family name, then by their fields in order (dtype by its code, False <
+    True), so sorting here and iterating a family's ``std::map`` agree, and sets that span families
+    sort too. The subclasses are dataclasses without ``order=True``: the comparisons it generates
+    refuse a configuration of another class. Construction checks types only; whether the kernel
+    can run the combination is answered by ``validity_error()``.
+    """
+
+    # The family's name: the binding's and the generator's key for the class.
+    family: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", coerce_dtype(self.dtype))
+        # Field types are the annotation strings ("int", "bool"): annotations are postponed in the
+        # families' modules.
+        for field in dataclasses.fields(self)[1:]:
+            value = getattr(self, field.name)
+            if field.type == "bool":
+                if not isinstance(value, bool):
+                    raise TypeError(f"{field.name} must be a bool, got {type(value).__name__} {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{field.name} must be an int, got {type(value).__name__} {value!r}")
+
+    def _order_key(self) -> tuple:
+        return (self.family, *_field_values(type(self))(self))
+
+    def __lt__(self, other):
+        return self._order_key() < other._order_key() if isinstance(other, KernelConfig) else NotImplemented
+
+    def __le__(self, other):
+        return self._order_key() <= other._order_key() if isinstance(other, KernelConfig) else NotImplemented
+
+    def __gt__(self, other):
+        return self._order_key() > other._order_key() if isinstance(other, KernelConfig) else NotImplemented
+
+    def __ge__(self, other):
+        return self._order_key() >= other._order_key() if isinstance(other, KernelConfig) else NotImplemented
+
+    def validity_error(self) -> str | None:
+        """Why the kernel cannot run this configuration (the first failing rule), or None if it can."""
+        raise NotImplementedError
+
+    def is_valid(self) -> bool:
+        return self.validity_error() is None
+
+    def validate(self) -> None:
+        """Raise ValueError with the reason if the kernel cannot run this configuration."""
+        reason = self.validity_error()
+        if reason is not None:
+            raise ValueError(reason)
+
+    def to_cpp_struct(self) -> str:
+        """The C++ aggregate initializer with every field, as the generator writes it."""
+        items = [_cpp_literal(value) for value in _field_values(type(self))(self)]
+        return f"{type(self).__name__}{{{', '.join(items)}}}"
+
+    def _demangled_initializer(self) -> str:
+        """The configuration as a demangled kernel name spells its template argument: qualified, every
+        field given, the dtype as a cast."""
+        items = [
+            f"(flash::DType){int(value)}" if isinstance(value, DType) else _cpp_literal(value)
+            for value in _field_values(type(self))(self)
+        ]
+        return f"flash::{self.family}::{type(self).__name__}{{{', '.join(items)}}}"
+
+    def _mangled_items(self) -> str:
+        """The fields as the Itanium mangling spells the members of the template argument."""
+        return "".join(
+            f"LNS_5DTypeE{int(value)}E" if isinstance(value, DType)
+            else f"Lb{int(value)}E" if isinstance(value, bool)
+            else f"Li{value}E"
+            for value in _field_values(type(self))(self)
+        )  # fmt: skip
+
+
+def demangled_variant(variant: ProblemVariant) -> str:
+    """A problem variant as a demangled kernel name spells its three template arguments."""
+    flags = ", ".join(_cpp_literal(flag) for flag in (variant.masked_tails, variant.score_mods))
+    return f"(flash::MaskKind){int(variant.mask)}, {flags}"
+
+
+def mangled_variant(variant: ProblemVariant) -> str:
+    """A problem variant's three template arguments in the Itanium mangling."""
+    return f"LNS_8MaskKindE{int(variant.mask)}ELb{int(variant.masked_tails)}ELb{int(variant.score_mods)}E"
+
+
+@functools.cache
+def _field_values(cls: type) -> Callable[[KernelConfig], tuple]:
+    """A function returning a configuration's field values in order (one C call: sorting large sets
+    compares often)."""
+    return operator.attrgetter(*(field.name for field in dataclasses.fields(cls)))
+
+
+def _cpp_literal(value) -> str:
+    if isinstance(value, DType):
+        return value.to_cpp_str()
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

@@ -1,0 +1,186 @@
+"""The Hopper family's configuration: the Python mirror of the C++ ``flash::sm90::HopperForwardKernelConfig``.
+
+A configuration names one tuning of the Hopper forward kernel (wgmma, TMA, an mbarrier pipeline,
+warp specialization; sm_90a machine code, so it runs on sm_90 only): its fields, the values each can
+take, the rules that say which combinations the kernel can run, and its textual forms (the short
+form people read and type, the C++ initializer the generator writes, the demangled name profilers
+print). Parsing those forms back is ``kernel_names``; the named sets are ``kernel_sets``.
+Importable without torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from flash_helpers.dtypes import DType
+from flash_helpers.kernel_config import KernelConfig, demangled_variant, mangled_variant
+from flash_helpers.problem import ProblemVariant
+from flash_helpers.sm80_config import MAX_SMEM_BYTES
+
+__all__ = ["B_CS", "B_RS", "D_HEADS", "HopperForwardKernelConfig", "MAX_SMEM_BYTES", "SHORT_FORM_EXAMPLE", "STAGES"]
+
+# The values each dimension of the configuration space can take: what the kernel supports (validity
+# rule 1). B_r is 64 query rows per consumer warpgroup; every B_c is a multiple of 16, the k-extent
+# of one wgmma of P V.
+D_HEADS = (64, 128, 192, 256)
+B_RS = (64, 128, 192)
+B_CS = (64, 80, 96, 112, 128, 144, 160, 176, 192)
+STAGES = (1, 2, 3, 4)
+
+SHORT_FORM_EXAMPLE = "sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap"
+
+# The M of one wgmma instruction: the query rows of one consumer warpgroup.
+_WGMMA_M = 64
+_WARPGROUP_THREADS = 128
+# The 32-bit registers of one SM, all of them the block's.
+_SM_REGISTERS = 65536
+# What setmaxnreg gives each consumer thread, by the number of consumer warpgroups (the producer
+# keeps 24 registers per thread with two, 32 with three).
+_SETMAXNREG_CONSUMER_REGISTERS = {2: 240, 3: 160}
+# The most registers any thread can have.
+_MAX_THREAD_REGISTERS = 255
+# A consumer thread's registers beyond its accumulators and P: addresses and the softmax's state.
+_STATE_REGISTERS = 32
+# Shared memory beyond the tiles: slack for placing them at 1024-byte boundaries (the period of the
+# 128-byte swizzle), and one 8-byte mbarrier for Q plus a full and an empty one for K and for V per
+# stage.
+_ALIGNMENT_SLACK_BYTES = 1024
+_MBARRIER_BYTES = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class HopperForwardKernelConfig(KernelConfig):
+    """One configuration of the Hopper family's forward kernel.
+
+    Field order is the C++ struct's order and defines the ordering (``KernelConfig``). Construction
+    checks types only; whether the kernel can run the combination is answered by
+    ``validity_error()``.
+    """
+
+    family: ClassVar[str] = "sm90"
+
+    dtype: DType
+    d_head: int
+    # Query rows per block: 64 per consumer warpgroup.
+    B_r: int
+    # Keys per K/V tile: the N of the S = Q K^T wgmma.
+    B_c: int
+    # K/V tiles in the shared-memory pipeline.
+    stages: int
+    # A producer warpgroup issues the TMA loads and gives its registers to the consumers (setmaxnreg).
+    warp_specialized: bool = False
+    # The consumer warpgroups take turns issuing their matrix products (named barriers), so one's
+    # softmax overlaps the other's wgmma.
+    pingpong: bool = False
+    # Inside a warpgroup, the softmax of tile j overlaps the P V product of tile j - 1.
+    intra_wg_overlap: bool = False
+
+    @property
+    def consumer_warpgroups(self) -> int:
+        """The warpgroups that compute: one per 64 query rows."""
+        return self.B_r // _WGMMA_M
+
+    @property
+    def n_threads(self) -> int:
+        """Threads per block: the consumer warpgroups, and the producer's with warp specialization."""
+        return _WARPGROUP_THREADS * (self.consumer_warpgroups + (1 if self.warp_specialized else 0))
+
+    def _flags(self) -> list[str]:
+        """The short form's flags, in their fixed order."""
+        candidates = (("ws", self.warp_specialized), ("pingpong", self.pingpong), ("overlap", self.intra_wg_overlap))
+        return [flag for flag, present in candidates if present]
+
+    def short_form(self) -> str:
+        """The human-readable form, e.g. ``sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap``."""
+        head = f"{self.family}({self.dtype.name}, {self.d_head}, {self.B_r}, {self.B_c}, {self.stages})"
+        flags = self._flags()
+        return f"{head}: {'+'.join(flags)}" if flags else head
+
+    def demangled_kernel_name(self, variant: ProblemVariant = ProblemVariant()) -> str:
+        """The kernel's name as Nsight Compute prints it: the demangled device symbol, which spells
+        all 8 fields (the dtype as a cast) and then the problem variant's fields."""
+        return (
+            "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
+            f"{self._demangled_initializer()}>, {demangled_variant(variant)}>(flash::sm90::KernelParams)"
+        )
+
+    def mangled_kernel_name(self, variant: ProblemVariant = ProblemVariant()) -> str:
+        """The kernel's device symbol (Itanium mangling), as ``cuobjdump`` lists it in the SASS.
+
+        The SM80 family's scheme with this family's kernel, static configuration and parameter type
+        (``flash::sm90::KernelParams``). It must match the symbol nvcc writes into the binary: the
+        tests hold one read off a compiled cubin.
+        """
+        return (
+            "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
+            f"{self._mangled_items()}EEEE{mangled_variant(variant)}EEvNS0_12KernelParamsE"
+        )
+
+    def file_stem(self) -> str:
+        """A unique, filesystem-safe name, e.g. ``fp16_d128_br128_bc128_s2_ws_pingpong_overlap``."""
+        parts = [self.dtype.name.lower(), f"d{self.d_head}", f"br{self.B_r}", f"bc{self.B_c}", f"s{self.stages}"]
+        return "_".join(parts + self._flags())
+
+    def needs_masked_tails(self, seqlen_q: int, seqlen_k: int) -> bool:
+        """Whether these lengths leave a partial last query block or key/value tile (the binding's
+        ``Family::needs_masked_tails``)."""
+        return seqlen_q % self.B_r != 0 or seqlen_k % self.B_c != 0
+
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory of one block: the Q tile and, per pipeline stage, a K and a V tile,
+        of 2-byte elements; slack for aligning the tiles to 1024 bytes; the mbarriers (one for Q, a
+        full and an empty one for K and for V per stage). It mirrors the kernel's traits, which
+        compute the same number."""
+        tiles = (self.B_r + self.stages * 2 * self.B_c) * self.d_head * 2
+        return tiles + _ALIGNMENT_SLACK_BYTES + _MBARRIER_BYTES * (1 + 4 * self.stages)
+
+    def runs_on(self, capability: tuple[int, int]) -> bool:
+        """Whether a GPU of this compute capability runs the kernel: sm_90a machine code runs on
+        sm_90 alone, which must have room for its shared memory."""
+        return capability == (9, 0) and self.smem_bytes() <= MAX_SMEM_BYTES
+
+    def consumer_registers(self) -> int:
+        """The registers per thread a consumer warpgroup has (the C++ traits' numbers). With warp
+        specialization and two or three consumer warpgroups, setmaxnreg moves the producer's
+        registers to them: 240 each with two, 160 with three. Otherwise each thread has what the
+        launch bound leaves, the register file over the block's threads rounded down to a multiple
+        of 8, at most the 255 a thread can have."""
+        if self.warp_specialized and self.consumer_warpgroups >= 2:
+            return _SETMAXNREG_CONSUMER_REGISTERS[self.consumer_warpgroups]
+        return min(_SM_REGISTERS // self.n_threads // 8 * 8, _MAX_THREAD_REGISTERS)
+
+    def register_estimate(self) -> int:
+        """The registers a consumer thread needs: its share of the S accumulators (B_c / 2 floats)
+        and of the O accumulators (d_head / 2 floats), P as pairs of 16-bit values (B_c / 4), and
+        about 32 for addresses and the softmax's state."""
+        return self.B_c // 2 + self.d_head // 2 + self.B_c // 4 + _STATE_REGISTERS
+
+    def validity_error(self) -> str | None:
+        """Why the kernel cannot run this configuration (the first failing rule), or None if it can."""
+        for field, supported in (("d_head", D_HEADS), ("B_r", B_RS), ("B_c", B_CS), ("stages", STAGES)):
+            value = getattr(self, field)
+            if value not in supported:
+                return f"{field} must be one of {', '.join(map(str, supported))}; got {value}."
+
+        if self.pingpong and not (self.warp_specialized and self.consumer_warpgroups >= 2):
+            return (
+                "pingpong needs warp_specialized and at least 2 consumer warpgroups (B_r >= 128) to take turns; "
+                f"got B_r = {self.B_r} and warp_specialized = {self.warp_specialized}."
+            )
+
+        if self.smem_bytes() > MAX_SMEM_BYTES:
+            return (
+                f"the tiles need {self.smem_bytes()} bytes of shared memory per block (Q, and a K and a V tile per "
+                f"stage, with alignment slack and mbarriers), more than the {MAX_SMEM_BYTES} sm_90 allows."
+            )
+
+        need, budget = self.register_estimate(), self.consumer_registers()
+        if need > budget:
+            producer = " and a producer warpgroup" if self.warp_specialized else ""
+            return (
+                f"a consumer thread needs about {need} registers (B_c / 2 for S, d_head / 2 for O, B_c / 4 for P, "
+                f"{_STATE_REGISTERS} more), more than the {budget} it has with {self.consumer_warpgroups} consumer "
+                f"warpgroup(s){producer}."
+            )
+        return None

@@ -1,0 +1,391 @@
+// The Hopper family's forward kernel (sm_90a). One thread block computes O for B_r query rows of
+// one (batch, head): each consumer warpgroup owns 64 of the rows and walks over the block's KV
+// tiles, computing S = Q K^T with both operands in shared memory and O += P V with P from
+// registers (wgmma), and the online softmax in between. Q, K and V arrive by TMA into 128-byte
+// swizzled tiles, through a pipeline of `stages` K/V buffers guarded by mbarriers; O leaves
+// through shared memory by TMA.
+//
+// The configuration's knobs:
+// - warp_specialized: one more warpgroup only issues the TMA loads, running ahead of the consumers
+//   as far as the stages allow, and hands most of its registers to them (setmaxnreg). Without it,
+//   the consumers' first thread issues each load once every consumer has released the stage.
+// - pingpong: the consumer warpgroups take turns issuing their products (named barriers, round
+//   robin), so one warpgroup's softmax runs while the others' products occupy the tensor cores.
+// - intra_wg_overlap: a warpgroup computes the softmax of tile j while its product O += P V of
+//   tile j - 1, issued together with S = Q K^T of tile j, is still running; the rescaling of O
+//   waits for that product. Without it, the warpgroup waits for both products first.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/common.h"
+#include "common/forward_params.h"
+#include "common/fragments.cuh"
+#include "common/masking.cuh"
+#include "common/online_softmax.cuh"
+#include "common/problem_variant.h"
+#include "common/ptx.cuh"
+#include "common/type_utils.cuh"
+#include "sm90/kernel_params.h"
+#include "sm90/tma.cuh"
+#include "sm90/traits.cuh"
+#include "sm90/warpgroup.cuh"
+#include "sm90/wgmma.cuh"
+
+namespace flash::sm90 {
+
+// The block's shared memory (traits.cuh lays it out), from the dynamic allocation rounded up to
+// a swizzle atom.
+template <typename Kernel>
+struct SharedTiles {
+    uint8_t *base;
+
+    __device__ __forceinline__ explicit SharedTiles(uint8_t *raw) {
+        const uint32_t misalignment = ptx::shared_address(raw) % SWIZZLE_ATOM_BYTES;
+        base = raw + (misalignment ? SWIZZLE_ATOM_BYTES - misalignment : 0);
+    }
+
+    __device__ __forceinline__ uint8_t *Q(int warpgroup) const { return base + warpgroup * Kernel::wg_Q_bytes; }
+    __device__ __forceinline__ uint8_t *K(int stage) const { return base + Kernel::K_offset + stage * Kernel::KV_tile_bytes; }
+    __device__ __forceinline__ uint8_t *V(int stage) const { return base + Kernel::V_offset + stage * Kernel::KV_tile_bytes; }
+
+    __device__ __forceinline__ uint64_t *barrier(int i) const {
+        return reinterpret_cast<uint64_t *>(base + Kernel::barriers_offset) + i;
+    }
+    __device__ __forceinline__ uint64_t *Q_full() const { return barrier(0); }
+    __device__ __forceinline__ uint64_t *K_full(int stage) const { return barrier(1 + 4 * stage); }
+    __device__ __forceinline__ uint64_t *K_empty(int stage) const { return barrier(2 + 4 * stage); }
+    __device__ __forceinline__ uint64_t *V_full(int stage) const { return barrier(3 + 4 * stage); }
+    __device__ __forceinline__ uint64_t *V_empty(int stage) const { return barrier(4 + 4 * stage); }
+
+    // One thread, before any other touches the barriers. A full barrier completes on its loader's
+    // arrival plus the bytes; an empty one when every consumer warp has released the stage.
+    __device__ __forceinline__ void init_barriers() const {
+        mbarrier_init(Q_full(), 1);
+#pragma unroll
+        for (int stage = 0; stage < Kernel::stages; ++stage) {
+            mbarrier_init(K_full(stage), 1);
+            mbarrier_init(K_empty(stage), Kernel::consumer_warps);
+            mbarrier_init(V_full(stage), 1);
+            mbarrier_init(V_empty(stage), Kernel::consumer_warps);
+        }
+        mbarrier_init_fence();
+    }
+};
+
+// Issues the TMA loads; run by a single thread. KV tile t goes to stage (t - first) % stages, in
+// round (t - first) / stages, once the consumers have released that stage's previous round.
+template <typename Kernel>
+struct TileLoader {
+    const KernelParams &kp;
+    const SharedTiles<Kernel> &smem;
+    int first_tile;
+    int head;
+    int kv_head;
+    int batch;
+
+    __device__ __forceinline__ void load_Q(int first_row) const {
+        mbarrier_arrive_expect_bytes(smem.Q_full(), Kernel::Q_bytes);
+#pragma unroll
+        for (int wg = 0; wg < Kernel::consumer_warpgroups; ++wg)
+#pragma unroll
+            for (int c = 0; c < Kernel::col_blocks; ++c)
+                tma_load_4d(smem.Q(wg) + c * Kernel::Q_col_block_bytes, &kp.q, smem.Q_full(), c * SWIZZLE_COLS,
+                            first_row + wg * WGMMA_M, head, batch);
+    }
+
+    __device__ __forceinline__ void load_KV(int tile) const {
+        const int round = (tile - first_tile) / Kernel::stages;
+        const int stage = (tile - first_tile) % Kernel::stages;
+        const uint32_t released_parity = (round & 1) ^ 1;
+        load_tile(&kp.k, smem.K(stage), smem.K_empty(stage), smem.K_full(stage), released_parity, tile);
+        load_tile(&kp.v, smem.V(stage), smem.V_empty(stage), smem.V_full(stage), released_parity, tile);
+    }
+
+  private:
+    __device__ __forceinline__ void load_tile(const CUtensorMap *map, uint8_t *dst, uint64_t *empty, uint64_t *full,
+                                              uint32_t released_parity, int tile) const {
+        mbarrier_wait(empty, released_parity);
+        mbarrier_arrive_expect_bytes(full, Kernel::KV_tile_bytes);
+#pragma unroll
+        for (int c = 0; c < Kernel::col_blocks; ++c)
+            tma_load_4d(dst + c * Kernel::KV_col_block_bytes, map, full, c * SWIZZLE_COLS, tile * Kernel::B_c, kv_head,
+                        batch);
+    }
+};
+
+// Where a consumer is in the K/V pipeline: the stage of its current tile and the parity of that
+// stage's current round.
+template <int stages>
+struct PipelineState {
+    int stage = 0;
+    uint32_t phase = 0;
+
+    __device__ __forceinline__ void advance() {
+        if (++stage == stages) {
+            stage = 0;
+            phase ^= 1;
+        }
+    }
+};
+
+// The problem variant: MASK and MASKED_TAILS decide which tiles the block visits and which of
+// them are masked element by element (KVTileRange); the unmasked tiles in between run the code of
+// an unmasked problem. SCORE_MODS applies softcap and ALiBi to every tile's scores. (Separate
+// template arguments, as in the SM80 family: nvcc's host stubs cannot spell an all-zero
+// class-type template argument.) Compiled for sm_90a only; elsewhere the body is empty and the
+// binding never launches it.
+template <typename Kernel, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS>
+__global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(const __grid_constant__ KernelParams kp) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using value_t = typename Kernel::value_t;
+    constexpr int B_r = Kernel::B_r;
+    constexpr int B_c = Kernel::B_c;
+    constexpr int d_head = Kernel::d_head;
+    constexpr int stages = Kernel::stages;
+    constexpr int n_consumers = Kernel::consumer_warpgroups;
+    const ForwardParams &params = kp.params;
+
+    extern __shared__ uint8_t smem_raw[];
+    const SharedTiles<Kernel> smem(smem_raw);
+    if (threadIdx.x == 0)
+        smem.init_barriers();
+    __syncthreads();
+
+    const int Q_first_row = blockIdx.x * B_r;
+    const int head = blockIdx.y;
+    const int kv_head = head / (params.heads_q / params.heads_kv);
+    const int batch = blockIdx.z;
+    const KVTileRange<B_r, B_c, MASK, MASKED_TAILS> tiles(params, Q_first_row);
+    const TileLoader<Kernel> loader{kp, smem, tiles.begin, head, kv_head, batch};
+
+    const int warpgroup = threadIdx.x / WARPGROUP_THREADS;
+    if constexpr (Kernel::warp_specialized) {
+        if (warpgroup == 0) {
+            if constexpr (Kernel::moves_registers)
+                release_registers<Kernel::producer_registers>();
+            if (threadIdx.x == 0 && !tiles.empty()) {
+                loader.load_Q(Q_first_row);
+                for (int tile = tiles.begin; tile < tiles.end; ++tile)
+                    loader.load_KV(tile);
+            }
+            return;
+        }
+        if constexpr (Kernel::moves_registers)
+            claim_registers<Kernel::consumer_registers>();
+    }
+
+    // This thread as a consumer: warpgroup wg's 64 rows, warp warp_in_wg's 16 of them.
+    const int wg = Kernel::warp_specialized ? warpgroup - 1 : warpgroup;
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int warp_first_row = wg * WGMMA_M + (threadIdx.x % WARPGROUP_THREADS) / WARP_SIZE * MMA_M;
+    // Without warp specialization the first consumer thread also loads: Q and the first round
+    // now, each later tile once its stage has been released.
+    const bool loads = !Kernel::warp_specialized && threadIdx.x == 0;
+    if (loads && !tiles.empty()) {
+        loader.load_Q(Q_first_row);
+        for (int tile = tiles.begin; tile < min(tiles.begin + stages, tiles.end); ++tile)
+            loader.load_KV(tile);
+    }
+
+    constexpr bool rows_may_be_empty = MASK != MaskKind::NONE;
+    OnlineSoftmax<1, true, rows_may_be_empty> softmax;
+    softmax.init();
+    typename Kernel::O_accumulators O_acc;
+    O_acc.zero();
+    [[maybe_unused]] const ScoreModsOf<SCORE_MODS> score_mods(params, batch, head);
+    float score_scale = params.softmax_scale;
+    if constexpr (SCORE_MODS)
+        score_scale = score_mods.post_scale;
+
+    if (!tiles.empty()) {
+        // Descriptors of this warpgroup's Q block and of stage 0's K and V tiles; slices and
+        // stages are offsets added to the start address field (16-byte units).
+        const uint64_t Q_desc = k_major_descriptor(ptx::shared_address(smem.Q(wg)));
+        const uint64_t K_desc = k_major_descriptor(ptx::shared_address(smem.K(0)));
+        const uint64_t V_desc = mn_major_descriptor(ptx::shared_address(smem.V(0)), Kernel::KV_col_block_bytes);
+        constexpr uint64_t stage_step = Kernel::KV_tile_bytes >> 4;
+        // k-slice kk of a K-major tile: its 64-column block, then 32 bytes per slice inside the row.
+        const auto k_slice = [](int kk, int col_block_bytes) {
+            return static_cast<uint64_t>((kk / 4 * col_block_bytes + kk % 4 * WGMMA_K * ELEMENT_BYTES) >> 4);
+        };
+
+        const auto issue_S = [&](typename Kernel::S_accumulators &S, int stage) {
+#pragma unroll
+            for (int kk = 0; kk < d_head / WGMMA_K; ++kk)
+                Wgmma<B_c>::template ss<value_t>(flat(S), Q_desc + k_slice(kk, Kernel::Q_col_block_bytes),
+                                                 K_desc + stage * stage_step + k_slice(kk, Kernel::KV_col_block_bytes),
+                                                 kk > 0);
+        };
+        // P's k-slice kk multiplies V's rows 16 kk .. 16 kk + 15.
+        const auto issue_PV = [&](typename Kernel::P_fragments &P, int stage) {
+#pragma unroll
+            for (int kk = 0; kk < B_c / WGMMA_K; ++kk)
+                Wgmma<d_head>::template rs<value_t>(flat(O_acc), P.r[0][kk],
+                                                    V_desc + stage * stage_step + ((kk * WGMMA_K * SWIZZLE_BYTES) >> 4), 1);
+        };
+        const auto release = [&](uint64_t *empty) {
+            if (lane == 0)
+                mbarrier_arrive(empty);
+        };
+        const auto modify_and_mask = [&](typename Kernel::S_accumulators &S, int tile, auto masked) {
+            if constexpr (SCORE_MODS)
+                score_mods.apply(S, params, Q_first_row + warp_first_row, tile * B_c);
+            if constexpr (decltype(masked)::value)
+                apply_mask<MASK, MASKED_TAILS>(S, params, Q_first_row + warp_first_row, tile * B_c);
+        };
+
+        // Pingpong: warpgroup wg issues its products after warpgroup wg - 1 (round robin) and then
+        // lets warpgroup wg + 1 go; the last one lets the first go once before the first turn and
+        // not after its last, so every arrival has its waiter.
+        constexpr int pair_threads = 2 * WARPGROUP_THREADS;
+        const int my_turn = 1 + wg;
+        const int next_turn = 1 + (wg + 1) % n_consumers;
+        if constexpr (Kernel::pingpong)
+            if (wg == n_consumers - 1 && tiles.end - tiles.begin > 1)
+                named_barrier_arrive(1, pair_threads);
+
+        mbarrier_wait(smem.Q_full(), 0);
+        PipelineState<stages> current;
+        PipelineState<stages> previous; // of the tile whose P V product is still to be issued
+        typename Kernel::P_fragments P;
+
+        // The first tile: S, its softmax (which only sets the maxima), P.
+        const auto process_first_tile = [&](auto masked) {
+            typename Kernel::S_accumulators S;
+            mbarrier_wait(smem.K_full(current.stage), current.phase);
+            wgmma_fence();
+            issue_S(S, current.stage);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_registers(flat(S));
+            release(smem.K_empty(current.stage));
+            modify_and_mask(S, tiles.begin, masked);
+            softmax.template exponentiate<true>(S, score_scale, [](int, int, float) {});
+            accumulators_to_A<value_t>(P, S);
+            previous = current;
+            current.advance();
+        };
+
+        // A later tile: S of this tile and P V of the previous one are issued together.
+        const auto process_tile = [&](int tile, auto masked) {
+            typename Kernel::S_accumulators S;
+            mbarrier_wait(smem.K_full(current.stage), current.phase);
+            mbarrier_wait(smem.V_full(previous.stage), previous.phase);
+            if constexpr (Kernel::pingpong)
+                named_barrier_sync(my_turn, pair_threads);
+            fence_registers(flat(O_acc));
+            wgmma_fence();
+            issue_S(S, current.stage);
+            wgmma_commit();
+            issue_PV(P, previous.stage);
+            wgmma_commit();
+            if constexpr (Kernel::pingpong)
+                if (!(wg == n_consumers - 1 && tile == tiles.end - 1))
+                    named_barrier_arrive(next_turn, pair_threads);
+
+            if constexpr (Kernel::intra_wg_overlap) {
+                wgmma_wait<1>(); // S has landed; P V may still run
+                fence_registers(flat(S));
+                release(smem.K_empty(current.stage));
+                modify_and_mask(S, tile, masked);
+                float rescale[2];
+                const bool rescaled = softmax.template exponentiate<false>(
+                    S, score_scale, [&](int, int h, float factor) { rescale[h] = factor; });
+                wgmma_wait<0>();
+                fence_registers(flat(O_acc));
+                fence_registers(flat(P));
+                release(smem.V_empty(previous.stage));
+                if (rescaled)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+                        decltype(softmax)::rescale_row(O_acc.r[0], h, rescale[h]);
+            } else {
+                wgmma_wait<0>();
+                fence_registers(flat(S));
+                fence_registers(flat(O_acc));
+                release(smem.K_empty(current.stage));
+                release(smem.V_empty(previous.stage));
+                modify_and_mask(S, tile, masked);
+                softmax.template update<false>(S, O_acc, score_scale);
+            }
+            if (loads && tile - 1 + stages < tiles.end)
+                loader.load_KV(tile - 1 + stages);
+            accumulators_to_A<value_t>(P, S);
+            previous = current;
+            current.advance();
+        };
+        using Masked = std::true_type;
+        using Unmasked = std::false_type;
+        const auto process_range = [&](int first, int last, auto masked) {
+            for (int tile = first; tile < last; ++tile)
+                process_tile(tile, masked);
+        };
+
+        if (tiles.is_masked(tiles.begin))
+            process_first_tile(Masked{});
+        else
+            process_first_tile(Unmasked{});
+        int next_tile = tiles.begin + 1;
+        using Tiles = decltype(tiles);
+        if constexpr (Tiles::has_masked_prefix) {
+            process_range(next_tile, tiles.unmasked_begin, Masked{});
+            next_tile = max(next_tile, tiles.unmasked_begin);
+        }
+        if constexpr (Tiles::has_masked_suffix) {
+            process_range(next_tile, tiles.unmasked_end, Unmasked{});
+            process_range(max(next_tile, tiles.unmasked_end), tiles.end, Masked{});
+        } else {
+            process_range(next_tile, tiles.end, Unmasked{});
+        }
+
+        // The last tile's P V.
+        mbarrier_wait(smem.V_full(previous.stage), previous.phase);
+        fence_registers(flat(O_acc));
+        wgmma_fence();
+        issue_PV(P, previous.stage);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_registers(flat(O_acc));
+        fence_registers(flat(P));
+        release(smem.V_empty(previous.stage));
+    }
+
+    softmax.normalize(O_acc);
+    if (params.lse != nullptr)
+        store_log_sum_exp(softmax, score_scale,
+                          params.lse + (static_cast<int64_t>(batch) * params.heads_q + head) * params.seqlen_q + Q_first_row,
+                          warp_first_row, params.seqlen_q - Q_first_row);
+
+    // O leaves through this warpgroup's Q block, in the layout TMA reads (128-byte swizzle), once
+    // every warp of the warpgroup is done with Q; TMA drops the rows past seqlen_q.
+    const int epilogue_barrier = 1 + n_consumers + wg;
+    named_barrier_sync(epilogue_barrier, WARPGROUP_THREADS);
+    uint8_t *const O_smem = smem.Q(wg);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = warp_first_row % WGMMA_M + lane / QUAD_SIZE + 8 * h;
+#pragma unroll
+        for (int n = 0; n < d_head / MMA_N; ++n) {
+            const int chunk = (n % 8) ^ (row % 8);
+            const int offset = n / 8 * Kernel::Q_col_block_bytes + row * SWIZZLE_BYTES + chunk * COPY_BYTES +
+                               lane % QUAD_SIZE * 2 * ELEMENT_BYTES;
+            *reinterpret_cast<uint32_t *>(O_smem + offset) =
+                pack_pair<value_t>(O_acc.r[0][n][2 * h], O_acc.r[0][n][2 * h + 1]);
+        }
+    }
+    fence_async_shared();
+    named_barrier_sync(epilogue_barrier, WARPGROUP_THREADS);
+    if (threadIdx.x % WARPGROUP_THREADS == 0) {
+#pragma unroll
+        for (int c = 0; c < Kernel::col_blocks; ++c)
+            tma_store_4d(&kp.o, O_smem + c * Kernel::Q_col_block_bytes, c * SWIZZLE_COLS, Q_first_row + wg * WGMMA_M, head,
+                         batch);
+        tma_store_commit();
+        tma_store_wait_read();
+    }
+#endif
+}
+
+} // namespace flash::sm90

@@ -1,0 +1,22 @@
+// What the Hopper kernels receive: the call's parameter block and the TMA tensor maps of q, k, v
+// and o, built by the launcher for each call. Passed as one __grid_constant__ argument, so the
+// maps stay in the kernel parameter space where the copy engine reads them.
+#pragma once
+
+#include <cuda.h>
+
+#include "common/forward_params.h"
+
+namespace flash::sm90 {
+
+struct KernelParams {
+    ForwardParams params;
+    // (d_head, seq, heads, batch) views of the four tensors, 128-byte swizzled boxes of 64
+    // columns: 64 rows for q and o (one consumer warpgroup's), B_c rows for k and v.
+    CUtensorMap q;
+    CUtensorMap k;
+    CUtensorMap v;
+    CUtensorMap o;
+};
+
+} // namespace flash::sm90

@@ -1,0 +1,76 @@
+// The tensor memory accelerator (cp.async.bulk.tensor) and the mbarriers its copies complete on:
+// one thread issues a tile copy and states how many bytes it brings (expect_tx); waiters spin on
+// the barrier's phase parity. Each wrapper is one instruction.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda.h>
+
+#include "common/ptx.cuh"
+
+namespace flash::sm90 {
+
+__device__ __forceinline__ void mbarrier_init(uint64_t *barrier, int arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(ptx::shared_address(barrier)), "r"(arrivals));
+}
+
+// Makes initialized barriers visible to the other threads and to the copy engine (then a block
+// barrier).
+__device__ __forceinline__ void mbarrier_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+// This thread's arrival, which also announces `bytes` more bytes the phase must receive.
+__device__ __forceinline__ void mbarrier_arrive_expect_bytes(uint64_t *barrier, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(ptx::shared_address(barrier)),
+                 "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_arrive(uint64_t *barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(ptx::shared_address(barrier)) : "memory");
+}
+
+// Waits until the phase of parity `parity` has completed. A fresh barrier is in phase 0, and the
+// phase before it (parity 1) counts as complete, so the first wait for parity 1 returns at once.
+__device__ __forceinline__ void mbarrier_wait(uint64_t *barrier, uint32_t parity) {
+    const uint32_t address = ptx::shared_address(barrier);
+    uint32_t done = 0;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(address), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+// Copies the box at coordinates (c0, c1, c2, c3) of a 4-dimensional tensor map into shared
+// memory, completing `bytes` on the barrier. Elements outside the tensor arrive as zeros.
+__device__ __forceinline__ void tma_load_4d(void *smem_dst, const CUtensorMap *map, uint64_t *barrier, int c0, int c1,
+                                            int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+                 "%5}], [%6];\n" ::"r"(ptx::shared_address(smem_dst)),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                 "r"(ptx::shared_address(barrier))
+                 : "memory");
+}
+
+// Copies a shared-memory box to coordinates (c0, c1, c2, c3) of a tensor map; elements outside
+// the tensor are not written. Part of this thread's current bulk group.
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap *map, const void *smem_src, int c0, int c1, int c2,
+                                             int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+                     reinterpret_cast<uint64_t>(map)),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(ptx::shared_address(smem_src))
+                 : "memory");
+}
+
+__device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+// Waits until this thread's committed stores have read their shared memory.
+__device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+
+// Orders this thread's ordinary shared-memory writes before later reads by the copy engine or
+// the tensor cores (the async proxy).
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+} // namespace flash::sm90

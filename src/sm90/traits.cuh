@@ -1,0 +1,75 @@
+// The Hopper family's traits, StaticHopperKernelConfig<CFG>: every compile-time quantity the
+// kernel and its launcher need, derived from one configuration, with static_asserts that guard
+// against what the kernel cannot do (the Python validity rules reject those first, with reasons).
+#pragma once
+
+#include <cstdint>
+
+#include "common/common.h"
+#include "common/fragments.cuh"
+#include "common/type_utils.cuh"
+#include "sm90/config.h"
+#include "sm90/wgmma.cuh"
+
+namespace flash::sm90 {
+
+template <HopperForwardKernelConfig CFG>
+struct StaticHopperKernelConfig {
+    static constexpr HopperForwardKernelConfig config = CFG;
+    using value_t = element_t<CFG.dtype>;
+
+    static constexpr int d_head = CFG.d_head;
+    static constexpr int B_r = CFG.B_r;
+    static constexpr int B_c = CFG.B_c;
+    static constexpr int stages = CFG.stages;
+    static constexpr bool warp_specialized = CFG.warp_specialized;
+    static constexpr bool pingpong = CFG.pingpong;
+    static constexpr bool intra_wg_overlap = CFG.intra_wg_overlap;
+
+    static_assert(CFG.dtype == DType::FP16 || CFG.dtype == DType::BF16, "dtype must be FP16 or BF16");
+    static_assert(d_head % SWIZZLE_COLS == 0 && d_head <= 256, "d_head must be 64, 128, 192 or 256");
+    static_assert(B_r % WGMMA_M == 0 && B_r <= 3 * WGMMA_M, "B_r must be 64, 128 or 192");
+    static_assert(B_c % WGMMA_K == 0 && B_c >= 64 && B_c <= 192, "B_c must be a multiple of 16 from 64 to 192");
+    static_assert(stages >= 1 && stages <= 4, "stages must be 1 to 4");
+
+    // Each consumer warpgroup computes 64 query rows (one wgmma M) against every key; with warp
+    // specialization one more warpgroup only issues the loads.
+    static constexpr int consumer_warpgroups = B_r / WGMMA_M;
+    static_assert(!pingpong || (warp_specialized && consumer_warpgroups >= 2),
+                  "pingpong needs warp specialization and two or more consumer warpgroups");
+    static constexpr int n_threads = WARPGROUP_THREADS * (consumer_warpgroups + (warp_specialized ? 1 : 0));
+    static constexpr int consumer_warps = consumer_warpgroups * WARPGROUP_THREADS / WARP_SIZE;
+
+    // Registers per thread (setmaxnreg) when a producer warpgroup gives most of its own to the
+    // consumers; with one consumer warpgroup the launch bound already allows 255.
+    static constexpr bool moves_registers = warp_specialized && consumer_warpgroups >= 2;
+    static constexpr int producer_registers = consumer_warpgroups == 2 ? 24 : 32;
+    static constexpr int consumer_registers = consumer_warpgroups == 2 ? 240 : 160;
+
+    // Shared memory, each tile at a 1024-byte boundary (the swizzle atom): Q (one 64-row block per
+    // consumer warpgroup, reused to stage its O on the way out), a K and a V tile per stage, then
+    // the barriers. A tile of R rows is d_head / 64 column blocks of R x 128 bytes, one TMA box each.
+    static constexpr int col_blocks = d_head / SWIZZLE_COLS;
+    static constexpr int wg_Q_bytes = WGMMA_M * d_head * ELEMENT_BYTES;
+    static constexpr int Q_bytes = consumer_warpgroups * wg_Q_bytes;
+    static constexpr int KV_tile_bytes = B_c * d_head * ELEMENT_BYTES;
+    static constexpr int Q_col_block_bytes = WGMMA_M * SWIZZLE_BYTES;
+    static constexpr int KV_col_block_bytes = B_c * SWIZZLE_BYTES;
+    static_assert(KV_col_block_bytes % SWIZZLE_ATOM_BYTES == 0, "tiles must start on swizzle atoms");
+
+    static constexpr int K_offset = Q_bytes;
+    static constexpr int V_offset = K_offset + stages * KV_tile_bytes;
+    static constexpr int barriers_offset = V_offset + stages * KV_tile_bytes;
+    // Q's, then per stage K full, K empty, V full, V empty.
+    static constexpr int n_barriers = 1 + 4 * stages;
+    // The dynamic shared memory base is only 16-byte aligned: up to 1024 bytes go to aligning it.
+    static constexpr int smem_bytes = barriers_offset + n_barriers * static_cast<int>(sizeof(uint64_t)) + SWIZZLE_ATOM_BYTES;
+
+    // Per consumer thread: S = Q K^T (64 x B_c), O (64 x d_head), and P = softmax(S) as the A
+    // operand of P V, in the m16n8k16 layouts (one 16-row tile per warp).
+    using S_accumulators = Accumulators<1, B_c / MMA_N>;
+    using O_accumulators = Accumulators<1, d_head / MMA_N>;
+    using P_fragments = FragmentsA<1, B_c / MMA_K>;
+};
+
+} // namespace flash::sm90

@@ -1,0 +1,203 @@
+// Warpgroup matrix products (wgmma.mma_async, sm_90a): shared-memory matrix descriptors, the
+// m64nNk16 instructions with A from shared memory or from registers, and the fences, commits and
+// waits that order them. Each wrapper is one instruction; the kernel decides the layouts.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/fragments.cuh"
+
+namespace flash::sm90 {
+
+// A warpgroup: four consecutive warps, the first of them at a warp index divisible by four.
+constexpr int WARPGROUP_THREADS = 128;
+// One wgmma multiplies 64 rows of A (16 per warp) by a 16-deep slice of B.
+constexpr int WGMMA_M = 64;
+constexpr int WGMMA_K = 16;
+
+// Shared-memory tiles use the 128-byte swizzle (what TMA writes with CU_TENSOR_MAP_SWIZZLE_128B):
+// rows of 64 16-bit elements, whose 16-byte chunks are XOR-ed with (row % 8). Eight rows, 1024
+// bytes, form one swizzle atom; a tile's 64-column blocks start on atom boundaries.
+constexpr int SWIZZLE_BYTES = 128;
+constexpr int SWIZZLE_COLS = 64;
+constexpr int SWIZZLE_ATOM_BYTES = 8 * SWIZZLE_BYTES;
+
+// A wgmma shared-memory matrix descriptor for a 128-byte-swizzled operand (PTX ISA, "Matrix
+// Descriptor Format"): the start address, the leading and stride dimension byte offsets (all in
+// 16-byte units) and the swizzle mode in bits 62-63 (1: 128-byte). The base offset stays 0: the
+// atoms are 1024-byte aligned.
+__device__ __forceinline__ uint64_t smem_descriptor(uint32_t smem_address, uint32_t leading_bytes, uint32_t stride_bytes) {
+    return static_cast<uint64_t>((smem_address & 0x3FFFF) >> 4) | static_cast<uint64_t>(leading_bytes >> 4) << 16 |
+           static_cast<uint64_t>(stride_bytes >> 4) << 32 | uint64_t{1} << 62;
+}
+
+// An operand stored K-major (each row's K elements contiguous, as Q and K are): 8-row atoms one
+// after another (stride 1024 bytes); the leading offset is unused with this swizzle (1 by
+// convention). Moving along K inside a 128-byte row adds the byte offset to the start address.
+__device__ __forceinline__ uint64_t k_major_descriptor(uint32_t smem_address) {
+    return smem_descriptor(smem_address, 16, SWIZZLE_ATOM_BYTES);
+}
+
+// An operand stored MN-major (each row's N elements contiguous, as V is for O += P V): 64-column
+// blocks of the N dimension lie block_bytes apart (the leading offset), 8-row groups along K
+// 1024 bytes apart (the stride offset).
+__device__ __forceinline__ uint64_t mn_major_descriptor(uint32_t smem_address, uint32_t block_bytes) {
+    return smem_descriptor(smem_address, block_bytes, SWIZZLE_ATOM_BYTES);
+}
+
+// Orders this warpgroup's register and shared-memory accesses before the wgmmas that follow.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+
+// Closes the group of wgmmas issued since the last commit.
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+
+// Waits until at most n_pending of this warpgroup's committed groups are still running.
+template <int n_pending>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(n_pending) : "memory");
+}
+
+// Tells the compiler that registers an asynchronous wgmma reads or writes are used here, so it
+// neither moves their other uses across the wgmma's wait nor reuses them while it runs.
+template <int N>
+__device__ __forceinline__ void fence_registers(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+        asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_registers(uint32_t (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+        asm volatile("" : "+r"(r[i])::"memory");
+}
+
+// The accumulators of a warpgroup's 64 x N product, per thread: N / 8 tiles of the m16n8
+// accumulator layout (Accumulators<1, N / 8>), as the flat register list wgmma takes.
+template <int N_tiles>
+__device__ __forceinline__ float (&flat(Accumulators<1, N_tiles> &acc))[N_tiles * 4] {
+    return reinterpret_cast<float(&)[N_tiles * 4]>(acc.r);
+}
+
+// A warp's A fragments (one 16-row tile) as one register list, for fence_registers.
+template <int K_slices>
+__device__ __forceinline__ uint32_t (&flat(FragmentsA<1, K_slices> &a))[K_slices * 4] {
+    return reinterpret_cast<uint32_t(&)[K_slices * 4]>(a.r);
+}
+
+// The operand lists of the accumulators: "%0, ..., %(n - 1)" and "+f"(d[0]), ..., "+f"(d[n - 1]).
+#define FLASH_WGMMA_REGS_G0 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define FLASH_WGMMA_REGS_G1 "%8, %9, %10, %11, %12, %13, %14, %15"
+#define FLASH_WGMMA_REGS_G2 "%16, %17, %18, %19, %20, %21, %22, %23"
+#define FLASH_WGMMA_REGS_G3 "%24, %25, %26, %27, %28, %29, %30, %31"
+#define FLASH_WGMMA_REGS_G4 "%32, %33, %34, %35, %36, %37, %38, %39"
+#define FLASH_WGMMA_REGS_G5 "%40, %41, %42, %43, %44, %45, %46, %47"
+#define FLASH_WGMMA_REGS_G6 "%48, %49, %50, %51, %52, %53, %54, %55"
+#define FLASH_WGMMA_REGS_G7 "%56, %57, %58, %59, %60, %61, %62, %63"
+#define FLASH_WGMMA_REGS_G8 "%64, %65, %66, %67, %68, %69, %70, %71"
+#define FLASH_WGMMA_REGS_G9 "%72, %73, %74, %75, %76, %77, %78, %79"
+#define FLASH_WGMMA_REGS_G10 "%80, %81, %82, %83, %84, %85, %86, %87"
+#define FLASH_WGMMA_REGS_G11 "%88, %89, %90, %91, %92, %93, %94, %95"
+#define FLASH_WGMMA_REGS_G12 "%96, %97, %98, %99, %100, %101, %102, %103"
+#define FLASH_WGMMA_REGS_G13 "%104, %105, %106, %107, %108, %109, %110, %111"
+#define FLASH_WGMMA_REGS_G14 "%112, %113, %114, %115, %116, %117, %118, %119"
+#define FLASH_WGMMA_REGS_G15 "%120, %121, %122, %123, %124, %125, %126, %127"
+#define FLASH_WGMMA_REGS_8 FLASH_WGMMA_REGS_G0
+#define FLASH_WGMMA_REGS_16 FLASH_WGMMA_REGS_8 ", " FLASH_WGMMA_REGS_G1
+#define FLASH_WGMMA_REGS_24 FLASH_WGMMA_REGS_16 ", " FLASH_WGMMA_REGS_G2
+#define FLASH_WGMMA_REGS_32 FLASH_WGMMA_REGS_24 ", " FLASH_WGMMA_REGS_G3
+#define FLASH_WGMMA_REGS_40 FLASH_WGMMA_REGS_32 ", " FLASH_WGMMA_REGS_G4
+#define FLASH_WGMMA_REGS_48 FLASH_WGMMA_REGS_40 ", " FLASH_WGMMA_REGS_G5
+#define FLASH_WGMMA_REGS_56 FLASH_WGMMA_REGS_48 ", " FLASH_WGMMA_REGS_G6
+#define FLASH_WGMMA_REGS_64 FLASH_WGMMA_REGS_56 ", " FLASH_WGMMA_REGS_G7
+#define FLASH_WGMMA_REGS_72 FLASH_WGMMA_REGS_64 ", " FLASH_WGMMA_REGS_G8
+#define FLASH_WGMMA_REGS_80 FLASH_WGMMA_REGS_72 ", " FLASH_WGMMA_REGS_G9
+#define FLASH_WGMMA_REGS_88 FLASH_WGMMA_REGS_80 ", " FLASH_WGMMA_REGS_G10
+#define FLASH_WGMMA_REGS_96 FLASH_WGMMA_REGS_88 ", " FLASH_WGMMA_REGS_G11
+#define FLASH_WGMMA_REGS_104 FLASH_WGMMA_REGS_96 ", " FLASH_WGMMA_REGS_G12
+#define FLASH_WGMMA_REGS_112 FLASH_WGMMA_REGS_104 ", " FLASH_WGMMA_REGS_G13
+#define FLASH_WGMMA_REGS_120 FLASH_WGMMA_REGS_112 ", " FLASH_WGMMA_REGS_G14
+#define FLASH_WGMMA_REGS_128 FLASH_WGMMA_REGS_120 ", " FLASH_WGMMA_REGS_G15
+#define FLASH_WGMMA_ACC_G(d, i)                                                                          \
+    "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),       \
+        "+f"(d[i + 6]), "+f"(d[i + 7])
+#define FLASH_WGMMA_ACC_8(d) FLASH_WGMMA_ACC_G(d, 0)
+#define FLASH_WGMMA_ACC_16(d) FLASH_WGMMA_ACC_8(d), FLASH_WGMMA_ACC_G(d, 8)
+#define FLASH_WGMMA_ACC_24(d) FLASH_WGMMA_ACC_16(d), FLASH_WGMMA_ACC_G(d, 16)
+#define FLASH_WGMMA_ACC_32(d) FLASH_WGMMA_ACC_24(d), FLASH_WGMMA_ACC_G(d, 24)
+#define FLASH_WGMMA_ACC_40(d) FLASH_WGMMA_ACC_32(d), FLASH_WGMMA_ACC_G(d, 32)
+#define FLASH_WGMMA_ACC_48(d) FLASH_WGMMA_ACC_40(d), FLASH_WGMMA_ACC_G(d, 40)
+#define FLASH_WGMMA_ACC_56(d) FLASH_WGMMA_ACC_48(d), FLASH_WGMMA_ACC_G(d, 48)
+#define FLASH_WGMMA_ACC_64(d) FLASH_WGMMA_ACC_56(d), FLASH_WGMMA_ACC_G(d, 56)
+#define FLASH_WGMMA_ACC_72(d) FLASH_WGMMA_ACC_64(d), FLASH_WGMMA_ACC_G(d, 64)
+#define FLASH_WGMMA_ACC_80(d) FLASH_WGMMA_ACC_72(d), FLASH_WGMMA_ACC_G(d, 72)
+#define FLASH_WGMMA_ACC_88(d) FLASH_WGMMA_ACC_80(d), FLASH_WGMMA_ACC_G(d, 80)
+#define FLASH_WGMMA_ACC_96(d) FLASH_WGMMA_ACC_88(d), FLASH_WGMMA_ACC_G(d, 88)
+#define FLASH_WGMMA_ACC_104(d) FLASH_WGMMA_ACC_96(d), FLASH_WGMMA_ACC_G(d, 96)
+#define FLASH_WGMMA_ACC_112(d) FLASH_WGMMA_ACC_104(d), FLASH_WGMMA_ACC_G(d, 104)
+#define FLASH_WGMMA_ACC_120(d) FLASH_WGMMA_ACC_112(d), FLASH_WGMMA_ACC_G(d, 112)
+#define FLASH_WGMMA_ACC_128(d) FLASH_WGMMA_ACC_120(d), FLASH_WGMMA_ACC_G(d, 120)
+
+// d (64 x N, float32) = A * B + (accumulate ? d : 0) for one 16-deep slice, per element type.
+// ss: A from shared memory (K-major, descriptor a). rs: A from registers (the m16n8k16 A layout,
+// one 16 x 16 tile per warp), B MN-major ("transposed", imm-trans-b = 1). Operands after the
+// n = N / 2 accumulators are numbered n, n + 1, ...: the C* arguments.
+#define FLASH_WGMMA_SS_ASM(N, C, C1, C2, TYPE)                                                          \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %" #C2 ", 0;\n"                                                     \
+    "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" FLASH_WGMMA_REGS_##C "}, %" #C ", %" #C1 \
+    ", p, 1, 1, 0, 0;\n}\n"
+#define FLASH_WGMMA_RS_ASM(N, C, C1, C2, C3, C4, C5, TYPE)                                              \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %" #C5 ", 0;\n"                                                     \
+    "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" FLASH_WGMMA_REGS_##C "}, {%" #C ", %" #C1 \
+    ", %" #C2 ", %" #C3 "}, %" #C4 ", p, 1, 1, 1;\n}\n"
+
+template <int N>
+struct Wgmma;
+
+#define FLASH_DEFINE_WGMMA(N, C, C1, C2, C3, C4, C5)                                                     \
+    template <>                                                                                           \
+    struct Wgmma<N> {                                                                                     \
+        template <typename value_t>                                                                       \
+        static __device__ __forceinline__ void ss(float (&d)[C], uint64_t a, uint64_t b, int accumulate) { \
+            if constexpr (std::is_same_v<value_t, half>)                                                  \
+                asm volatile(FLASH_WGMMA_SS_ASM(N, C, C1, C2, "f16")                                      \
+                             : FLASH_WGMMA_ACC_##C(d)                                                     \
+                             : "l"(a), "l"(b), "r"(accumulate));                                          \
+            else                                                                                          \
+                asm volatile(FLASH_WGMMA_SS_ASM(N, C, C1, C2, "bf16")                                     \
+                             : FLASH_WGMMA_ACC_##C(d)                                                     \
+                             : "l"(a), "l"(b), "r"(accumulate));                                          \
+        }                                                                                                 \
+        template <typename value_t>                                                                       \
+        static __device__ __forceinline__ void rs(float (&d)[C], const uint32_t (&a)[4], uint64_t b,     \
+                                                  int accumulate) {                                       \
+            if constexpr (std::is_same_v<value_t, half>)                                                  \
+                asm volatile(FLASH_WGMMA_RS_ASM(N, C, C1, C2, C3, C4, C5, "f16")                          \
+                             : FLASH_WGMMA_ACC_##C(d)                                                     \
+                             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));      \
+            else                                                                                          \
+                asm volatile(FLASH_WGMMA_RS_ASM(N, C, C1, C2, C3, C4, C5, "bf16")                         \
+                             : FLASH_WGMMA_ACC_##C(d)                                                     \
+                             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));      \
+        }                                                                                                 \
+    };
+
+// The N this family uses: the key tile sizes (S = Q K^T) and the head sizes (O += P V).
+FLASH_DEFINE_WGMMA(64, 32, 33, 34, 35, 36, 37)
+FLASH_DEFINE_WGMMA(80, 40, 41, 42, 43, 44, 45)
+FLASH_DEFINE_WGMMA(96, 48, 49, 50, 51, 52, 53)
+FLASH_DEFINE_WGMMA(112, 56, 57, 58, 59, 60, 61)
+FLASH_DEFINE_WGMMA(128, 64, 65, 66, 67, 68, 69)
+FLASH_DEFINE_WGMMA(144, 72, 73, 74, 75, 76, 77)
+FLASH_DEFINE_WGMMA(160, 80, 81, 82, 83, 84, 85)
+FLASH_DEFINE_WGMMA(176, 88, 89, 90, 91, 92, 93)
+FLASH_DEFINE_WGMMA(192, 96, 97, 98, 99, 100, 101)
+FLASH_DEFINE_WGMMA(256, 128, 129, 130, 131, 132, 133)
+
+#undef FLASH_DEFINE_WGMMA
+
+} // namespace flash::sm90
