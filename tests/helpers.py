@@ -13,6 +13,7 @@ import dataclasses
 import importlib.machinery
 import importlib.util
 import itertools
+import math
 import os
 import pathlib
 import random
@@ -179,13 +180,18 @@ def variant_id(variant: ProblemVariant) -> str:
     return "-".join([variant.mask.name.lower(), *flags])
 
 
+def whole_blocks(cfg) -> int:
+    """The shortest length that is a whole number of both query blocks and key tiles."""
+    return math.lcm(cfg.B_r, cfg.B_c)
+
+
 def problem_for_variant(cfg, variant: ProblemVariant, batch: int = 2, heads: tuple[int, int] = (4, 2)) -> Problem:
     """A small problem that needs exactly ``variant`` of ``cfg``: ragged lengths (a partial last
     query block and key tile) for masked tails, whole blocks otherwise; seqlen_q > seqlen_k under a
     mask, so whole query blocks and parts of blocks attend no key; a window bounded on both sides
     for local; softcap and per-(batch, head) ALiBi slopes for score mods; grouped heads
     ((heads_q, heads_kv) = ``heads``)."""
-    block = max(cfg.B_r, cfg.B_c)
+    block = whole_blocks(cfg)
     if variant.masked_tails:
         long, short = 2 * block + 45, block + 19
     else:

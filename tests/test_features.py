@@ -196,7 +196,7 @@ def aligned_cases() -> list[tuple]:
     """Whole blocks, unmasked and causal, square and not: what every compiled configuration serves."""
     cases = []
     for cfg in CONFIGS:
-        block = max(cfg.B_r, cfg.B_c)
+        block = helpers.whole_blocks(cfg)
         for (seqlen_q, seqlen_k), causal in itertools.product(
             [(2 * block, 2 * block), (block, 3 * block), (3 * block, block)], (False, True)
         ):
@@ -204,7 +204,7 @@ def aligned_cases() -> list[tuple]:
     # A configuration's lengths depend on its blocks: sample over (configuration, shape index, causal).
     return helpers.covering_sample(
         cases,
-        lambda case: (case[0], case[1].seqlen_q // max(case[0].B_r, case[0].B_c), case[1].causal),
+        lambda case: (case[0], case[1].seqlen_q // helpers.whole_blocks(case[0]), case[1].causal),
         "aligned",
     )
 

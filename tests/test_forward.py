@@ -40,12 +40,11 @@ gpu = pytest.mark.gpu
 STREAM_BUSY_CYCLES = 20_000_000
 
 CONFIGS = helpers.configs_under_test()
-each_config = pytest.mark.parametrize("cfg", CONFIGS, ids=FlashForwardKernelConfig.short_form)
+each_config = pytest.mark.parametrize("cfg", CONFIGS, ids=lambda cfg: cfg.short_form())
 
 
-def smallest_seq_len(cfg: FlashForwardKernelConfig) -> int:
-    # Block sizes are powers of two, so the larger one is a multiple of the smaller.
-    return max(cfg.B_r, cfg.B_c)
+def smallest_seq_len(cfg) -> int:
+    return helpers.whole_blocks(cfg)
 
 
 def reference_shapes(cfg: FlashForwardKernelConfig) -> list[tuple[int, int, int]]:
@@ -466,7 +465,8 @@ def test_lengths_that_are_not_multiples_of_the_blocks(cfg, rng):
     # (seqlen_q, seqlen_k): a multiple of neither block (both are multiples of 32), q's or k's alone.
     lengths = [(large + 16, large + 16), (2 * large, large + 16), (large + 16, 2 * large)]
     if small != large:
-        lengths.append((3 * small, 3 * small))  # a multiple of the smaller block size only
+        only_small = small * (large // math.gcd(small, large) + 1)  # a multiple of the smaller block size only
+        lengths.append((only_small, only_small))
     served = ProblemVariant(MaskKind.NONE, masked_tails=True) in flash_attention.compiled_variants(cfg)
     for seqlen_q, seqlen_k in lengths:
         inputs = Problem(seqlen_q, seqlen_k, VALID_HEADS_Q, VALID_HEADS_KV).make(cfg, rng)

@@ -15,7 +15,8 @@
 #                        name (default: KERNELS if set, else every compiled one)
 #   --jobs N             tools run at once on the GPU (default 4: all of them side by side)
 #   --kernel-filter F    compute-sanitizer's --kernel-name filter selecting our kernels; default
-#                        kns=flash_forward_kernel (a substring of every family's mangled kernel name)
+#                        kns=_forward_kernel (a substring of every family's mangled kernel name:
+#                        flash_forward_kernel, hopper_forward_kernel)
 #
 # A tool is clean when its run ends with status 0, its summary reports no error (racecheck: no
 # hazard, warnings included) and the driver found every result equal to the reference. The exit
@@ -30,7 +31,7 @@ LOG_DIR=profiles/sanitize
 TOOLS="memcheck racecheck synccheck initcheck"
 KERNELS_ARG=()
 JOBS=4
-KERNEL_FILTER=kns=flash_forward_kernel
+KERNEL_FILTER=kns=_forward_kernel
 # The exit status compute-sanitizer gives when the program succeeded but the tool found errors.
 TOOL_ERROR_STATUS=86
 

@@ -24,6 +24,7 @@ class _ShortFormSyntax(NamedTuple):
     pattern's groups give int fields."""
 
     cls: type
+    int_fields: tuple[str, ...]  # after the dtype, in order
     pattern: re.Pattern
     bool_flags: dict[str, str]
     # (pattern, the int fields its groups set, how the flag is spelled in messages)
@@ -43,16 +44,18 @@ class _ShortFormSyntax(NamedTuple):
         return ", ".join([*self.bool_flags, *(spelling for _, _, spelling in self.numbered_flags)])
 
 
-def _short_form_pattern(prefix: str, int_fields: tuple[str, ...]) -> re.Pattern:
+def _short_form(cls: type, prefix: str, int_fields: tuple[str, ...], bool_flags: dict[str, str], numbered_flags=()):
     numbers = "".join(rf"\s*,\s*(?P<{field}>\d+)" for field in int_fields)
-    return re.compile(rf"{prefix}\(\s*(?P<dtype>[\w.]+){numbers}\s*\)(?:\s*:\s*(?P<flags>.*))?")
+    pattern = re.compile(rf"{prefix}\(\s*(?P<dtype>[\w.]+){numbers}\s*\)(?:\s*:\s*(?P<flags>.*))?")
+    return _ShortFormSyntax(cls, int_fields, pattern, bool_flags, numbered_flags)
 
 
 _SHORT_FORMS = (
     # The SM80 family's short form has no prefix: it was the only one before there were families.
-    _ShortFormSyntax(
+    _short_form(
         FlashForwardKernelConfig,
-        _short_form_pattern("", ("d_head", "B_r", "B_c", "n_warps")),
+        "",
+        ("d_head", "B_r", "B_c", "n_warps"),
         {
             "async": "async_copy",
             "eager": "eager_load_blocks",
@@ -68,9 +71,10 @@ _SHORT_FORMS = (
             ),
         ),
     ),
-    _ShortFormSyntax(
+    _short_form(
         HopperForwardKernelConfig,
-        _short_form_pattern(rf"{HopperForwardKernelConfig.family}\s*", ("d_head", "B_r", "B_c", "stages")),
+        rf"{HopperForwardKernelConfig.family}\s*",
+        ("d_head", "B_r", "B_c", "stages"),
         {"ws": "warp_specialized", "pingpong": "pingpong", "overlap": "intra_wg_overlap"},
     ),
 )
@@ -122,7 +126,8 @@ def _build_config(name: str, cls: type, **fields):
 
 
 def _parse_short_form(name: str, syntax: _ShortFormSyntax, match: re.Match):
-    fields = {key: int(value) for key, value in match.groupdict().items() if key not in ("dtype", "flags")}
+    # Field by field: torch.compile traces this, and cannot trace Match.groupdict.
+    fields = {key: int(match[key]) for key in syntax.int_fields}
     fields["dtype"] = match["dtype"]
     flags = match["flags"]
     for flag in [] if flags is None else (part.strip() for part in flags.split("+")):
