@@ -648,9 +648,9 @@ def test_hopper_short_form_lists_flags_in_fixed_order():
 
 
 def test_hopper_cpp_struct():
-    assert HOPPER_FULL.to_cpp_struct() == "HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true}"
+    assert HOPPER_FULL.to_cpp_struct() == "HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true, false}"
     assert Hopper(BF16, 64, 192, 80, 4, True).to_cpp_struct() == (
-        "HopperForwardKernelConfig{DType::BF16, 64, 192, 80, 4, true, false, false}"
+        "HopperForwardKernelConfig{DType::BF16, 64, 192, 80, 4, true, false, false, false}"
     )
 
 
@@ -658,7 +658,7 @@ def test_hopper_demangled_kernel_name():
     """c++filt of the first symbol of test_hopper_mangled_kernel_name."""
     assert HOPPER_FULL.demangled_kernel_name() == (
         "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
-        "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true}>, "
+        "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true, false}>, "
         "(flash::MaskKind)0, false, false>(flash::sm90::KernelParams)"
     )
     causal_tails = ProblemVariant(MaskKind.CAUSAL, masked_tails=True)
@@ -670,11 +670,11 @@ def test_hopper_mangled_kernel_name():
     """The first symbol read off an sm_90a cubin nvcc 13 compiled (readelf -s); the second spelled the same way."""
     assert HOPPER_FULL.mangled_kernel_name() == (
         "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
-        "LNS_5DTypeE5ELi128ELi128ELi128ELi2ELb1ELb1ELb1EEEEELNS_8MaskKindE0ELb0ELb0EEEvNS0_12KernelParamsE"
+        "LNS_5DTypeE5ELi128ELi128ELi128ELi2ELb1ELb1ELb1ELb0EEEEELNS_8MaskKindE0ELb0ELb0EEEvNS0_12KernelParamsE"
     )
     assert Hopper(BF16, 64, 192, 80, 4, True).mangled_kernel_name(ProblemVariant(MaskKind.LOCAL, True, True)) == (
         "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
-        "LNS_5DTypeE15ELi64ELi192ELi80ELi4ELb1ELb0ELb0EEEEELNS_8MaskKindE2ELb1ELb1EEEvNS0_12KernelParamsE"
+        "LNS_5DTypeE15ELi64ELi192ELi80ELi4ELb1ELb0ELb0ELb0EEEEELNS_8MaskKindE2ELb1ELb1EEEvNS0_12KernelParamsE"
     )
 
 
@@ -693,10 +693,10 @@ def test_hopper_file_stem_example_and_uniqueness():
         "sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap",
         "sm90(FP16, 128, 128, 128, 2): overlap+ws+pingpong",
         "  sm90 ( fp16,128,128,128,2 ) : pingpong + overlap+ws \n",
-        "HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true}",
+        "HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true, false}",
         "HopperForwardKernelConfig{5, (int)128, 128, 128, 2, (bool)1, 1, true}",
         "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
-        "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true}>, "
+        "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true, false}>, "
         "(flash::MaskKind)1, true, false>(flash::sm90::KernelParams)",
     ],
 )
@@ -727,7 +727,7 @@ def test_parse_hopper_names_without_trailing_false_fields():
         ("sm90(FP16, 128, 128, 128)", ["sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap", "(FP16, 128, 64, 64, 4)"]),
         ("sm80(FP16, 128, 64, 64, 4)", ["HopperForwardKernelConfig{...}", "FlashForwardKernelConfig{...}"]),
         ("sm90(FP32, 128, 128, 128, 2)", ["unsupported dtype 'FP32'"]),
-        ("HopperForwardKernelConfig{5, 128, 128, 128, 2, 1, 1, 1, 1}", ["9 initializer items", "8 fields"]),
+        ("HopperForwardKernelConfig{5, 128, 128, 128, 2, 1, 1, 1, 1, 1}", ["10 initializer items", "9 fields"]),
         ("HopperForwardKernelConfig{5, 128, 128, 128, 2, 2}", ["'2' is not a valid warp_specialized"]),
         ("HopperForwardKernelConfig{5, 128, 128, true, 2}", ["'true' is not a valid B_c"]),
     ],
@@ -772,9 +772,12 @@ def test_hopper_threads_and_warpgroups():
 
 def test_hopper_smem_bytes():
     # Q, a K and a V tile per stage, 1024 bytes of alignment slack, 8-byte mbarriers: 1 + 4 per stage.
-    assert HOPPER_FULL.smem_bytes() == 128 * 128 * 2 + 2 * 2 * 128 * 128 * 2 + 1024 + 8 * 9 == 164936
-    assert Hopper(BF16, 64, 64, 80, 1).smem_bytes() == 64 * 64 * 2 + 1 * 2 * 80 * 64 * 2 + 1024 + 8 * 5
-    assert Hopper(FP16, 256, 128, 80, 2).smem_bytes() == 230472  # the default set's d_head 256: just fits
+    assert HOPPER_FULL.smem_bytes() == 128 * 128 * 2 + 2 * 2 * 128 * 128 * 2 + 1024 + 8 * 10 == 164944
+    assert Hopper(BF16, 64, 64, 80, 1).smem_bytes() == 64 * 64 * 2 + 1 * 2 * 80 * 64 * 2 + 1024 + 8 * 6
+    assert Hopper(FP16, 256, 128, 80, 2).smem_bytes() == 230480  # just fits
+    # Persistent: an O tile of Q's size more.
+    persistent = Hopper(FP16, 128, 128, 128, 2, True, True, True, True)
+    assert persistent.smem_bytes() == HOPPER_FULL.smem_bytes() + 128 * 128 * 2
     assert all(cfg.smem_bytes() <= MAX_SMEM_BYTES for cfg in get_all_kernel_configs())
 
 
@@ -817,7 +820,7 @@ BAD_HOPPER_CONFIGS = [
     (Hopper(FP16, 128, 128, 128, 5), ["stages"]),
     (Hopper(FP16, 128, 128, 128, 2, False, True), ["pingpong", "warp_specialized"]),
     (Hopper(FP16, 128, 64, 128, 2, True, True), ["pingpong", "B_r = 64", "2 consumer warpgroups"]),
-    (Hopper(FP16, 256, 128, 128, 2, True), ["shared memory", "328776", str(MAX_SMEM_BYTES)]),
+    (Hopper(FP16, 256, 128, 128, 2, True), ["shared memory", "328784", str(MAX_SMEM_BYTES)]),
     (Hopper(FP16, 128, 64, 128, 4), ["shared memory", str(MAX_SMEM_BYTES)]),
     (Hopper(FP16, 256, 192, 64, 2, True), ["registers", "208", "160", "3 consumer warpgroup(s)", "producer"]),
     (Hopper(FP16, 256, 192, 64, 2), ["registers", "208", "168"]),
@@ -865,7 +868,7 @@ def test_hopper_needs_masked_tails(seqlen_q, seqlen_k, tails):
 def test_hopper_all_is_every_valid_config():
     hopper = of_family(get_all_kernel_configs(), Hopper)
     space = itertools.product(
-        (FP16, BF16), sm90_config.D_HEADS, sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, *[(False, True)] * 3
+        (FP16, BF16), sm90_config.D_HEADS, sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, *[(False, True)] * 4
     )
     assert hopper == sorted(cfg for cfg in itertools.starmap(Hopper, space) if cfg.is_valid())
     for cfg in GOOD_HOPPER_CONFIGS:
@@ -891,7 +894,7 @@ def test_hopper_tune_overlaps_everything_at_two_stages():
 
 def test_hopper_progression_steps_in_order():
     names = [name for name, _ in HOPPER_PROGRESSION_STEPS]
-    assert names == ["hopper_base", "hopper_ws", "hopper_pingpong", "hopper_overlap"]
+    assert names == ["hopper_base", "hopper_ws", "hopper_pingpong", "hopper_overlap", "hopper_persistent"]
     prog = of_family(get_kernel_progression_configs(), Hopper)
     for dtype in (FP16, BF16):
         head = "sm90({}, 128, {}, {}, {})".format(dtype.name, *HOPPER_PROGRESSION_BLOCK)
@@ -899,7 +902,8 @@ def test_hopper_progression_steps_in_order():
             parse_kernel_name_into_config(f"{head}: {flags}" if flags else head) for _, flags in HOPPER_PROGRESSION_STEPS
         ]
         assert [cfg for cfg in prog if cfg.dtype == dtype] == steps  # each step adds a flag: they sort in order
-    assert steps[0] == Hopper(BF16, 128, 128, 128, 2) and steps[-1] == dataclasses.replace(HOPPER_FULL, dtype=BF16)
+    assert steps[0] == Hopper(BF16, 128, 128, 128, 2) and steps[-2] == dataclasses.replace(HOPPER_FULL, dtype=BF16)
+    assert steps[-1] == dataclasses.replace(HOPPER_FULL, dtype=BF16, persistent=True)
 
 
 def test_hopper_progall_covers_every_valid_block_at_two_stages():
@@ -971,7 +975,7 @@ def test_arch_list_comes_from_the_environment(monkeypatch):
         ("sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap", 1),
         ("(FP16, 128, 64, 64, 4); sm90(FP16, 128, 128, 128, 2)", 1),
         ("sm90(FP16, 128, 128, 128, 2); sm90(BF16, 64, 64, 96, 1)", 2),
-        ("HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true}", 1),
+        ("HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true, false}", 1),
     ],
 )
 def test_hopper_short_forms_without_sm90_in_the_arch_list_are_an_error(key, count):

@@ -33,9 +33,12 @@ from flash_helpers.kernel_names import parse_kernel_name_into_config  # noqa: E4
 from flash_helpers.kernel_sets import (  # noqa: E402
     BUILD_KERNELS_ENV,
     DEFAULT_BUILD_KERNELS,
+    HOPPER_PROGRESSION_BLOCK,
+    HOPPER_PROGRESSION_STEPS,
     KERNELS_ENV,
     get_all_kernel_configs,
     get_autotuning_kernel_configs,
+    get_kernel_configs,
 )
 from flash_helpers.problem import (  # noqa: E402
     ALL_VARIANTS,
@@ -46,7 +49,8 @@ from flash_helpers.problem import (  # noqa: E402
     total_flop,
 )
 from flash_helpers.reference import ReferenceComparison  # noqa: E402
-from flash_helpers.sm80_config import D_HEADS  # noqa: E402
+from flash_helpers.sm80_config import D_HEADS, FlashForwardKernelConfig  # noqa: E402
+from flash_helpers.sm90_config import HopperForwardKernelConfig  # noqa: E402
 
 PYTHON_TOOLS = [
     BENCHMARK_DIR / "pt_bench.py",
@@ -60,11 +64,14 @@ PYTHON_TOOLS = [
 ]
 
 # Configurations from the current sets, so the tests follow changes to the configuration space:
-# two tuning configurations with d_head 128 and different block sizes, and a valid one outside it.
+# two SM80 tuning configurations with d_head 128 and different block sizes, and a valid one outside
+# the tuning set; two Hopper ones, each its own step of the progression, and the default set's.
 TUNE = get_autotuning_kernel_configs()
 CFG_A = next(cfg for cfg in TUNE if cfg.d_head == 128)
 CFG_B = next(cfg for cfg in TUNE if cfg.d_head == 128 and (cfg.B_r, cfg.B_c) != (CFG_A.B_r, CFG_A.B_c))
 NOT_TUNED = next(cfg for cfg in get_all_kernel_configs() if cfg not in set(TUNE))
+HOPPER_128 = parse_kernel_name_into_config("sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap")
+HOPPER_WS = parse_kernel_name_into_config("sm90(FP16, 128, 128, 128, 2): ws")
 CAUSAL = ProblemVariant(MaskKind.CAUSAL)
 CAUSAL_TAILS = ProblemVariant(MaskKind.CAUSAL, masked_tails=True)
 
@@ -320,6 +327,35 @@ class TestConfigSelection:
         monkeypatch.delenv(KERNELS_ENV, raising=False)
         with pytest.raises(common.ConfigSelectionError, match="unknown kernel set"):
             common.select_compiled_configs("fastest", self.compiled, "default")
+
+
+class TestRunnableConfigs:
+    """A build for sm_80 and sm_90 holds kernels some of its GPUs cannot run (``cfg.runs_on``): the
+    tools that run kernels leave those out with a note, and refuse when none is left."""
+
+    # An SM80 configuration whose shared memory fits sm_80's 163 KiB but not sm_86's 99 KiB.
+    too_big_for_sm86 = next(
+        cfg for cfg in TUNE if isinstance(cfg, FlashForwardKernelConfig) and 101376 < cfg.smem_bytes() <= 166912
+    )
+
+    def test_sm90_runs_both_families(self, capsys):
+        assert common.select_runnable_configs([CFG_A, HOPPER_128], (9, 0), "H200") == [CFG_A, HOPPER_128]
+        assert capsys.readouterr().err == ""
+
+    def test_other_gpus_leave_the_hopper_family_out(self, capsys):
+        assert common.select_runnable_configs([HOPPER_WS, CFG_A, HOPPER_128], (8, 0), "A100") == [CFG_A]
+        err = capsys.readouterr().err
+        assert err.startswith("note: 2 selected configuration(s) (2 of family sm90) do not run on A100 (sm_80)")
+
+    def test_shared_memory_beyond_the_gpu_s_is_left_out_too(self, capsys):
+        configs = [CFG_A, self.too_big_for_sm86]
+        assert common.select_runnable_configs(configs, (8, 0), "A100") == configs
+        assert common.select_runnable_configs(configs, (8, 6), "RTX") == [CFG_A]
+        assert "(1 of family sm80) do not run on RTX (sm_86)" in capsys.readouterr().err
+
+    def test_nothing_runnable_is_an_error(self):
+        with pytest.raises(common.ConfigSelectionError, match=r"none of the selected configurations runs on this GPU"):
+            common.select_runnable_configs([HOPPER_128], (8, 9), "L4")
 
 
 def test_timing_csv_round_trip(tmp_path):
@@ -610,6 +646,36 @@ def test_ncu_names_every_variant_of_a_configuration_by_the_configuration():
         assert (kernel.kind, kernel.config, kernel.label) == ("ours", CFG_B, CFG_B.short_form())
 
 
+# HOPPER_128's unmasked kernel as ncu prints it (c++filt of the symbol nvcc 13 writes for sm_90a).
+HOPPER_NAME = (
+    "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
+    "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true}>, "
+    "(flash::MaskKind)0, false, false>(flash::sm90::KernelParams)"
+)
+
+
+def test_ncu_names_hopper_kernels_by_their_configuration():
+    kernel = ncu_bench.classify_kernel(HOPPER_NAME)
+    assert (kernel.kind, kernel.config) == ("ours", HOPPER_128)
+    assert kernel.label == "sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap"
+    for variant in ALL_VARIANTS:
+        assert ncu_bench.classify_kernel(HOPPER_WS.demangled_kernel_name(variant)).config == HOPPER_WS
+
+
+def test_ncu_averages_hopper_and_sm80_kernels_of_one_run_apart():
+    hopper_rows = [
+        _raw_row(str(i), HOPPER_NAME, "9.0", time, "240", "197,632", "0", "70.0", "1,800,000", "0", "18.0")
+        for i, time in ((5, "1,000,000"), (6, "1,200,000"))
+    ]
+    summaries = ncu_bench.summarize(ncu_bench.parse_ncu_csv("\n".join([NCU_RAW_OUTPUT, *hopper_rows])))
+    assert [(s.kernel.label, s.launches) for s in summaries] == [
+        (CFG_A.short_form(), 2), ("SDPA FLASH (FA2)", 2), (HOPPER_128.short_form(), 2)
+    ]  # fmt: skip
+    assert summaries[2].kernel.config == HOPPER_128
+    assert summaries[2].metrics[ncu_bench.TIME] == pytest.approx(1_100_000)
+    assert summaries[2].metrics[ncu_bench.SMEM_DYNAMIC] == 197632
+
+
 def test_ncu_other_kernels_only_on_request():
     summaries = ncu_bench.summarize(ncu_bench.parse_ncu_csv(NCU_RAW_OUTPUT), include_other=True)
     assert summaries[0].kernel.kind == "other"
@@ -871,8 +937,11 @@ def test_sass_counts_shows_the_unmasked_variant_unless_asked(tmp_path, capsys):
     assert result.returncode == 0, result.stderr
     assert "sm_80: instructions per family (2 kernels)" in result.stdout and "sm_90" in result.stdout
     table = result.stdout.split("\n\n")[0].splitlines()
-    assert table[1].split()[:2] == ["config", "variant"]
-    assert [line.split()[-len(sass_counts.FAMILIES) - 2] for line in table[3:]] == ["none", "none"]  # the variant
+    # SM80 kernels only: the Hopper family's instruction families are not shown.
+    assert table[1].split() == ["config", "variant", *sass_counts.shown_families([]), sass_counts.TOTAL]
+    assert "HGMMA" not in result.stdout and "HMMA" in table[1]
+    shown = len(sass_counts.FAMILIES) - len(sass_counts.WHERE_USED_FAMILIES)
+    assert [line.split()[-shown - 2] for line in table[3:]] == ["none", "none"]  # the variant
     with open(tmp_path / "c.csv", newline="") as file:
         rows = list(csv.DictReader(file))
     hmma = [r for r in rows if r["config"] == CFG_A.short_form() and r["opcode"] == "HMMA.16816.F32"]
@@ -919,6 +988,111 @@ def test_sass_diff_compares_two_configurations_in_one_variant(tmp_path, capsys):
         sass_diff, capsys, CFG_A.short_form(), "(BF16, 64, 64, 64, 4): async", "--sass-file", listing
     )
     assert result.returncode == 1 and "missing: (BF16, 64, 64, 64, 4): async" in result.stderr
+
+
+# The Hopper family's kernels in an sm_90a listing, as cuobjdump prints them: warpgroup MMAs (their
+# shape in lower case), their fences and waits, TMA copies, mbarrier operations, named barriers.
+SASS_HOPPER = [
+    "WARPGROUP.ARRIVE ;",
+    "HGMMA.64x128x16.F32 R24, gdesc[UR12], RZ, !UPT ;",
+    "@P0 HGMMA.64x128x16.F32 R24, gdesc[UR16], R24, gsb0 ;",
+    "WARPGROUP.DEPBAR.LE gsb0, 0x0 ;",
+    "@!P0 BAR.ARV 0x1, 0x100 ;",
+    "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR9], R10 ;",
+    "@!P5 SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR11], RZ ;",
+    "@P0 ELECT P1, URZ, PT ;",
+    "UTMALDG.4D [UR24], [UR16] ;",
+    "UTMASTG.4D [UR8], [UR4] ;",
+    "MUFU.EX2 R185, R184 ;",
+    "EXIT ;",
+]
+SASS_HOPPER_KERNELS = [(HOPPER_128, ProblemVariant()), (HOPPER_128, CAUSAL_TAILS), (HOPPER_WS, ProblemVariant())]
+# The first symbol as nvcc 13 writes it for sm_90a (read off a cubin); the others written by the class.
+SASS_HOPPER_SYMBOLS = [
+    "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
+    "LNS_5DTypeE5ELi128ELi128ELi128ELi2ELb1ELb1ELb1EEEEELNS_8MaskKindE0ELb0ELb0EEEvNS0_12KernelParamsE",
+    *(cfg.mangled_kernel_name(variant) for cfg, variant in SASS_HOPPER_KERNELS[1:]),
+]
+# An sm_80 and sm_90a build: the SM80 kernels for both, the Hopper ones for sm_90a, where the SM80
+# kernels' HMMA count is that of SASS_LISTING's sm_90.
+SASS_HOPPER_LISTING = "\n\n".join(
+    [
+        _sass_listing("sm_80", 0),
+        _sass_listing("sm_90a", 3),
+        *(
+            _sass_function(symbol, (2 * SASS_MASKING if variant.masked_tails else []) + SASS_HOPPER)
+            for symbol, (_, variant) in zip(SASS_HOPPER_SYMBOLS, SASS_HOPPER_KERNELS, strict=True)
+        ),
+    ]
+)
+
+
+def test_sass_maps_and_counts_hopper_kernels():
+    kernels, others = sass_counts.map_to_configs(sass_counts.parse_sass(SASS_HOPPER_LISTING))
+    assert [f.symbol for f in others] == ["_Z12other_kernelPf"] * 2
+    at_sm90a = [(k.config, k.variant) for k in kernels if k.arch == "sm_90a"]
+    assert at_sm90a == sorted(SASS_KERNELS + SASS_HOPPER_KERNELS)  # both families, SM80 first
+    assert [(k.config, k.variant) for k in kernels if k.arch == "sm_80"] == sorted(SASS_KERNELS)
+    hopper = next(k for k in kernels if (k.config, k.variant) == SASS_HOPPER_KERNELS[0])
+    assert hopper.opcodes["HGMMA.64x128x16.F32"] == 2 and hopper.opcodes["UTMALDG.4D"] == 1
+    families = hopper.families
+    assert (families["HGMMA"], families["WARPGROUP"], families["SYNCS"]) == (2, 2, 2)
+    assert (families["UTMALDG"], families["UTMASTG"], families["BAR"], families["HMMA"]) == (1, 1, 1, 0)
+    assert families[sass_counts.TOTAL] == len(SASS_HOPPER)
+    assert sass_counts.shown_families([hopper]) == list(sass_counts.FAMILIES)
+
+
+def test_sass_counts_shows_the_hopper_families_where_a_kernel_has_them(tmp_path, capsys):
+    listing = tmp_path / "sass.txt"
+    listing.write_text(SASS_HOPPER_LISTING)
+    result = _run_sass_tool(sass_counts, capsys, "--sass-file", listing, "--variants", "all")
+    assert result.returncode == 0, result.stderr
+    sm80, sm90a = result.stdout.strip().split("\n\n")
+    assert sm80.startswith("sm_80: instructions per family (5 kernels)") and "HGMMA" not in sm80
+    assert sm90a.startswith("sm_90a: instructions per family (8 kernels)")
+    header = sm90a.splitlines()[1].split()
+    assert header == ["config", "variant", *sass_counts.FAMILIES, sass_counts.TOTAL]
+    name = HOPPER_128.short_form().split()
+    rows = [line.split()[len(name) :] for line in sm90a.splitlines() if line.split()[: len(name)] == name]
+    row = next(row for row in rows if row[0] == "none")
+    counts = dict(zip(header[2:], map(int, row[1:]), strict=True))
+    assert (counts["HGMMA"], counts["UTMALDG"], counts["UTMASTG"], counts["SYNCS"], counts["HMMA"]) == (2, 1, 1, 2, 0)
+
+    # sm_90 names the sm_90a code; --kernels takes Hopper short forms.
+    result = _run_sass_tool(
+        sass_counts, capsys, "--sass-file", listing, "--arch", "sm_90", "--kernels", HOPPER_WS.short_form()
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("sm_90a: instructions per family (1 kernels)")
+    assert HOPPER_WS.short_form() in result.stdout and "sm_80" not in result.stdout
+
+
+@pytest.mark.parametrize("arch, wanted, matches", [
+    ("sm_90a", "sm_90", True), ("sm_90a", "sm_90a", True), ("sm_90", "sm_90", True), ("sm_80", "sm_90", False),
+    ("sm_90a", "sm_80", False), ("sm_80", None, True),
+])  # fmt: skip
+def test_sass_arch_names_arch_specific_code_too(arch, wanted, matches):
+    assert sass_counts.arch_matches(arch, wanted) == matches
+
+
+def test_sass_diff_compares_hopper_configurations(tmp_path, capsys):
+    listing = tmp_path / "sass.txt"
+    listing.write_text(SASS_HOPPER_LISTING)
+    assert sass_diff.parse_config(HOPPER_WS.short_form()) == HOPPER_WS
+    assert sass_diff.parse_config(HOPPER_NAME) == HOPPER_128
+    result = _run_sass_tool(
+        sass_diff, capsys, HOPPER_128.short_form(), HOPPER_WS.short_form(), "--sass-file", listing, "--arch", "sm_90"
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:3] == ["sm_90a, variant none", f"A = {HOPPER_128.short_form()}", f"B = {HOPPER_WS.short_form()}"]
+    assert ["HGMMA", "2", "2", "0"] in [line.split() for line in lines]
+
+    # Across families: the SM80 kernel against the Hopper one, the Hopper families shown.
+    result = _run_sass_tool(sass_diff, capsys, CFG_A.short_form(), HOPPER_128.short_form(), "--sass-file", listing)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in result.stdout.split("\n\n")[1].splitlines()[2:]}
+    assert rows["HMMA"] == ["6", "0", "-6"] and rows["HGMMA"] == ["0", "2", "2"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1114,18 +1288,19 @@ class StandInExtension:
 
 @pytest.fixture
 def stand_in_gpu(monkeypatch):
-    """Installs a StandInExtension(kernels, times, honours_causal) and makes the tools believe a GPU
-    is there: inputs are made on the CPU and timed by the stand-in."""
+    """Installs a StandInExtension(kernels, times, honours_causal) and makes the tools believe a GPU of
+    compute capability ``capability`` is there: inputs are made on the CPU and timed by the stand-in."""
     torch = pytest.importorskip("torch")
 
-    def install(kernels=STAND_IN_KERNELS, times=None, honours_causal=True) -> StandInExtension:
+    def install(kernels=STAND_IN_KERNELS, times=None, honours_causal=True, capability=(9, 0)) -> StandInExtension:
         times = times or {(cfg, causal): 1.0 for cfg, _ in kernels for causal in (False, True)}
         extension = StandInExtension(kernels, times, honours_causal)
         monkeypatch.setitem(sys.modules, "flash_attention", extension)
         monkeypatch.setattr(common, "gpu_available", lambda: True)
         monkeypatch.setattr(common, "DEVICE", "cpu")
         monkeypatch.setattr(common, "make_timer", lambda rep_ms: (extension.time, "the stand-in's timings"))
-        monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "stand-in GPU")
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "stand-in GPU")
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
         monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
         monkeypatch.delenv(KERNELS_ENV, raising=False)
         return extension
@@ -1204,6 +1379,25 @@ def test_run_kernels_runs_and_checks_the_causal_problem(stand_in_gpu, honours_ca
     assert ("ok" if honours_causal else "MISMATCH") in out.splitlines()[-1]
 
 
+@pytest.mark.parametrize("capability", [(9, 0), (8, 0)])
+def test_timing_tools_run_hopper_kernels_on_sm90_only(stand_in_gpu, capability, capsys):
+    """A build for sm_80 and sm_90 holds the Hopper family's kernels too: they run on sm_90, and are left
+    out elsewhere with a note."""
+    kernels = STAND_IN_KERNELS + [(HOPPER_128, variant) for variant in ALL_VARIANTS]
+    extension = stand_in_gpu(kernels=kernels, capability=capability)
+    on_sm90 = capability == (9, 0)
+    assert run_kernels.main(["256", "128", "--reference", "none"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"batch 16, seq 256, 16 heads, d_head 128, no mask, fp16: {3 if on_sm90 else 2} configuration")
+    assert {cfg for cfg, *_ in extension.calls} == {TUNED_128, DEFAULT_128, *([HOPPER_128] if on_sm90 else [])}
+    assert ("(1 of family sm90) do not run on stand-in GPU (sm_80)" in err) != on_sm90
+
+    extension.calls.clear()
+    sweep = ["--dtypes", "fp16", "--d-heads", "128", "--seq-lens", "256", "--causal", "on", "--csv", os.devnull]
+    assert autotune.main(sweep) == 0
+    assert (HOPPER_128 in {cfg for cfg, *_ in extension.calls}) == on_sm90
+
+
 def test_autotune_sweeps_both_masks_and_ranks_them_apart(stand_in_gpu, tmp_path, capsys):
     times = {(TUNED_128, False): 1.0, (DEFAULT_128, False): 2.0, (TUNED_128, True): 2.0, (DEFAULT_128, True): 1.0}
     extension = stand_in_gpu(times=times)
@@ -1274,6 +1468,101 @@ def test_progression_arguments(flag):
     args = progression.parse_args(["--steps", "1", "10_lazy_rescale", flag, "512", "4096", "--dtype", "bf16"])
     assert [step.name for step in args.steps] == ["01_base", "10_lazy_rescale"]
     assert args.seq_lens == [512, 4096] and args.dtype == "bf16"
+
+
+def test_progression_steps_end_with_the_hopper_steps_of_the_current_tree():
+    tree = progression.tree_steps()
+    assert [step.name for step in tree] == [name for name, _ in HOPPER_PROGRESSION_STEPS]
+    assert list(progression.all_steps()) == [*progression.snapshots.all_steps(), *tree]
+    assert progression.parse_args([]).steps == progression.all_steps()
+    assert [step.title for step in tree] == [
+        progression.TREE_STEP_TITLES.get(name, f"knobs: {flags}") for name, flags in HOPPER_PROGRESSION_STEPS
+    ]
+    for step, (_, flags) in zip(tree, HOPPER_PROGRESSION_STEPS, strict=True):
+        assert step.configs and all(isinstance(cfg, HopperForwardKernelConfig) for cfg in step.configs)
+        assert {(cfg.d_head, cfg.stages) for cfg in step.configs} == {(progression.D_HEAD, 2)}
+        assert {cfg.short_form().partition(": ")[2] for cfg in step.configs} == {flags}
+    args = progression.parse_args(["--steps", "3", "hopper_pingpong"])
+    assert [step.name for step in args.steps] == ["03_swizzled", "hopper_pingpong"]
+
+
+class StandInBuild:
+    """The built extension as progression.py uses it, on the CPU: the configurations compiled, and
+    ``_C.forward`` returning (o, lse, runtime) like the binding, computing attention in float32 and
+    recording the configurations it ran."""
+
+    def __init__(self, compiled):
+        self.compiled, self.ran = list(compiled), []
+        self._C = types.SimpleNamespace(forward=self._forward)
+
+    def compiled_configs(self):
+        return self.compiled
+
+    def compiled_kernel_set(self):
+        return "stand-in"
+
+    def _forward(self, cfg, q, k, v, o=None):
+        self.ran.append(cfg)
+        out = _attention(q, k, v, causal=False).to(q.dtype)
+        return (out if o is None else o.copy_(out)), None, None
+
+
+PROG = get_kernel_configs("prog")
+
+
+def test_progression_runs_the_compiled_hopper_steps_on_sm90():
+    build = StandInBuild(PROG)
+    runs, skipped = progression.tree_runs(progression.tree_steps(), "bf16", (9, 0), "H200", build)
+    assert skipped == []
+    head = "sm90(BF16, 128, {}, {}, {})".format(*HOPPER_PROGRESSION_BLOCK)
+    assert [(run.step, run.config.short_form()) for run in runs] == [
+        (name, f"{head}: {flags}" if flags else head) for name, flags in HOPPER_PROGRESSION_STEPS
+    ]
+    assert all(run.module is build._C for run in runs)
+
+
+def test_progression_skips_the_hopper_steps_with_the_reason():
+    steps = progression.tree_steps()
+    runs, skipped = progression.tree_runs(steps, "fp16", (8, 0), "A100", StandInBuild(PROG))
+    assert runs == [] and len(skipped) == len(steps)
+    assert skipped[0] == (
+        "hopper_base: skipped: A100 is sm_80, and the Hopper family's sm_90a code runs on sm_90 only"
+    )
+    sm80_only = StandInBuild(cfg for cfg in PROG if not isinstance(cfg, HopperForwardKernelConfig))
+    runs, skipped = progression.tree_runs(steps, "fp16", (9, 0), "H200", sm80_only)
+    assert runs == [] and [line.split(":")[0] for line in skipped] == [step.name for step in steps]
+    assert "build (kernel set 'stand-in') has none of its fp16 configurations" in skipped[0]
+    assert f"{BUILD_KERNELS_ENV}=prog" in skipped[0] and "9.0 in TORCH_CUDA_ARCH_LIST" in skipped[0]
+
+
+@pytest.mark.parametrize("capability", [(9, 0), (8, 6)])
+def test_progression_measures_and_labels_the_hopper_steps(capability, monkeypatch, capsys):
+    """The whole command with today's build stood in for on the CPU: the Hopper steps are timed, checked
+    against FLASH and labelled on sm_90, and skipped with the reason elsewhere."""
+    torch = pytest.importorskip("torch")
+    build = StandInBuild(PROG)
+    monkeypatch.setitem(sys.modules, "flash_attention", build)
+    monkeypatch.setattr(common, "gpu_available", lambda: True)
+    monkeypatch.setattr(common, "DEVICE", "cpu")
+    monkeypatch.setattr(common, "make_timer", lambda rep_ms: (lambda fn: (fn(), 2.0)[1], "the stand-in's timings"))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "stand-in GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda: capability)
+    status = progression.main(["--steps", "hopper_base", "hopper_overlap", "--seq-lens", "128", "256"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    table = out.split("FLASH = SDPA's FlashAttention-2")[1].split("TFLOP/s by sequence length")[0]
+    if capability == (9, 0):
+        assert {cfg.short_form() for cfg in build.ran} == {
+            "sm90(FP16, 128, 128, 128, 2)", "sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap"
+        }  # fmt: skip
+        steps = [line for line in table.splitlines() if line.startswith("hopper_")]
+        assert [line.split()[0] for line in steps] == ["hopper_base", "hopper_overlap"]
+        assert all(progression.TREE_STEP_TITLES[line.split()[0]] in line for line in steps)
+        assert "skipped" not in out and "CORRECTNESS" not in err
+    else:
+        assert build.ran == []
+        assert "hopper_base: skipped: stand-in GPU is sm_86" in out and "hopper_overlap: skipped" in out
+        assert not [line for line in table.splitlines() if line.startswith("hopper_")]
 
 
 @pytest.mark.parametrize("error, fails", [(0.005, False), (0.02, True), (math.nan, True)])

@@ -36,6 +36,7 @@ __all__ = [
     "get_kernel_configs",
     "get_kernel_progression_configs",
     "get_kernels_to_build",
+    "get_progression_steps",
     "hopper_in_arch_list",
     "resolve_arch_list",
     "resolve_build_kernels_key",
@@ -53,7 +54,7 @@ _SPACES: dict[type[KernelConfig], tuple[tuple[int, ...], tuple[tuple, ...]]] = {
     ),
     HopperForwardKernelConfig: (
         sm90_config.D_HEADS,
-        (sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, _BOOLS, _BOOLS, _BOOLS),
+        (sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, _BOOLS, _BOOLS, _BOOLS, _BOOLS),
     ),
 }
 
@@ -121,7 +122,8 @@ _HOPPER_TUNING_STAGES = (2,)
 def _hopper_autotuned(cfg: HopperForwardKernelConfig) -> bool:
     """The Hopper family's sweep varies the block shape (B_r of 128 or 192, every B_c) at two
     pipeline stages, with the knobs that overlap work on: warp specialization, the intra-warpgroup
-    overlap, and ping-pong scheduling wherever there are two consumer warpgroups to take turns."""
+    overlap, and ping-pong scheduling wherever there are two consumer warpgroups to take turns; with
+    and without a persistent block."""
     return (
         cfg.B_r in _HOPPER_TUNING_B_RS
         and cfg.stages in _HOPPER_TUNING_STAGES
@@ -163,6 +165,7 @@ HOPPER_PROGRESSION_STEPS = [
     ("hopper_ws", "ws"),
     ("hopper_pingpong", "ws+pingpong"),
     ("hopper_overlap", "ws+pingpong+overlap"),
+    ("hopper_persistent", "ws+pingpong+overlap+persistent"),
 ]
 # (B_r, B_c, stages) at which the Hopper progression is compared by default; every block size of the
 # progression has its number of stages.
@@ -185,18 +188,37 @@ _PROGRESSIONS = {
 }
 
 
+def get_progression_steps(
+    cls: type[KernelConfig],
+    all_block_sizes: bool = False,
+    dtypes: Iterable[DType] = DTYPES,
+    d_heads: Iterable[int] = (128,),
+) -> list[tuple[str, list[KernelConfig]]]:
+    """One family's progression, step by step in order: each step's name and its valid
+    configurations at the family's progression block, or at every block size."""
+    steps, block, all_blocks = _PROGRESSIONS[cls]
+    shapes = list(itertools.product(dtypes, d_heads, all_blocks if all_block_sizes else [block]))
+    progression = []
+    for name, flags in steps:
+        configs = []
+        for dtype, d_head, block_size in shapes:
+            head = cls(coerce_dtype(dtype), d_head, *block_size).short_form()
+            configs.append(parse_kernel_name_into_config(f"{head}: {flags}" if flags else head))
+        progression.append((name, _sorted_unique(cfg for cfg in configs if cfg.is_valid())))
+    return progression
+
+
 def get_kernel_progression_configs(
     all_block_sizes: bool = False, dtypes: Iterable[DType] = DTYPES, d_heads: Iterable[int] = (128,)
 ) -> list[KernelConfig]:
     """Every family's valid progression steps at its progression block, or at every block size."""
-    configs = []
-    for cls, (steps, block, all_blocks) in _PROGRESSIONS.items():
-        for dtype, d_head, block_size, (_, flags) in itertools.product(
-            dtypes, d_heads, all_blocks if all_block_sizes else [block], steps
-        ):
-            head = cls(coerce_dtype(dtype), d_head, *block_size).short_form()
-            configs.append(parse_kernel_name_into_config(f"{head}: {flags}" if flags else head))
-    return _sorted_unique(cfg for cfg in configs if cfg.is_valid())
+    dtypes, d_heads = tuple(dtypes), tuple(d_heads)
+    return _sorted_unique(
+        cfg
+        for cls in _PROGRESSIONS
+        for _, configs in get_progression_steps(cls, all_block_sizes, dtypes, d_heads)
+        for cfg in configs
+    )
 
 
 KERNELS_ENV = "KERNELS"
@@ -288,12 +310,17 @@ _DEFAULT_TUNINGS = (
     "256, 128, 64, 8): async+eager+swizzled+load_2_2_1_tiles+buffer+opt_softmax",
     "256, 64, 32, 4): async+eager+swizzled+load_2_2_1_tiles+buffer+opt_softmax",
 )
-# The Hopper family's configurations of the default build.
+# The Hopper family's configurations of the default build (where 9.0 is built): per dtype and
+# d_head, the fastest of an H200 sweep of block shapes at the benchmark lengths (BENCHMARKS.md);
+# for d_head 64 and 128 also the persistent variant, faster at short lengths without a mask. The
+# dispatch table picks among them per shape.
 _DEFAULT_HOPPER_TUNINGS = (
     "64, 192, 128, 2): ws+pingpong+overlap",
+    "64, 192, 128, 2): ws+pingpong+overlap+persistent",
     "128, 128, 128, 2): ws+pingpong+overlap",
+    "128, 128, 128, 2): ws+pingpong+overlap+persistent",
     "192, 128, 112, 2): ws+pingpong+overlap",
-    "256, 128, 80, 2): ws+pingpong+overlap",
+    "256, 128, 64, 2): ws+pingpong+overlap",
 )
 DEFAULT_BUILD_KERNELS = tuple(
     f"{prefix}({dtype.name}, {tuning}"

@@ -75,6 +75,9 @@ class HopperForwardKernelConfig(KernelConfig):
     pingpong: bool = False
     # Inside a warpgroup, the softmax of tile j overlaps the P V product of tile j - 1.
     intra_wg_overlap: bool = False
+    # One block per SM takes the work tiles in turn, loading the next one's Q, K and V while this
+    # one's last products run and its O is stored (through O blocks of its own).
+    persistent: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -88,7 +91,12 @@ class HopperForwardKernelConfig(KernelConfig):
 
     def _flags(self) -> list[str]:
         """The short form's flags, in their fixed order."""
-        candidates = (("ws", self.warp_specialized), ("pingpong", self.pingpong), ("overlap", self.intra_wg_overlap))
+        candidates = (
+            ("ws", self.warp_specialized),
+            ("pingpong", self.pingpong),
+            ("overlap", self.intra_wg_overlap),
+            ("persistent", self.persistent),
+        )
         return [flag for flag, present in candidates if present]
 
     def short_form(self) -> str:
@@ -99,7 +107,7 @@ class HopperForwardKernelConfig(KernelConfig):
 
     def demangled_kernel_name(self, variant: ProblemVariant = ProblemVariant()) -> str:
         """The kernel's name as Nsight Compute prints it: the demangled device symbol, which spells
-        all 8 fields (the dtype as a cast) and then the problem variant's fields."""
+        all 9 fields (the dtype as a cast) and then the problem variant's fields."""
         return (
             "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
             f"{self._demangled_initializer()}>, {demangled_variant(variant)}>(flash::sm90::KernelParams)"
@@ -129,11 +137,12 @@ class HopperForwardKernelConfig(KernelConfig):
 
     def smem_bytes(self) -> int:
         """Dynamic shared memory of one block: the Q tile and, per pipeline stage, a K and a V tile,
-        of 2-byte elements; slack for aligning the tiles to 1024 bytes; the mbarriers (one for Q, a
-        full and an empty one for K and for V per stage). It mirrors the kernel's traits, which
-        compute the same number."""
-        tiles = (self.B_r + self.stages * 2 * self.B_c) * self.d_head * 2
-        return tiles + _ALIGNMENT_SLACK_BYTES + _MBARRIER_BYTES * (1 + 4 * self.stages)
+        of 2-byte elements, and when persistent an O tile of Q's size; slack for aligning the tiles
+        to 1024 bytes; the mbarriers (a full and an empty one for Q, and for K and for V per stage).
+        It mirrors the kernel's traits, which compute the same number."""
+        O_rows = self.B_r if self.persistent else 0
+        tiles = (self.B_r + self.stages * 2 * self.B_c + O_rows) * self.d_head * 2
+        return tiles + _ALIGNMENT_SLACK_BYTES + _MBARRIER_BYTES * (2 + 4 * self.stages)
 
     def runs_on(self, capability: tuple[int, int]) -> bool:
         """Whether a GPU of this compute capability runs the kernel: sm_90a machine code runs on
@@ -169,10 +178,14 @@ class HopperForwardKernelConfig(KernelConfig):
                 f"got B_r = {self.B_r} and warp_specialized = {self.warp_specialized}."
             )
 
+        if self.persistent and not self.warp_specialized:
+            return "persistent needs warp_specialized: the producer warpgroup loads the next work tile."
+
         if self.smem_bytes() > MAX_SMEM_BYTES:
             return (
-                f"the tiles need {self.smem_bytes()} bytes of shared memory per block (Q, and a K and a V tile per "
-                f"stage, with alignment slack and mbarriers), more than the {MAX_SMEM_BYTES} sm_90 allows."
+                f"the tiles need {self.smem_bytes()} bytes of shared memory per block (Q, a K and a V tile per "
+                f"stage, O when persistent, with alignment slack and mbarriers), more than the {MAX_SMEM_BYTES} "
+                "sm_90 allows."
             )
 
         need, budget = self.register_estimate(), self.consumer_registers()

@@ -1,7 +1,9 @@
 // Host-side CUDA helpers for the binding and the launchers: error checks that raise, the
-// shared-memory limit raised once per kernel and device, timing events that are always destroyed.
+// shared-memory limit raised once per kernel and device, the SM count, timing events that are
+// always destroyed.
 #pragma once
 
+#include <map>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -31,6 +33,22 @@ inline void ensure_dynamic_smem_limit(const void *kernel, int smem_bytes) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
                "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
     raised.insert({device, kernel});
+}
+
+// The current device's multiprocessor count, read once per device.
+inline int multiprocessor_count() {
+    static std::mutex mutex;
+    static std::map<int, int> counts;
+    int device = 0;
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+    const std::lock_guard<std::mutex> lock(mutex);
+    auto found = counts.find(device);
+    if (found == counts.end()) {
+        int count = 0;
+        check_cuda(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+        found = counts.emplace(device, count).first;
+    }
+    return found->second;
 }
 
 // A start/stop pair of CUDA events around work on one stream; destroyed with the object, so an

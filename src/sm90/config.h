@@ -20,7 +20,8 @@ namespace flash::sm90 {
     FIELD(int, stages) /* KV tiles in the shared-memory pipeline */                                          \
     FIELD(bool, warp_specialized) /* a producer warpgroup issues the loads; consumers take its registers */  \
     FIELD(bool, pingpong)         /* consumer warpgroups take turns issuing their products */                \
-    FIELD(bool, intra_wg_overlap) /* a warpgroup's softmax runs while its previous P V product does */
+    FIELD(bool, intra_wg_overlap) /* a warpgroup's softmax runs while its previous P V product does */      \
+    FIELD(bool, persistent)       /* one block per SM walks over the work tiles */
 
 // One kernel variant. A structural type: it is the template argument of StaticHopperKernelConfig.
 struct HopperForwardKernelConfig {

@@ -1,6 +1,6 @@
-// The Hopper family's forward kernel (sm_90a). One thread block computes O for B_r query rows of
-// one (batch, head): each consumer warpgroup owns 64 of the rows and walks over the block's KV
-// tiles, computing S = Q K^T with both operands in shared memory and O += P V with P from
+// The Hopper family's forward kernel (sm_90a). A thread block computes O for B_r query rows of
+// one (batch, head) at a time (a work tile): each consumer warpgroup owns 64 of the rows and walks
+// over the work tile's KV tiles, computing S = Q K^T with both operands in shared memory and O += P V with P from
 // registers (wgmma), and the online softmax in between. Q, K and V arrive by TMA into 128-byte
 // swizzled tiles, through a pipeline of `stages` K/V buffers guarded by mbarriers; O leaves
 // through shared memory by TMA.
@@ -14,6 +14,9 @@
 // - intra_wg_overlap: a warpgroup computes the softmax of tile j while its product O += P V of
 //   tile j - 1, issued together with S = Q K^T of tile j, is still running; the rescaling of O
 //   waits for that product. Without it, the warpgroup waits for both products first.
+// - persistent: one block per SM takes work tiles in turn, so the next work tile's Q, K and V
+//   load while this one's last products run and its O is stored. Without it, one block per work
+//   tile.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +50,10 @@ struct SharedTiles {
     }
 
     __device__ __forceinline__ uint8_t *Q(int warpgroup) const { return base + warpgroup * Kernel::wg_Q_bytes; }
+    // Where a warpgroup's O goes out: its own block in a persistent block, else its Q block.
+    __device__ __forceinline__ uint8_t *O(int warpgroup) const {
+        return base + (Kernel::persistent ? Kernel::O_offset : 0) + warpgroup * Kernel::wg_Q_bytes;
+    }
     __device__ __forceinline__ uint8_t *K(int stage) const { return base + Kernel::K_offset + stage * Kernel::KV_tile_bytes; }
     __device__ __forceinline__ uint8_t *V(int stage) const { return base + Kernel::V_offset + stage * Kernel::KV_tile_bytes; }
 
@@ -54,15 +61,17 @@ struct SharedTiles {
         return reinterpret_cast<uint64_t *>(base + Kernel::barriers_offset) + i;
     }
     __device__ __forceinline__ uint64_t *Q_full() const { return barrier(0); }
-    __device__ __forceinline__ uint64_t *K_full(int stage) const { return barrier(1 + 4 * stage); }
-    __device__ __forceinline__ uint64_t *K_empty(int stage) const { return barrier(2 + 4 * stage); }
-    __device__ __forceinline__ uint64_t *V_full(int stage) const { return barrier(3 + 4 * stage); }
-    __device__ __forceinline__ uint64_t *V_empty(int stage) const { return barrier(4 + 4 * stage); }
+    __device__ __forceinline__ uint64_t *Q_empty() const { return barrier(1); }
+    __device__ __forceinline__ uint64_t *K_full(int stage) const { return barrier(2 + 4 * stage); }
+    __device__ __forceinline__ uint64_t *K_empty(int stage) const { return barrier(3 + 4 * stage); }
+    __device__ __forceinline__ uint64_t *V_full(int stage) const { return barrier(4 + 4 * stage); }
+    __device__ __forceinline__ uint64_t *V_empty(int stage) const { return barrier(5 + 4 * stage); }
 
     // One thread, before any other touches the barriers. A full barrier completes on its loader's
     // arrival plus the bytes; an empty one when every consumer warp has released the stage.
     __device__ __forceinline__ void init_barriers() const {
         mbarrier_init(Q_full(), 1);
+        mbarrier_init(Q_empty(), Kernel::consumer_warps);
 #pragma unroll
         for (int stage = 0; stage < Kernel::stages; ++stage) {
             mbarrier_init(K_full(stage), 1);
@@ -74,18 +83,19 @@ struct SharedTiles {
     }
 };
 
-// Issues the TMA loads; run by a single thread. KV tile t goes to stage (t - first) % stages, in
-// round (t - first) / stages, once the consumers have released that stage's previous round.
+// Issues one work tile's TMA loads; run by a single thread. The KV tile at position n of the
+// block's stream of KV tiles goes to stage n % stages, in round n / stages, once the consumers
+// have released that stage's previous round; Q's n-th load, once they have released the last Q.
 template <typename Kernel>
 struct TileLoader {
     const KernelParams &kp;
     const SharedTiles<Kernel> &smem;
-    int first_tile;
     int head;
     int kv_head;
     int batch;
 
-    __device__ __forceinline__ void load_Q(int first_row) const {
+    __device__ __forceinline__ void load_Q(int first_row, int n) const {
+        mbarrier_wait(smem.Q_empty(), (n & 1) ^ 1);
         mbarrier_arrive_expect_bytes(smem.Q_full(), Kernel::Q_bytes);
 #pragma unroll
         for (int wg = 0; wg < Kernel::consumer_warpgroups; ++wg)
@@ -95,9 +105,9 @@ struct TileLoader {
                             first_row + wg * WGMMA_M, head, batch);
     }
 
-    __device__ __forceinline__ void load_KV(int tile) const {
-        const int round = (tile - first_tile) / Kernel::stages;
-        const int stage = (tile - first_tile) % Kernel::stages;
+    __device__ __forceinline__ void load_KV(int tile, int n) const {
+        const int round = n / Kernel::stages;
+        const int stage = n % Kernel::stages;
         const uint32_t released_parity = (round & 1) ^ 1;
         load_tile(&kp.k, smem.K(stage), smem.K_empty(stage), smem.K_full(stage), released_parity, tile);
         load_tile(&kp.v, smem.V(stage), smem.V_empty(stage), smem.V_full(stage), released_parity, tile);
@@ -112,6 +122,30 @@ struct TileLoader {
         for (int c = 0; c < Kernel::col_blocks; ++c)
             tma_load_4d(dst + c * Kernel::KV_col_block_bytes, map, full, c * SWIZZLE_COLS, tile * Kernel::B_c, kv_head,
                         batch);
+    }
+};
+
+// A block's work: B_r query rows of one (batch, head). Without a mask every work tile costs the
+// same, and they are numbered with the query block fastest, so the blocks running at once share
+// their heads' K and V in L2. Under a mask a query block's cost grows with its rows' keys, so they
+// are numbered longest first, each query block over every (batch, head) before the next: blocks
+// start on the longest work, and a persistent block, taking every gridDim.x-th tile, gets a mix of
+// lengths rather than always the same query block.
+struct WorkTile {
+    int Q_block;
+    int head;
+    int batch;
+
+    template <MaskKind MASK>
+    __device__ __forceinline__ static WorkTile of(int index, int Q_blocks, int heads, int batch_size) {
+        if constexpr (MASK == MaskKind::NONE) {
+            const int head_index = index / Q_blocks;
+            return {index % Q_blocks, head_index % heads, head_index / heads};
+        } else {
+            const int heads_total = heads * batch_size;
+            const int head_index = index % heads_total;
+            return {Q_blocks - 1 - index / heads_total, head_index % heads, head_index / heads};
+        }
     }
 };
 
@@ -153,22 +187,32 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
         smem.init_barriers();
     __syncthreads();
 
-    const int Q_first_row = blockIdx.x * B_r;
-    const int head = blockIdx.y;
-    const int kv_head = head / (params.heads_q / params.heads_kv);
-    const int batch = blockIdx.z;
-    const KVTileRange<B_r, B_c, MASK, MASKED_TAILS> tiles(params, Q_first_row);
-    const TileLoader<Kernel> loader{kp, smem, tiles.begin, head, kv_head, batch};
+    const int Q_blocks = (params.seqlen_q + B_r - 1) / B_r;
+    const int n_work_tiles = Q_blocks * params.heads_q * params.batch;
+    const int group_size = params.heads_q / params.heads_kv;
+    const auto work_tile = [&](int index) {
+        return WorkTile::of<MASK>(index, Q_blocks, params.heads_q, params.batch);
+    };
+    using Tiles = KVTileRange<B_r, B_c, MASK, MASKED_TAILS>;
 
     const int warpgroup = threadIdx.x / WARPGROUP_THREADS;
     if constexpr (Kernel::warp_specialized) {
         if (warpgroup == 0) {
             if constexpr (Kernel::moves_registers)
                 release_registers<Kernel::producer_registers>();
-            if (threadIdx.x == 0 && !tiles.empty()) {
-                loader.load_Q(Q_first_row);
-                for (int tile = tiles.begin; tile < tiles.end; ++tile)
-                    loader.load_KV(tile);
+            if (threadIdx.x == 0) {
+                int Q_loads = 0;  // work tiles loaded so far
+                int KV_loads = 0; // KV tiles loaded so far: the position in the pipeline
+                for (int index = blockIdx.x; index < n_work_tiles; index += gridDim.x) {
+                    const WorkTile work = work_tile(index);
+                    const Tiles tiles(params, work.Q_block * B_r);
+                    if (tiles.empty())
+                        continue;
+                    const TileLoader<Kernel> loader{kp, smem, work.head, work.head / group_size, work.batch};
+                    loader.load_Q(work.Q_block * B_r, Q_loads++);
+                    for (int tile = tiles.begin; tile < tiles.end; ++tile)
+                        loader.load_KV(tile, KV_loads++);
+                }
             }
             return;
         }
@@ -180,211 +224,228 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
     const int wg = Kernel::warp_specialized ? warpgroup - 1 : warpgroup;
     const int lane = threadIdx.x % WARP_SIZE;
     const int warp_first_row = wg * WGMMA_M + (threadIdx.x % WARPGROUP_THREADS) / WARP_SIZE * MMA_M;
-    // Without warp specialization the first consumer thread also loads: Q and the first round
-    // now, each later tile once its stage has been released.
-    const bool loads = !Kernel::warp_specialized && threadIdx.x == 0;
-    if (loads && !tiles.empty()) {
-        loader.load_Q(Q_first_row);
-        for (int tile = tiles.begin; tile < min(tiles.begin + stages, tiles.end); ++tile)
-            loader.load_KV(tile);
-    }
-
     constexpr bool rows_may_be_empty = MASK != MaskKind::NONE;
-    OnlineSoftmax<1, true, rows_may_be_empty> softmax;
-    softmax.init();
-    typename Kernel::O_accumulators O_acc;
-    O_acc.zero();
-    [[maybe_unused]] const ScoreModsOf<SCORE_MODS> score_mods(params, batch, head);
-    float score_scale = params.softmax_scale;
-    if constexpr (SCORE_MODS)
-        score_scale = score_mods.post_scale;
+    int Q_loads = 0;                // work tiles whose Q this block has waited for
+    PipelineState<stages> current; // of the next KV tile, carried from one work tile to the next
 
-    if (!tiles.empty()) {
-        // Descriptors of this warpgroup's Q block and of stage 0's K and V tiles; slices and
-        // stages are offsets added to the start address field (16-byte units).
-        const uint64_t Q_desc = k_major_descriptor(ptx::shared_address(smem.Q(wg)));
-        const uint64_t K_desc = k_major_descriptor(ptx::shared_address(smem.K(0)));
-        const uint64_t V_desc = mn_major_descriptor(ptx::shared_address(smem.V(0)), Kernel::KV_col_block_bytes);
-        constexpr uint64_t stage_step = Kernel::KV_tile_bytes >> 4;
-        // k-slice kk of a K-major tile: its 64-column block, then 32 bytes per slice inside the row.
-        const auto k_slice = [](int kk, int col_block_bytes) {
-            return static_cast<uint64_t>((kk / 4 * col_block_bytes + kk % 4 * WGMMA_K * ELEMENT_BYTES) >> 4);
-        };
+    for (int index = blockIdx.x; index < n_work_tiles; index += gridDim.x) {
+        const WorkTile work = work_tile(index);
+        const int Q_first_row = work.Q_block * B_r;
+        const int head = work.head;
+        const int batch = work.batch;
+        const Tiles tiles(params, Q_first_row);
+        const TileLoader<Kernel> loader{kp, smem, head, head / group_size, batch};
+        // Without warp specialization (one work tile per block) the first consumer thread also
+        // loads: Q and the first round now, each later tile once its stage has been released.
+        const bool loads = !Kernel::warp_specialized && threadIdx.x == 0;
+        if (loads && !tiles.empty()) {
+            loader.load_Q(Q_first_row, 0);
+            for (int tile = tiles.begin; tile < min(tiles.begin + stages, tiles.end); ++tile)
+                loader.load_KV(tile, tile - tiles.begin);
+        }
 
-        const auto issue_S = [&](typename Kernel::S_accumulators &S, int stage) {
+        OnlineSoftmax<1, true, rows_may_be_empty> softmax;
+        softmax.init();
+        typename Kernel::O_accumulators O_acc;
+        O_acc.zero();
+        [[maybe_unused]] const ScoreModsOf<SCORE_MODS> score_mods(params, batch, head);
+        float score_scale = params.softmax_scale;
+        if constexpr (SCORE_MODS)
+            score_scale = score_mods.post_scale;
+
+        if (!tiles.empty()) {
+            // Descriptors of this warpgroup's Q block and of stage 0's K and V tiles; slices and
+            // stages are offsets added to the start address field (16-byte units).
+            const uint64_t Q_desc = k_major_descriptor(ptx::shared_address(smem.Q(wg)));
+            const uint64_t K_desc = k_major_descriptor(ptx::shared_address(smem.K(0)));
+            const uint64_t V_desc = mn_major_descriptor(ptx::shared_address(smem.V(0)), Kernel::KV_col_block_bytes);
+            constexpr uint64_t stage_step = Kernel::KV_tile_bytes >> 4;
+            // k-slice kk of a K-major tile: its 64-column block, then 32 bytes per slice inside the row.
+            const auto k_slice = [](int kk, int col_block_bytes) {
+                return static_cast<uint64_t>((kk / 4 * col_block_bytes + kk % 4 * WGMMA_K * ELEMENT_BYTES) >> 4);
+            };
+
+            const auto issue_S = [&](typename Kernel::S_accumulators &S, int stage) {
 #pragma unroll
-            for (int kk = 0; kk < d_head / WGMMA_K; ++kk)
-                Wgmma<B_c>::template ss<value_t>(flat(S), Q_desc + k_slice(kk, Kernel::Q_col_block_bytes),
-                                                 K_desc + stage * stage_step + k_slice(kk, Kernel::KV_col_block_bytes),
-                                                 kk > 0);
-        };
-        // P's k-slice kk multiplies V's rows 16 kk .. 16 kk + 15.
-        const auto issue_PV = [&](typename Kernel::P_fragments &P, int stage) {
+                for (int kk = 0; kk < d_head / WGMMA_K; ++kk)
+                    Wgmma<B_c>::template ss<value_t>(flat(S), Q_desc + k_slice(kk, Kernel::Q_col_block_bytes),
+                                                     K_desc + stage * stage_step + k_slice(kk, Kernel::KV_col_block_bytes),
+                                                     kk > 0);
+            };
+            // P's k-slice kk multiplies V's rows 16 kk .. 16 kk + 15.
+            const auto issue_PV = [&](typename Kernel::P_fragments &P, int stage) {
 #pragma unroll
-            for (int kk = 0; kk < B_c / WGMMA_K; ++kk)
-                Wgmma<d_head>::template rs<value_t>(flat(O_acc), P.r[0][kk],
-                                                    V_desc + stage * stage_step + ((kk * WGMMA_K * SWIZZLE_BYTES) >> 4), 1);
-        };
-        const auto release = [&](uint64_t *empty) {
-            if (lane == 0)
-                mbarrier_arrive(empty);
-        };
-        const auto modify_and_mask = [&](typename Kernel::S_accumulators &S, int tile, auto masked) {
-            if constexpr (SCORE_MODS)
-                score_mods.apply(S, params, Q_first_row + warp_first_row, tile * B_c);
-            if constexpr (decltype(masked)::value)
-                apply_mask<MASK, MASKED_TAILS>(S, params, Q_first_row + warp_first_row, tile * B_c);
-        };
+                for (int kk = 0; kk < B_c / WGMMA_K; ++kk)
+                    Wgmma<d_head>::template rs<value_t>(flat(O_acc), P.r[0][kk],
+                                                        V_desc + stage * stage_step + ((kk * WGMMA_K * SWIZZLE_BYTES) >> 4), 1);
+            };
+            const auto release = [&](uint64_t *empty) {
+                if (lane == 0)
+                    mbarrier_arrive(empty);
+            };
+            const auto modify_and_mask = [&](typename Kernel::S_accumulators &S, int tile, auto masked) {
+                if constexpr (SCORE_MODS)
+                    score_mods.apply(S, params, Q_first_row + warp_first_row, tile * B_c);
+                if constexpr (decltype(masked)::value)
+                    apply_mask<MASK, MASKED_TAILS>(S, params, Q_first_row + warp_first_row, tile * B_c);
+            };
 
-        // Pingpong: warpgroup wg issues its products after warpgroup wg - 1 (round robin) and then
-        // lets warpgroup wg + 1 go; the last one lets the first go once before the first turn and
-        // not after its last, so every arrival has its waiter.
-        constexpr int pair_threads = 2 * WARPGROUP_THREADS;
-        const int my_turn = 1 + wg;
-        const int next_turn = 1 + (wg + 1) % n_consumers;
-        if constexpr (Kernel::pingpong)
-            if (wg == n_consumers - 1 && tiles.end - tiles.begin > 1)
-                named_barrier_arrive(1, pair_threads);
-
-        mbarrier_wait(smem.Q_full(), 0);
-        PipelineState<stages> current;
-        PipelineState<stages> previous; // of the tile whose P V product is still to be issued
-        typename Kernel::P_fragments P;
-
-        // The first tile: S, its softmax (which only sets the maxima), P.
-        const auto process_first_tile = [&](auto masked) {
-            typename Kernel::S_accumulators S;
-            mbarrier_wait(smem.K_full(current.stage), current.phase);
-            wgmma_fence();
-            issue_S(S, current.stage);
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_registers(flat(S));
-            release(smem.K_empty(current.stage));
-            modify_and_mask(S, tiles.begin, masked);
-            softmax.template exponentiate<true>(S, score_scale, [](int, int, float) {});
-            accumulators_to_A<value_t>(P, S);
-            previous = current;
-            current.advance();
-        };
-
-        // A later tile: S of this tile and P V of the previous one are issued together.
-        const auto process_tile = [&](int tile, auto masked) {
-            typename Kernel::S_accumulators S;
-            mbarrier_wait(smem.K_full(current.stage), current.phase);
-            mbarrier_wait(smem.V_full(previous.stage), previous.phase);
+            // Pingpong: warpgroup wg issues its products after warpgroup wg - 1 (round robin) and then
+            // lets warpgroup wg + 1 go; the last one lets the first go once before the first turn and
+            // not after its last, so every arrival has its waiter.
+            constexpr int pair_threads = 2 * WARPGROUP_THREADS;
+            const int my_turn = 1 + wg;
+            const int next_turn = 1 + (wg + 1) % n_consumers;
             if constexpr (Kernel::pingpong)
-                named_barrier_sync(my_turn, pair_threads);
+                if (wg == n_consumers - 1 && tiles.end - tiles.begin > 1)
+                    named_barrier_arrive(1, pair_threads);
+
+            mbarrier_wait(smem.Q_full(), Q_loads & 1);
+            ++Q_loads;
+            PipelineState<stages> previous; // of the tile whose P V product is still to be issued
+            typename Kernel::P_fragments P;
+
+            // The first tile: S, its softmax (which only sets the maxima), P.
+            const auto process_first_tile = [&](auto masked) {
+                typename Kernel::S_accumulators S;
+                mbarrier_wait(smem.K_full(current.stage), current.phase);
+                wgmma_fence();
+                issue_S(S, current.stage);
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_registers(flat(S));
+                release(smem.K_empty(current.stage));
+                modify_and_mask(S, tiles.begin, masked);
+                softmax.template exponentiate<true>(S, score_scale, [](int, int, float) {});
+                accumulators_to_A<value_t>(P, S);
+                previous = current;
+                current.advance();
+            };
+
+            // A later tile: S of this tile and P V of the previous one are issued together.
+            const auto process_tile = [&](int tile, auto masked) {
+                typename Kernel::S_accumulators S;
+                mbarrier_wait(smem.K_full(current.stage), current.phase);
+                mbarrier_wait(smem.V_full(previous.stage), previous.phase);
+                if constexpr (Kernel::pingpong)
+                    named_barrier_sync(my_turn, pair_threads);
+                fence_registers(flat(O_acc));
+                wgmma_fence();
+                issue_S(S, current.stage);
+                wgmma_commit();
+                issue_PV(P, previous.stage);
+                wgmma_commit();
+                if constexpr (Kernel::pingpong)
+                    if (!(wg == n_consumers - 1 && tile == tiles.end - 1))
+                        named_barrier_arrive(next_turn, pair_threads);
+
+                if constexpr (Kernel::intra_wg_overlap) {
+                    wgmma_wait<1>(); // S has landed; P V may still run
+                    fence_registers(flat(S));
+                    release(smem.K_empty(current.stage));
+                    modify_and_mask(S, tile, masked);
+                    float rescale[2];
+                    const bool rescaled = softmax.template exponentiate<false>(
+                        S, score_scale, [&](int, int h, float factor) { rescale[h] = factor; });
+                    wgmma_wait<0>();
+                    fence_registers(flat(O_acc));
+                    fence_registers(flat(P));
+                    release(smem.V_empty(previous.stage));
+                    if (rescaled)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h)
+                            decltype(softmax)::rescale_row(O_acc.r[0], h, rescale[h]);
+                } else {
+                    wgmma_wait<0>();
+                    fence_registers(flat(S));
+                    fence_registers(flat(O_acc));
+                    release(smem.K_empty(current.stage));
+                    release(smem.V_empty(previous.stage));
+                    modify_and_mask(S, tile, masked);
+                    softmax.template update<false>(S, O_acc, score_scale);
+                }
+                if (loads && tile - 1 + stages < tiles.end)
+                    loader.load_KV(tile - 1 + stages, tile - 1 + stages - tiles.begin);
+                accumulators_to_A<value_t>(P, S);
+                previous = current;
+                current.advance();
+            };
+            using Masked = std::true_type;
+            using Unmasked = std::false_type;
+            const auto process_range = [&](int first, int last, auto masked) {
+                for (int tile = first; tile < last; ++tile)
+                    process_tile(tile, masked);
+            };
+
+            if (tiles.is_masked(tiles.begin))
+                process_first_tile(Masked{});
+            else
+                process_first_tile(Unmasked{});
+            int next_tile = tiles.begin + 1;
+            if constexpr (Tiles::has_masked_prefix) {
+                process_range(next_tile, tiles.unmasked_begin, Masked{});
+                next_tile = max(next_tile, tiles.unmasked_begin);
+            }
+            if constexpr (Tiles::has_masked_suffix) {
+                process_range(next_tile, tiles.unmasked_end, Unmasked{});
+                process_range(max(next_tile, tiles.unmasked_end), tiles.end, Masked{});
+            } else {
+                process_range(next_tile, tiles.end, Unmasked{});
+            }
+
+            // The last tile's P V.
+            mbarrier_wait(smem.V_full(previous.stage), previous.phase);
             fence_registers(flat(O_acc));
             wgmma_fence();
-            issue_S(S, current.stage);
-            wgmma_commit();
             issue_PV(P, previous.stage);
             wgmma_commit();
-            if constexpr (Kernel::pingpong)
-                if (!(wg == n_consumers - 1 && tile == tiles.end - 1))
-                    named_barrier_arrive(next_turn, pair_threads);
+            wgmma_wait<0>();
+            fence_registers(flat(O_acc));
+            fence_registers(flat(P));
+            release(smem.V_empty(previous.stage));
+            if constexpr (Kernel::persistent)
+                release(smem.Q_empty());
+        }
 
-            if constexpr (Kernel::intra_wg_overlap) {
-                wgmma_wait<1>(); // S has landed; P V may still run
-                fence_registers(flat(S));
-                release(smem.K_empty(current.stage));
-                modify_and_mask(S, tile, masked);
-                float rescale[2];
-                const bool rescaled = softmax.template exponentiate<false>(
-                    S, score_scale, [&](int, int h, float factor) { rescale[h] = factor; });
-                wgmma_wait<0>();
-                fence_registers(flat(O_acc));
-                fence_registers(flat(P));
-                release(smem.V_empty(previous.stage));
-                if (rescaled)
+        softmax.normalize(O_acc);
+        if (params.lse != nullptr)
+            store_log_sum_exp(softmax, score_scale,
+                              params.lse + (static_cast<int64_t>(batch) * params.heads_q + head) * params.seqlen_q + Q_first_row,
+                              warp_first_row, params.seqlen_q - Q_first_row);
+
+        // O leaves through shared memory, in the layout TMA reads (128-byte swizzle), once every warp
+        // of the warpgroup is done with Q (whose block O reuses unless persistent) and the previous
+        // work tile's store has read its O; TMA drops the rows past seqlen_q.
+        const bool stores = threadIdx.x % WARPGROUP_THREADS == 0;
+        if (Kernel::persistent && stores)
+            tma_store_wait_read();
+        const int epilogue_barrier = 1 + n_consumers + wg;
+        named_barrier_sync(epilogue_barrier, WARPGROUP_THREADS);
+        uint8_t *const O_smem = smem.O(wg);
 #pragma unroll
-                    for (int h = 0; h < 2; ++h)
-                        decltype(softmax)::rescale_row(O_acc.r[0], h, rescale[h]);
-            } else {
-                wgmma_wait<0>();
-                fence_registers(flat(S));
-                fence_registers(flat(O_acc));
-                release(smem.K_empty(current.stage));
-                release(smem.V_empty(previous.stage));
-                modify_and_mask(S, tile, masked);
-                softmax.template update<false>(S, O_acc, score_scale);
+        for (int h = 0; h < 2; ++h) {
+            const int row = warp_first_row % WGMMA_M + lane / QUAD_SIZE + 8 * h;
+#pragma unroll
+            for (int n = 0; n < d_head / MMA_N; ++n) {
+                const int chunk = (n % 8) ^ (row % 8);
+                const int offset = n / 8 * Kernel::Q_col_block_bytes + row * SWIZZLE_BYTES + chunk * COPY_BYTES +
+                                   lane % QUAD_SIZE * 2 * ELEMENT_BYTES;
+                *reinterpret_cast<uint32_t *>(O_smem + offset) =
+                    pack_pair<value_t>(O_acc.r[0][n][2 * h], O_acc.r[0][n][2 * h + 1]);
             }
-            if (loads && tile - 1 + stages < tiles.end)
-                loader.load_KV(tile - 1 + stages);
-            accumulators_to_A<value_t>(P, S);
-            previous = current;
-            current.advance();
-        };
-        using Masked = std::true_type;
-        using Unmasked = std::false_type;
-        const auto process_range = [&](int first, int last, auto masked) {
-            for (int tile = first; tile < last; ++tile)
-                process_tile(tile, masked);
-        };
-
-        if (tiles.is_masked(tiles.begin))
-            process_first_tile(Masked{});
-        else
-            process_first_tile(Unmasked{});
-        int next_tile = tiles.begin + 1;
-        using Tiles = decltype(tiles);
-        if constexpr (Tiles::has_masked_prefix) {
-            process_range(next_tile, tiles.unmasked_begin, Masked{});
-            next_tile = max(next_tile, tiles.unmasked_begin);
         }
-        if constexpr (Tiles::has_masked_suffix) {
-            process_range(next_tile, tiles.unmasked_end, Unmasked{});
-            process_range(max(next_tile, tiles.unmasked_end), tiles.end, Masked{});
-        } else {
-            process_range(next_tile, tiles.end, Unmasked{});
-        }
-
-        // The last tile's P V.
-        mbarrier_wait(smem.V_full(previous.stage), previous.phase);
-        fence_registers(flat(O_acc));
-        wgmma_fence();
-        issue_PV(P, previous.stage);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_registers(flat(O_acc));
-        fence_registers(flat(P));
-        release(smem.V_empty(previous.stage));
-    }
-
-    softmax.normalize(O_acc);
-    if (params.lse != nullptr)
-        store_log_sum_exp(softmax, score_scale,
-                          params.lse + (static_cast<int64_t>(batch) * params.heads_q + head) * params.seqlen_q + Q_first_row,
-                          warp_first_row, params.seqlen_q - Q_first_row);
-
-    // O leaves through this warpgroup's Q block, in the layout TMA reads (128-byte swizzle), once
-    // every warp of the warpgroup is done with Q; TMA drops the rows past seqlen_q.
-    const int epilogue_barrier = 1 + n_consumers + wg;
-    named_barrier_sync(epilogue_barrier, WARPGROUP_THREADS);
-    uint8_t *const O_smem = smem.Q(wg);
+        fence_async_shared();
+        named_barrier_sync(epilogue_barrier, WARPGROUP_THREADS);
+        if (stores) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int row = warp_first_row % WGMMA_M + lane / QUAD_SIZE + 8 * h;
-#pragma unroll
-        for (int n = 0; n < d_head / MMA_N; ++n) {
-            const int chunk = (n % 8) ^ (row % 8);
-            const int offset = n / 8 * Kernel::Q_col_block_bytes + row * SWIZZLE_BYTES + chunk * COPY_BYTES +
-                               lane % QUAD_SIZE * 2 * ELEMENT_BYTES;
-            *reinterpret_cast<uint32_t *>(O_smem + offset) =
-                pack_pair<value_t>(O_acc.r[0][n][2 * h], O_acc.r[0][n][2 * h + 1]);
+            for (int c = 0; c < Kernel::col_blocks; ++c)
+                tma_store_4d(&kp.o, O_smem + c * Kernel::Q_col_block_bytes, c * SWIZZLE_COLS, Q_first_row + wg * WGMMA_M, head,
+                             batch);
+            tma_store_commit();
         }
     }
-    fence_async_shared();
-    named_barrier_sync(epilogue_barrier, WARPGROUP_THREADS);
-    if (threadIdx.x % WARPGROUP_THREADS == 0) {
-#pragma unroll
-        for (int c = 0; c < Kernel::col_blocks; ++c)
-            tma_store_4d(&kp.o, O_smem + c * Kernel::Q_col_block_bytes, c * SWIZZLE_COLS, Q_first_row + wg * WGMMA_M, head,
-                         batch);
-        tma_store_commit();
-        tma_store_wait_read();
-    }
+    if (Kernel::persistent && threadIdx.x % WARPGROUP_THREADS == 0)
+        tma_store_wait_read(); // the last store has read shared memory before the block exits
 #endif
 }
 

@@ -1,6 +1,10 @@
-// The Hopper family's launcher: the call's tensor maps, then one thread block per B_r query rows
-// of one (batch, head) with the traits' threads and dynamic shared memory.
+// The Hopper family's launcher: the call's tensor maps, then the traits' threads and dynamic shared
+// memory per thread block, one block per work tile (B_r query rows of one (batch, head)), or, when
+// persistent, one per SM at most.
 #pragma once
+
+#include <algorithm>
+#include <cstdint>
 
 #include <cuda_runtime.h>
 
@@ -32,9 +36,10 @@ void launch(const ForwardParams &params, cudaStream_t stream) {
         make_tensor_map(dtype, params.o, params.o_strides, params.d_head, params.seqlen_q, params.heads_q, params.batch,
                         WGMMA_M),
     };
-    const dim3 grid((params.seqlen_q + Kernel::B_r - 1) / Kernel::B_r, static_cast<unsigned>(params.heads_q),
-                    static_cast<unsigned>(params.batch));
-    kernel<<<grid, Kernel::n_threads, Kernel::smem_bytes, stream>>>(kp);
+    const int64_t work_tiles =
+        static_cast<int64_t>((params.seqlen_q + Kernel::B_r - 1) / Kernel::B_r) * params.heads_q * params.batch;
+    const int64_t blocks = Kernel::persistent ? std::min<int64_t>(work_tiles, multiprocessor_count()) : work_tiles;
+    kernel<<<static_cast<unsigned>(blocks), Kernel::n_threads, Kernel::smem_bytes, stream>>>(kp);
     check_cuda(cudaGetLastError(), "kernel launch");
 }
 

@@ -25,6 +25,7 @@ struct StaticHopperKernelConfig {
     static constexpr bool warp_specialized = CFG.warp_specialized;
     static constexpr bool pingpong = CFG.pingpong;
     static constexpr bool intra_wg_overlap = CFG.intra_wg_overlap;
+    static constexpr bool persistent = CFG.persistent;
 
     static_assert(CFG.dtype == DType::FP16 || CFG.dtype == DType::BF16, "dtype must be FP16 or BF16");
     static_assert(d_head % SWIZZLE_COLS == 0 && d_head <= 256, "d_head must be 64, 128, 192 or 256");
@@ -37,6 +38,7 @@ struct StaticHopperKernelConfig {
     static constexpr int consumer_warpgroups = B_r / WGMMA_M;
     static_assert(!pingpong || (warp_specialized && consumer_warpgroups >= 2),
                   "pingpong needs warp specialization and two or more consumer warpgroups");
+    static_assert(!persistent || warp_specialized, "a persistent block needs a producer warpgroup");
     static constexpr int n_threads = WARPGROUP_THREADS * (consumer_warpgroups + (warp_specialized ? 1 : 0));
     static constexpr int consumer_warps = consumer_warpgroups * WARPGROUP_THREADS / WARP_SIZE;
 
@@ -47,8 +49,10 @@ struct StaticHopperKernelConfig {
     static constexpr int consumer_registers = consumer_warpgroups == 2 ? 240 : 160;
 
     // Shared memory, each tile at a 1024-byte boundary (the swizzle atom): Q (one 64-row block per
-    // consumer warpgroup, reused to stage its O on the way out), a K and a V tile per stage, then
-    // the barriers. A tile of R rows is d_head / 64 column blocks of R x 128 bytes, one TMA box each.
+    // consumer warpgroup), a K and a V tile per stage, then the barriers. O goes out through Q's
+    // blocks, or, in a persistent block (whose next Q loads while this O is stored), through O
+    // blocks of its own after the K and V tiles. A tile of R rows is d_head / 64 column blocks of
+    // R x 128 bytes, one TMA box each.
     static constexpr int col_blocks = d_head / SWIZZLE_COLS;
     static constexpr int wg_Q_bytes = WGMMA_M * d_head * ELEMENT_BYTES;
     static constexpr int Q_bytes = consumer_warpgroups * wg_Q_bytes;
@@ -59,9 +63,10 @@ struct StaticHopperKernelConfig {
 
     static constexpr int K_offset = Q_bytes;
     static constexpr int V_offset = K_offset + stages * KV_tile_bytes;
-    static constexpr int barriers_offset = V_offset + stages * KV_tile_bytes;
-    // Q's, then per stage K full, K empty, V full, V empty.
-    static constexpr int n_barriers = 1 + 4 * stages;
+    static constexpr int O_offset = persistent ? V_offset + stages * KV_tile_bytes : 0;
+    static constexpr int barriers_offset = V_offset + stages * KV_tile_bytes + (persistent ? Q_bytes : 0);
+    // Q full and Q empty, then per stage K full, K empty, V full, V empty.
+    static constexpr int n_barriers = 2 + 4 * stages;
     // The dynamic shared memory base is only 16-byte aligned: up to 1024 bytes go to aligning it.
     static constexpr int smem_bytes = barriers_offset + n_barriers * static_cast<int>(sizeof(uint64_t)) + SWIZZLE_ATOM_BYTES;
 

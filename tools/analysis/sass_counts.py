@@ -2,23 +2,26 @@
 """Counts the SASS instructions of each compiled forward-kernel configuration.
 
 Runs `cuobjdump --dump-sass` on the built extension (flash_attention._C), splits the listing into
-kernels, maps each kernel's symbol to its configuration and problem variant (a configuration is
-compiled once per variant it serves: mask kind none, causal or local; masked tails, for lengths
-that are not multiples of the block sizes; score mods, for softcap and ALiBi), and counts
-instructions by opcode (with its modifiers, e.g. HMMA.16816.F32, LDSM.16.M88.4,
-LDGSTS.E.BYPASS.128; predicates such as @P0 are dropped) and by opcode family (the part before the
-first '.'). The extension holds code for each architecture it was built for (sm_80, sm_90): each is
-reported on its own.
+kernels, maps each kernel's symbol to its configuration, of either family (SM80 or Hopper), and
+problem variant (a configuration is compiled once per variant it serves: mask kind none, causal or
+local; masked tails, for lengths that are not multiples of the block sizes; score mods, for softcap
+and ALiBi), and counts instructions by opcode (with its modifiers, e.g. HMMA.16816.F32,
+LDSM.16.M88.4, LDGSTS.E.BYPASS.128, HGMMA.64x128x16.F32; predicates such as @P0 are dropped) and by
+opcode family (the part before the first '.'). The extension holds code for each architecture it
+was built for (sm_80, and sm_90a for 9.0, which --arch sm_90 also names): each is reported on its
+own.
 
 Variants are named by their mask kind, then +tails and +mods: none, causal, causal+tails,
 local+tails+mods, ... By default only each configuration's 'none' kernel (no mask, whole blocks:
 the one the benchmarks time) is shown; --variants all shows every one.
 
-Prints, per architecture, one row per kernel with the families that matter to this kernel:
+Prints, per architecture, one row per kernel with the families that matter to these kernels:
 tensor-core MMAs (HMMA), shared-memory matrix loads (LDSM), asynchronous copies (LDGSTS), global
 and shared loads and stores, the softmax's floating-point work (FFMA, FMUL, FADD, FMNMX, MUFU),
-warp shuffles (SHFL), barriers (BAR) and register spills to local memory (LDL, STL). These are
-static counts: an instruction inside a loop counts once.
+warp shuffles (SHFL), barriers (BAR) and register spills to local memory (LDL, STL); and, in a
+table with a kernel that has them, the Hopper family's: warpgroup MMAs (HGMMA, from wgmma), their
+fences and waits (WARPGROUP), TMA loads and stores (UTMALDG, UTMASTG) and mbarrier operations
+(SYNCS). These are static counts: an instruction inside a loop counts once.
 """
 
 from __future__ import annotations
@@ -37,15 +40,19 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmark"))
 import bench_common as common  # noqa: E402  (also makes flash_helpers importable from a bare checkout)
+from flash_helpers.kernel_config import KernelConfig  # noqa: E402
 from flash_helpers.kernel_sets import get_all_kernel_configs, get_kernel_configs  # noqa: E402
 from flash_helpers.problem import ALL_VARIANTS, ProblemVariant  # noqa: E402
-from flash_helpers.sm80_config import FlashForwardKernelConfig  # noqa: E402
 
 # The families shown in the tables, in column order; "total" is every instruction but padding.
 FAMILIES = (
-    "HMMA", "LDSM", "LDGSTS", "LDG", "STG", "LDS", "STS",
+    "HMMA", "HGMMA", "WARPGROUP", "LDSM", "LDGSTS", "UTMALDG", "UTMASTG", "SYNCS", "LDG", "STG", "LDS", "STS",
     "FFMA", "FMUL", "FADD", "FMNMX", "MUFU", "SHFL", "BAR", "LDL", "STL",
 )  # fmt: skip
+# sm_90 instructions only the Hopper family's kernels use: a table shows them only where one of its
+# kernels has them, so tables of SM80 kernels stay narrow. The others are always shown: a zero there
+# says something (no spills, no asynchronous copies).
+WHERE_USED_FAMILIES = frozenset({"HGMMA", "WARPGROUP", "UTMALDG", "UTMASTG", "SYNCS"})
 TOTAL = "total"
 # The NOPs after a kernel's final branch only pad it to an alignment boundary; they are counted by
 # opcode but left out of the total so that totals compare the code that runs.
@@ -54,8 +61,11 @@ PADDING_OPCODE = "NOP"
 _ARCH_RE = re.compile(r"^\s*(?:arch\s*=|code for)\s*(sm_\d+\w*)")
 _FUNCTION_RE = re.compile(r"^\s*Function\s*:\s*(\S+)")
 # An instruction line: /*0a40*/, an optional predicate (@P0, @!PT, @!UP1), the opcode with its
-# modifiers, then operands up to ';'. Older listings wrap dual-issued pairs in braces.
-_INSTRUCTION_RE = re.compile(r"^\s*/\*[0-9a-fA-F]+\*/\s*\{?\s*(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")
+# modifiers (HGMMA's shape is lower case: HGMMA.64x128x16.F32), then operands up to ';'. Older
+# listings wrap dual-issued pairs in braces.
+_INSTRUCTION_RE = re.compile(
+    r"^\s*/\*[0-9a-fA-F]+\*/\s*\{?\s*(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)"
+)
 # Trailing zero-valued fields of the configuration in a kernel's symbol: their mangling differs
 # between compilers (nvcc's device symbols keep them; host compilers omit them).
 _TRAILING_ZERO_FIELDS_RE = re.compile(r"(?:L[bi]0E)+(?=E)")
@@ -103,6 +113,12 @@ def family_counts(opcodes: collections.Counter) -> collections.Counter:
     return families
 
 
+def arch_matches(arch: str, wanted: str | None) -> bool:
+    """Whether a listing's architecture ``arch`` is the one ``wanted`` names (None: any). A build
+    for 9.0 holds sm_90a code (arch-specific, which the Hopper family needs): sm_90 names it too."""
+    return wanted is None or wanted in (arch, arch.removesuffix("a"))
+
+
 def canonical_symbol(symbol: str) -> str:
     return _TRAILING_ZERO_FIELDS_RE.sub("", symbol)
 
@@ -122,24 +138,31 @@ DEFAULT_VARIANT = variant_name(ProblemVariant())
 class KernelSymbols:
     """Maps kernel symbols to (configuration, problem variant), from ``mangled_kernel_name(variant)``.
 
-    A symbol is the configuration's part followed by the variant's, and a variant's part is the
-    same whatever the configuration, so one symbol per configuration and one suffix per variant
-    cover every pair without listing them all (every valid configuration times nine variants).
-    By default every valid configuration is a candidate: the build compiles only valid ones, so
-    this covers whatever the extension holds without importing it (or torch).
+    A symbol is the configuration's part followed by the variant's, and within a family a
+    variant's part is the same whatever the configuration (each family has its own kernel and
+    parameter type, so its own suffixes), so one symbol per configuration and one suffix per
+    family and variant cover every pair without listing them all (every valid configuration times
+    nine variants). By default every valid configuration of every family is a candidate: the build
+    compiles only valid ones, so this covers whatever the extension holds without importing it (or
+    torch).
     """
 
-    def __init__(self, candidates: list[FlashForwardKernelConfig] | None = None):
+    def __init__(self, candidates: list[KernelConfig] | None = None):
         configs = get_all_kernel_configs() if candidates is None else candidates
-        names = {variant: configs[0].mangled_kernel_name(variant) for variant in ALL_VARIANTS}
-        shared = len(os.path.commonprefix(list(names.values())))
-        self._variant_by_suffix = {name[shared:]: variant for variant, name in names.items()}
-        suffix_length = len(names[ProblemVariant()]) - shared
+        self._variant_by_suffix: dict[str, ProblemVariant] = {}
+        suffix_lengths: dict[type, int] = {}
+        for cfg in configs:
+            if type(cfg) in suffix_lengths:
+                continue
+            names = {variant: cfg.mangled_kernel_name(variant) for variant in ALL_VARIANTS}
+            shared = len(os.path.commonprefix(list(names.values())))
+            self._variant_by_suffix.update({name[shared:]: variant for variant, name in names.items()})
+            suffix_lengths[type(cfg)] = len(names[ProblemVariant()]) - shared
         self._config_by_head = {
-            canonical_symbol(cfg.mangled_kernel_name()[:-suffix_length]): cfg for cfg in configs
+            canonical_symbol(cfg.mangled_kernel_name()[: -suffix_lengths[type(cfg)]]): cfg for cfg in configs
         }
 
-    def lookup(self, symbol: str) -> tuple[FlashForwardKernelConfig, ProblemVariant] | None:
+    def lookup(self, symbol: str) -> tuple[KernelConfig, ProblemVariant] | None:
         """The configuration and variant of a kernel's symbol, or None for another function."""
         for suffix, variant in self._variant_by_suffix.items():
             if symbol.endswith(suffix):
@@ -154,7 +177,7 @@ class KernelCounts:
     """One kernel's instruction counts for one architecture: a configuration in one problem variant."""
 
     arch: str
-    config: FlashForwardKernelConfig
+    config: KernelConfig
     variant: ProblemVariant
     symbol: str
     opcodes: collections.Counter
@@ -249,20 +272,32 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sass-file", metavar="PATH", help="read a listing saved by `cuobjdump --dump-sass` instead of running it"
     )
-    parser.add_argument("--arch", help="only this architecture, e.g. sm_90 (default: every one in the extension)")
+    parser.add_argument(
+        "--arch", help="only this architecture, e.g. sm_90 (or sm_90a) (default: every one in the extension)"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # Reports
 
 
+def shown_families(kernels: list[KernelCounts]) -> list[str]:
+    """The families a table of ``kernels`` shows, in column order: FAMILIES, less those of
+    WHERE_USED_FAMILIES that none of the kernels has."""
+    return [
+        family
+        for family in FAMILIES
+        if family not in WHERE_USED_FAMILIES or any(kernel.families[family] for kernel in kernels)
+    ]
+
+
 def format_family_table(kernels: list[KernelCounts]) -> str:
-    headers = ["config", "variant", *FAMILIES, TOTAL]
+    columns = [*shown_families(kernels), TOTAL]
     rows = [
-        [kernel.config.short_form(), variant_name(kernel.variant), *(kernel.families[f] for f in (*FAMILIES, TOTAL))]
+        [kernel.config.short_form(), variant_name(kernel.variant), *(kernel.families[f] for f in columns)]
         for kernel in kernels
     ]
-    return common.format_table(headers, rows)
+    return common.format_table(["config", "variant", *columns], rows)
 
 
 def format_opcode_table(kernel: KernelCounts) -> str:
@@ -321,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         kernel
         for kernel in kernels
         if (selected is None or kernel.config in selected)
-        and (args.arch is None or kernel.arch == args.arch)
+        and arch_matches(kernel.arch, args.arch)
         and (variants is None or kernel.variant in variants)
     ]
     if others:

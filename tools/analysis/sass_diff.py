@@ -3,11 +3,13 @@
 
     python tools/analysis/sass_diff.py "(FP16, 128, 128, 64, 4): async+eager+swizzled" \\
         "(FP16, 128, 128, 64, 4): async+eager+swizzled+load_1_1_1_tiles" --arch sm_90
+    python tools/analysis/sass_diff.py "sm90(FP16, 128, 128, 128, 2): ws" "sm90(FP16, 128, 128, 128, 2): ws+pingpong"
 
 Disassembles the built extension like sass_counts.py and prints, per architecture, the two
-configurations' kernels for the variant --variant (default: none, no mask and whole blocks; e.g.
-causal, causal+tails) side by side with the difference B - A: first by opcode family, then by
-opcode, largest differences first. Static counts: an instruction inside a loop counts once.
+configurations' kernels (of either family) for the variant --variant (default: none, no mask and
+whole blocks; e.g. causal, causal+tails) side by side with the difference B - A: first by opcode
+family, then by opcode, largest differences first. Static counts: an instruction inside a loop
+counts once.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import sys
 import sass_counts  # first: it makes bench_common and flash_helpers importable
 
 import bench_common as common
+from flash_helpers.kernel_config import KernelConfig
 from flash_helpers.kernel_names import parse_kernel_name_into_config
-from flash_helpers.sm80_config import FlashForwardKernelConfig
 
 
 def diff_rows(a: collections.Counter, b: collections.Counter, keys=None) -> list[list]:
@@ -31,7 +33,7 @@ def diff_rows(a: collections.Counter, b: collections.Counter, keys=None) -> list
 
 
 def format_comparison(arch: str, a: sass_counts.KernelCounts, b: sass_counts.KernelCounts, top: int | None) -> str:
-    families = diff_rows(a.families, b.families, keys=(*sass_counts.FAMILIES, sass_counts.TOTAL))
+    families = diff_rows(a.families, b.families, keys=(*sass_counts.shown_families([a, b]), sass_counts.TOTAL))
     opcodes = diff_rows(a.opcodes, b.opcodes)[:top]
     return "\n\n".join(
         [
@@ -43,7 +45,8 @@ def format_comparison(arch: str, a: sass_counts.KernelCounts, b: sass_counts.Ker
     )
 
 
-def parse_config(text: str) -> FlashForwardKernelConfig:
+def parse_config(text: str) -> KernelConfig:
+    """A configuration of any family, from its short form or a kernel name."""
     try:
         return parse_kernel_name_into_config(text)
     except ValueError as error:
@@ -52,7 +55,9 @@ def parse_config(text: str) -> FlashForwardKernelConfig:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("config_a", type=parse_config, metavar="CFG_A", help="a configuration's short form")
+    parser.add_argument(
+        "config_a", type=parse_config, metavar="CFG_A", help="a configuration's short form, of either family"
+    )
     parser.add_argument("config_b", type=parse_config, metavar="CFG_B", help="the configuration to compare it with")
     sass_counts.add_source_arguments(parser)
     parser.add_argument(
@@ -75,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     variant = sass_counts.VARIANTS_BY_NAME[args.variant]
     by_arch = collections.defaultdict(dict)
     for kernel in kernels:
-        if (args.arch is None or kernel.arch == args.arch) and kernel.variant == variant:
+        if sass_counts.arch_matches(kernel.arch, args.arch) and kernel.variant == variant:
             by_arch[kernel.arch][kernel.config] = kernel
 
     comparisons = []

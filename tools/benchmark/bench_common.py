@@ -29,18 +29,22 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(REPO_ROOT / "py") not in sys.path:
     sys.path.insert(0, str(REPO_ROOT / "py"))
 
+from flash_helpers import sm80_config, sm90_config  # noqa: E402
+from flash_helpers.dispatch_table import arch_name  # noqa: E402
 from flash_helpers.dtypes import DTYPES, DType  # noqa: E402
+from flash_helpers.kernel_config import KernelConfig  # noqa: E402
 from flash_helpers.kernel_sets import BUILD_KERNELS_ENV, KERNELS_ENV, get_kernel_configs  # noqa: E402
 from flash_helpers.problem import ProblemVariant  # noqa: E402
 from flash_helpers.problem import needed_variant as problem_variant_for  # noqa: E402
-from flash_helpers.sm80_config import D_HEADS, FlashForwardKernelConfig  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------
 # Benchmark shapes
 
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
-# The dtypes as the command lines and CSV files spell them; the d_heads are the kernel's (D_HEADS).
+# The dtypes as the command lines and CSV files spell them.
 DTYPE_NAMES = tuple(dtype.name.lower() for dtype in DTYPES)
+# The head sizes of every kernel family.
+D_HEADS = tuple(sorted(set(sm80_config.D_HEADS) | set(sm90_config.D_HEADS)))
 # The model width heads * d_head of every benchmark shape.
 MODEL_WIDTH = 2048
 # Sequences per batch, and the most tokens (batch * seq) a batch may hold.
@@ -193,12 +197,12 @@ def tflops(flop: float, time_ms: float) -> float:
 # Which configuration runs which problem
 
 
-def needed_variant(cfg: FlashForwardKernelConfig, problem: Problem) -> ProblemVariant:
+def needed_variant(cfg: KernelConfig, problem: Problem) -> ProblemVariant:
     """The kernel variant the binding runs for ``cfg`` on ``problem`` (``flash_helpers.problem``)."""
     return problem_variant_for(cfg, problem.seqlen_q, problem.seqlen_k, problem.causal)
 
 
-def compiled_variants() -> dict[FlashForwardKernelConfig, frozenset[ProblemVariant]]:
+def compiled_variants() -> dict[KernelConfig, frozenset[ProblemVariant]]:
     """Each compiled configuration's problem variants (``flash_attention.compiled_variants``), in one
     pass over the compiled kernels rather than one per configuration: tuning builds hold thousands."""
     import flash_attention
@@ -210,10 +214,10 @@ def compiled_variants() -> dict[FlashForwardKernelConfig, frozenset[ProblemVaria
 
 
 def fits(
-    cfg: FlashForwardKernelConfig,
+    cfg: KernelConfig,
     dtype: DType,
     problem: Problem,
-    variants: dict[FlashForwardKernelConfig, frozenset[ProblemVariant]],
+    variants: dict[KernelConfig, frozenset[ProblemVariant]],
 ) -> bool:
     """Whether ``cfg`` can run ``problem``: same dtype and d_head, and the variant the problem needs
     is compiled (``variants``: ``compiled_variants()``). Any lengths fit a configuration that has
@@ -414,8 +418,8 @@ def _names_configs_explicitly(key: str) -> bool:
 
 
 def select_compiled_configs(
-    key: str | None, compiled: Sequence[FlashForwardKernelConfig], compiled_set: str, default_key: str | None = None
-) -> list[FlashForwardKernelConfig]:
+    key: str | None, compiled: Sequence[KernelConfig], compiled_set: str, default_key: str | None = None
+) -> list[KernelConfig]:
     """The compiled configurations that ``key`` selects, in the compiled order.
 
     ``key`` (a ``--kernels`` value) falls back to the KERNELS environment variable, then to
@@ -454,13 +458,43 @@ def select_compiled_configs(
     return selected
 
 
-def select_configs(key: str | None, default_key: str | None = None) -> list[FlashForwardKernelConfig]:
-    """``select_compiled_configs`` against the built extension."""
+def select_runnable_configs(
+    configs: Sequence[KernelConfig], capability: tuple[int, int], gpu: str
+) -> list[KernelConfig]:
+    """The configurations among ``configs`` that a GPU of this compute capability runs
+    (``cfg.runs_on``), in their order.
+
+    A build for several architectures holds kernels that some of its GPUs cannot run: the Hopper
+    family's sm_90a code runs on sm_90 alone, and a block may need more shared memory than an sm_86
+    GPU has. Those are left out with a note that counts them per family; if none is left, it is an
+    error.
+    """
+    runnable = [cfg for cfg in configs if cfg.runs_on(capability)]
+    left_out = collections.Counter(cfg.family for cfg in configs if not cfg.runs_on(capability))
+    if not left_out:
+        return runnable
+    counts = ", ".join(f"{count} of family {family}" for family, count in sorted(left_out.items()))
+    reason = (
+        f"{sum(left_out.values())} selected configuration(s) ({counts}) do not run on {gpu} ({arch_name(capability)}): "
+        "the Hopper family (sm90) needs sm_90, and a block's shared memory must fit the GPU's"
+    )
+    if not runnable:
+        raise ConfigSelectionError(f"none of the selected configurations runs on this GPU: {reason}")
+    print(f"note: {reason}; they are left out", file=sys.stderr)
+    return runnable
+
+
+def select_configs(key: str | None, default_key: str | None = None) -> list[KernelConfig]:
+    """``select_compiled_configs`` against the built extension, then ``select_runnable_configs`` on
+    the current GPU."""
+    import torch
+
     import flash_attention
 
-    return select_compiled_configs(
+    compiled = select_compiled_configs(
         key, flash_attention.compiled_configs(), flash_attention.compiled_kernel_set(), default_key
     )
+    return select_runnable_configs(compiled, torch.cuda.get_device_capability(), torch.cuda.get_device_name())
 
 
 # ----------------------------------------------------------------------------------------------

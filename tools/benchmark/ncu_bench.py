@@ -33,8 +33,9 @@ import subprocess
 import sys
 
 import bench_common as common  # first: it makes flash_helpers importable from a bare checkout
+from flash_helpers.families import FAMILIES
+from flash_helpers.kernel_config import KernelConfig
 from flash_helpers.kernel_names import parse_kernel_name_into_config
-from flash_helpers.sm80_config import FlashForwardKernelConfig
 
 RUN_KERNELS = pathlib.Path(__file__).resolve().with_name("run_kernels.py")
 
@@ -95,7 +96,7 @@ class KernelName:
 
     label: str  # the short form, the reference's name, or the shortened kernel name
     kind: str  # "ours", "reference" or "other"
-    config: FlashForwardKernelConfig | None = None
+    config: KernelConfig | None = None
 
 
 @dataclasses.dataclass
@@ -210,9 +211,14 @@ def shorten_kernel_name(name: str) -> str:
     return name if len(name) <= SHORTENED_NAME_LENGTH else name[: SHORTENED_NAME_LENGTH - 3] + "..."
 
 
+# Our kernels' demangled names hold their family's configuration type, e.g.
+# flash::sm90::HopperForwardKernelConfig{...}.
+_CONFIG_TYPE_NAMES = tuple(cls.__name__ for cls in FAMILIES.values())
+
+
 def classify_kernel(name: str) -> KernelName:
-    """Our configuration (as its short form), an SDPA backend's kernel, or another kernel."""
-    if "FlashForwardKernelConfig" in name:
+    """Our configuration (as its short form), of any family, an SDPA backend's kernel, or another kernel."""
+    if any(type_name in name for type_name in _CONFIG_TYPE_NAMES):
         try:
             cfg = parse_kernel_name_into_config(name)
         except ValueError:

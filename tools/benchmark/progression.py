@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The optimisation history, rebuilt and measured: every step of previous_kernels/ against SDPA FLASH.
+"""The optimisation history against SDPA FLASH: every step of previous_kernels/ rebuilt, then the Hopper steps.
 
 Builds each step's source tree as its own extension module (previous_kernels/build_snapshot.py:
 one module per tree, built with the tree's own generator and configuration code, cached, the trees
@@ -10,11 +10,17 @@ in one run. A step's figure at a shape is its fastest configuration there; its o
 against FLASH's once per shape. A step's configurations are objects of its tree's own configuration
 class, parsed from its kernels.txt by the tree's own code, so today's py/ plays no part in them.
 
-Prints per step: what changed (STEP.md's heading), % of FLASH at seq 4096, the harmonic mean of
-ours/FLASH over the sequence lengths and TFLOP/s at 4096. --csv writes every timing, --plot draws
-TFLOP/s by step, one line per sequence length. A tree that fails to build is reported with the
-compiler's last lines, and its steps are left out; the others still run. The exit status is 1 if
-any step failed to build or to match FLASH.
+The Hopper family's steps (kernel_sets.HOPPER_PROGRESSION_STEPS: hopper_base, hopper_ws, ...) have
+no tree under previous_kernels/: they follow the others, measured with today's build
+(flash_attention) in the same run, each with the configurations of that step the build compiled
+(d_head 128, any block size: build the prog or progall set with 9.0 in TORCH_CUDA_ARCH_LIST). On a
+GPU other than sm_90, or where the build lacks them, they are skipped and the reason is printed.
+
+Prints per step: what changed (STEP.md's heading, or TREE_STEP_TITLES), % of FLASH at seq 4096, the
+harmonic mean of ours/FLASH over the sequence lengths and TFLOP/s at 4096. --csv writes every
+timing, --plot draws TFLOP/s by step, one line per sequence length. A tree that fails to build is
+reported with the compiler's last lines, and its steps are left out; the others still run. The
+exit status is 1 if any step failed to build or to match FLASH.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ import subprocess
 import sys
 
 import bench_common as common
+from flash_helpers.dispatch_table import arch_name
+from flash_helpers.kernel_sets import ARCH_LIST_ENV, BUILD_KERNELS_ENV, HOPPER_PROGRESSION_STEPS, get_progression_steps
+from flash_helpers.sm90_config import HopperForwardKernelConfig
 
 SNAPSHOTS_DIR = pathlib.Path(__file__).resolve().parents[2] / "previous_kernels"
 sys.path.insert(0, str(SNAPSHOTS_DIR))
@@ -44,6 +53,61 @@ REFERENCE = "flash"
 BUILD_LOG_TAIL_LINES = 25
 
 
+# ----------------------------------------------------------------------------------------------
+# Steps
+
+
+# The family whose progression previous_kernels/ does not hold: its steps are measured with today's
+# build.
+TREE_FAMILY = HopperForwardKernelConfig
+# What changed at each of its steps (kernel_sets.HOPPER_PROGRESSION_STEPS names them and gives their
+# flags); a step without a title here is described by its flags.
+TREE_STEP_TITLES = {
+    "hopper_base": "wgmma on TMA-loaded tiles, an mbarrier pipeline; the consumers issue the loads",
+    "hopper_ws": "a producer warpgroup issues the loads and gives its registers away",
+    "hopper_pingpong": "the consumer warpgroups take turns issuing their products",
+    "hopper_overlap": "softmax of tile j overlaps the P V product of tile j - 1",
+    "hopper_persistent": "one block per SM takes the work tiles in turn, loading the next while this O is stored",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeStep:
+    """A step measured with today's build (flash_attention), not rebuilt from previous_kernels/: one
+    progression step of TREE_FAMILY."""
+
+    name: str
+    title: str
+    configs: tuple  # the step at d_head D_HEAD, every dtype and block size; those compiled are measured
+
+
+@functools.cache
+def tree_steps() -> tuple[TreeStep, ...]:
+    """The steps of TREE_FAMILY, in order."""
+    flags = dict(HOPPER_PROGRESSION_STEPS)
+    return tuple(
+        TreeStep(name, TREE_STEP_TITLES.get(name, f"knobs: {flags[name]}"), tuple(configs))
+        for name, configs in get_progression_steps(TREE_FAMILY, all_block_sizes=True, d_heads=(D_HEAD,))
+    )
+
+
+def all_steps() -> list:
+    """Every step in order: previous_kernels/'s, then today's tree's."""
+    return [*snapshots.all_steps(), *tree_steps()]
+
+
+def find_step(key: str):
+    """A step of previous_kernels/ by its directory name or number, or a step of today's tree by its name."""
+    for step in tree_steps():
+        if key == step.name:
+            return step
+    try:
+        return snapshots.find_step(key)
+    except ValueError as error:
+        names = ", ".join(step.name for step in tree_steps())
+        raise ValueError(f"{error}; measured with today's build: {names}") from None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -51,7 +115,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--steps", nargs="+", metavar="STEP", help="steps to run, by directory name or number (default: all)"
+        "--steps",
+        nargs="+",
+        metavar="STEP",
+        help="steps to run, by directory name or number, or a Hopper step's name such as hopper_ws (default: all)",
     )
     parser.add_argument(
         "--seq-lens", "--seq_lens", dest="seq_lens", nargs="+", type=int, default=list(common.SEQ_LENS), metavar="SEQ"
@@ -66,7 +133,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     try:
-        args.steps = list(snapshots.all_steps()) if not args.steps else [snapshots.find_step(s) for s in args.steps]
+        args.steps = all_steps() if not args.steps else [find_step(s) for s in args.steps]
     except ValueError as error:
         parser.error(str(error))
     if bad := [s for s in args.seq_lens if s <= 0]:
@@ -155,7 +222,7 @@ class StepTiming:
 
 def fits(cfg, dtype_name: str, seq_len: int) -> bool:
     """Whether a step's configuration runs the benchmark shape: its dtype, d_head D_HEAD, block sizes
-    dividing seq_len. ``cfg`` is of its tree's own class, so the dtype is compared by name."""
+    dividing seq_len. ``cfg`` may be of a step tree's own class, so the dtype is compared by name."""
     return (
         cfg.dtype.name.lower() == dtype_name
         and cfg.d_head == D_HEAD
@@ -165,25 +232,83 @@ def fits(cfg, dtype_name: str, seq_len: int) -> bool:
 
 
 def make_inputs(batch: int, seq_len: int, dtype_name: str):
-    """Random q, k, v of shape (batch, seq_len, heads, D_HEAD) on the GPU."""
+    """Random q, k, v of shape (batch, seq_len, heads, D_HEAD) on the GPU (``common.DEVICE``)."""
     import torch
 
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
     shape = (batch, seq_len, common.heads_for_d_head(D_HEAD), D_HEAD)
-    return tuple(torch.randn(shape, dtype=dtype, device="cuda") for _ in range(3))
+    return tuple(torch.randn(shape, dtype=dtype, device=common.DEVICE) for _ in range(3))
 
 
-def measure(steps, built, seq_lens, dtype_name, timer) -> tuple[list[StepTiming], list[str]]:
-    """Times every step's configurations and FLASH at each sequence length; returns the timings and
-    the correctness failures. ``built`` maps a source tree to its BuiltTree."""
-    heads = common.heads_for_d_head(D_HEAD)
-    runs = [
-        (step, cfg)
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One configuration of one step and the module that runs it: its tree's module, or today's
+    flash_attention._C for a TreeStep. Both modules' ``forward(cfg, q, k, v, o=None)`` return the
+    output first, and are called directly (no torch operator), so every step is timed alike."""
+
+    step: str
+    config: object
+    module: object
+
+
+def snapshot_runs(steps, built, dtype_name: str) -> list[Run]:
+    """The configurations in this dtype of the steps of previous_kernels/ whose tree built (``built``
+    maps a source tree to its BuiltTree)."""
+    return [
+        Run(step.name, cfg, built[step.source].module)
         for step in steps
         if step.source in built
         for cfg in built[step.source].tree.step_configs(step)
         if cfg.dtype.name.lower() == dtype_name
     ]
+
+
+def tree_runs(
+    steps: list[TreeStep], dtype_name: str, capability: tuple[int, int], gpu: str, extension
+) -> tuple[list[Run], list[str]]:
+    """The configurations of ``steps`` in this dtype that ``extension`` (the flash_attention package)
+    compiled and this GPU runs (``cfg.runs_on``); and, for each step that has none, why it is
+    skipped."""
+    runs, skipped = [], []
+    compiled = set(extension.compiled_configs())
+    for step in steps:
+        configs = [cfg for cfg in step.configs if cfg.dtype.name.lower() == dtype_name]
+        if not any(cfg.runs_on(capability) for cfg in configs):
+            skipped.append(
+                f"{step.name}: skipped: {gpu} is {arch_name(capability)}, and the Hopper family's sm_90a code "
+                "runs on sm_90 only"
+            )
+            continue
+        measured = [cfg for cfg in configs if cfg in compiled and cfg.runs_on(capability)]
+        if not measured:
+            skipped.append(
+                f"{step.name}: skipped: this build (kernel set '{extension.compiled_kernel_set()}') has none of its "
+                f"{dtype_name} configurations; build them with {BUILD_KERNELS_ENV}=prog (or progall) and 9.0 in "
+                f"{ARCH_LIST_ENV}"
+            )
+            continue
+        runs += [Run(step.name, cfg, extension._C) for cfg in measured]
+    return runs, skipped
+
+
+def today_runs(steps: list[TreeStep], dtype_name: str) -> tuple[list[Run], list[str]]:
+    """``tree_runs`` with today's build on the current GPU; where the build does not import, every step
+    is skipped with that reason."""
+    import torch
+
+    try:
+        import flash_attention
+    except ImportError as error:
+        reason = f"flash_attention does not import ({error}): build it with pip install --no-build-isolation -e ."
+        return [], [f"{step.name}: skipped: {reason}" for step in steps]
+    capability, gpu = torch.cuda.get_device_capability(), torch.cuda.get_device_name()
+    return tree_runs(steps, dtype_name, capability, gpu, flash_attention)
+
+
+def measure(runs: list[Run], seq_lens, dtype_name, timer) -> tuple[list[StepTiming], list[str]]:
+    """Times every run and FLASH at each sequence length; returns the timings and the correctness
+    failures."""
+    heads = common.heads_for_d_head(D_HEAD)
     timings, failures = [], []
     with common.Progress(len(seq_lens) * (len(runs) + 1), "timing") as progress:
         for seq_len in seq_lens:
@@ -202,16 +327,16 @@ def measure(steps, built, seq_lens, dtype_name, timer) -> tuple[list[StepTiming]
                 record(reference_name(), "", timer(run_flash))
                 flash_output = run_flash()
             checked = set()
-            for step, cfg in runs:
-                module = built[step.source].module
+            for run in runs:
+                cfg = run.config
                 if not fits(cfg, dtype_name, seq_len):
-                    record(step.name, cfg.short_form(), math.nan)
+                    record(run.step, cfg.short_form(), math.nan)
                     continue
-                record(step.name, cfg.short_form(), timer(functools.partial(module.forward, cfg, q, k, v, o)))
-                if step.name not in checked:
-                    checked.add(step.name)
-                    out, _ = module.forward(cfg, q, k, v)
-                    what = f"{step.name} {cfg.short_form()} at seq {seq_len}"
+                record(run.step, cfg.short_form(), timer(functools.partial(run.module.forward, cfg, q, k, v, o)))
+                if run.step not in checked:
+                    checked.add(run.step)
+                    out = run.module.forward(cfg, q, k, v)[0]
+                    what = f"{run.step} {cfg.short_form()} at seq {seq_len}"
                     if failure := common.flash_mismatch(out, flash_output, dtype_name, what):
                         failures.append(failure)
     return timings, failures
@@ -300,10 +425,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     import torch
 
-    built = build_trees(args.steps, args.cache_dir, args.jobs)
+    snapshot_steps = [step for step in args.steps if isinstance(step, snapshots.Step)]
+    steps_today = [step for step in args.steps if isinstance(step, TreeStep)]
+    built = build_trees(snapshot_steps, args.cache_dir, args.jobs) if snapshot_steps else {}
+    runs_today, skipped = today_runs(steps_today, args.dtype) if steps_today else ([], [])
+    runs = snapshot_runs(snapshot_steps, built, args.dtype) + runs_today
     timer, timer_description = common.make_timer(args.rep_ms)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {timer_description}")
-    timings, failures = measure(args.steps, built, args.seq_lens, args.dtype, timer)
+    for reason in skipped:
+        print(reason)
+    timings, failures = measure(runs, args.seq_lens, args.dtype, timer)
     rows = summary_rows(args.steps, timings, args.seq_lens)
     print(format_summary(rows, args.seq_lens, args.dtype))
     print()
@@ -316,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             plot(args.plot, rows, timings, args.seq_lens, args.dtype)
     for failure in failures:
         print(failure, file=sys.stderr)
-    built_all = all(step.source in built for step in args.steps)
+    built_all = all(step.source in built for step in snapshot_steps)
     return 0 if built_all and not failures else 1
 
 
