@@ -91,9 +91,13 @@ def clear_choice_cache():
 
 
 def test_choice_follows_the_table_skipping_what_is_not_compiled(monkeypatch, clear_choice_cache):
-    compiled = [c for c in flash_attention.compiled_configs() if c.dtype.name == "FP16" and c.d_head == 128]
+    compiled = [
+        c
+        for c in flash_attention.compiled_configs()
+        if c.dtype.name == "FP16" and c.d_head == 128 and not c.needs_masked_tails(4096, 4096)
+    ]
     if not compiled:
-        pytest.skip("no FP16 d_head 128 configuration compiled")
+        pytest.skip("no FP16 d_head 128 configuration for whole blocks of 4096 compiled")
     missing = "(FP16, 128, 64, 32, 4): load_0_1_1_tiles"
     assert _parse(missing) not in flash_attention.compiled_configs()
     _with_table(monkeypatch, _table((4096, [missing, compiled[-1].short_form()])))
