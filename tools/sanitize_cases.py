@@ -49,11 +49,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def selected_kernels(selection: str | None) -> list[tuple]:
+    # The compiled configurations this GPU runs, then those the selection names.
+    configs = helpers.configs_under_test()
     if selection:
         wanted = set(get_kernel_configs(selection))
-        configs = [cfg for cfg in flash_attention.compiled_configs() if cfg in wanted]
-    else:
-        configs = helpers.configs_under_test()
+        configs = [cfg for cfg in configs if cfg in wanted]
     chosen = set(configs)
     return [(cfg, variant) for cfg, variant in flash_attention.compiled_kernels() if cfg in chosen]
 
