@@ -148,9 +148,12 @@ struct ScoreMods {
     }
 };
 
-// A kernel without score modifications holds none of their state.
+// A kernel without score modifications holds none of their state: the softmax multiplies the raw
+// scores by the softmax scale.
 struct NoScoreMods {
-    __device__ __forceinline__ NoScoreMods(const ForwardParams &, int, int) {}
+    float post_scale;
+
+    __device__ __forceinline__ NoScoreMods(const ForwardParams &params, int, int) : post_scale(params.softmax_scale) {}
 };
 
 template <bool score_mods>

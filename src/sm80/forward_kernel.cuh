@@ -109,11 +109,9 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     softmax.init();
     typename Kernel::O_accumulators O_acc;
     O_acc.zero();
-    [[maybe_unused]] const ScoreModsOf<SCORE_MODS> score_mods(params, batch, head);
+    const ScoreModsOf<SCORE_MODS> score_mods(params, batch, head);
     // What the softmax multiplies the scores by: the softmax scale, or softcap once capped.
-    float score_scale = params.softmax_scale;
-    if constexpr (SCORE_MODS)
-        score_scale = score_mods.post_scale;
+    const float score_scale = score_mods.post_scale;
 
     if (!tiles.empty()) {
         // Per-lane ldmatrix addresses, computed once: each fragment load adds a compile-time

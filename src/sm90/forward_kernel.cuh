@@ -250,10 +250,9 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
         softmax.init();
         typename Kernel::O_accumulators O_acc;
         O_acc.zero();
-        [[maybe_unused]] const ScoreModsOf<SCORE_MODS> score_mods(params, batch, head);
-        float score_scale = params.softmax_scale;
-        if constexpr (SCORE_MODS)
-            score_scale = score_mods.post_scale;
+        const ScoreModsOf<SCORE_MODS> score_mods(params, batch, head);
+        // What the softmax multiplies the scores by: the softmax scale, or softcap once capped.
+        const float score_scale = score_mods.post_scale;
 
         if (!tiles.empty()) {
             // Descriptors of this warpgroup's Q block and of stage 0's K and V tiles; slices and
