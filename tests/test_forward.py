@@ -597,6 +597,19 @@ def test_binding_rejects_a_config_field_of_the_wrong_type(field, valid_call):
 
 
 @gpu
+def test_rejects_a_hopper_config_on_another_gpu(rng):
+    capability = torch.cuda.get_device_capability()
+    hopper = [cfg for cfg in flash_attention.compiled_configs() if cfg.family == "sm90"]
+    if capability == (9, 0) or not hopper:
+        pytest.skip(f"this GPU is sm_{capability[0]}{capability[1]} and the build has {len(hopper)} Hopper "
+                    "configurations: rejecting them needs a build with some and a GPU other than sm_90")
+    call = make_call(hopper[0], rng)
+    assert_rejected(call.run, ValueError, ("q",), "sm_90")
+    torch.ones(1, device="cuda").add_(1)
+    torch.cuda.synchronize()
+
+
+@gpu
 def test_rejects_gpus_older_than_sm80(valid_call):
     major, minor = torch.cuda.get_device_capability()
     if major >= 8:

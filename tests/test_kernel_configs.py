@@ -824,6 +824,8 @@ BAD_HOPPER_CONFIGS = [
     (Hopper(FP16, 128, 64, 128, 4), ["shared memory", str(MAX_SMEM_BYTES)]),
     (Hopper(FP16, 256, 192, 64, 2, True), ["registers", "208", "160", "3 consumer warpgroup(s)", "producer"]),
     (Hopper(FP16, 256, 192, 64, 2), ["registers", "208", "168"]),
+    (Hopper(FP16, 128, 128, 128, 2, persistent=True), ["persistent", "warp_specialized"]),
+    (Hopper(FP16, 128, 128, 176, 2, True, True, True, True), ["shared memory", "O when persistent"]),
 ]
 
 
