@@ -349,6 +349,12 @@ py::tuple forward_with(const typename Family::Config &cfg, py::handle q_obj, py:
 
     const c10::cuda::CUDAGuard guard(q.device());
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    at::Tensor work_counter; // zeroed on the kernel's stream, by a memset that compute-sanitizer's initcheck sees
+    if (launcher.needs_work_counter) {
+        work_counter = at::empty({1}, q.options().dtype(at::kInt));
+        params.work_counter = work_counter.data_ptr<int>();
+        check_cuda(cudaMemsetAsync(params.work_counter, 0, sizeof(int), stream), "zeroing the work counter");
+    }
     if (!benchmark) {
         launcher.launch(params, stream);
         return py::make_tuple(o, lse_result, py::none());

@@ -503,24 +503,34 @@ def test_rejects_a_problem_without_a_compiled_kernel(cfg, variant, rng):
     assert_still_usable(make_call(cfg, rng))
 
 
-# Changes that make a configuration invalid; the message must give validity_error()'s reason.
+# Changes that make a configuration of a family invalid; the message must give validity_error()'s
+# reason.
 INVALID_CONFIG_CHANGES = {
-    "warps_rows_not_multiple_of_16": {"B_r": 64, "n_warps": 8},
-    "eager_without_async": {"async_copy": False, "eager_load_blocks": True},
-    "tile_count_not_a_power_of_two": {"Q_mma_load_K_tiles": 0, "K_mma_load_K_tiles": 3},
-    "double_buffer_without_chunks": {
+    ("sm80", "warps_rows_not_multiple_of_16"): {"B_r": 64, "n_warps": 8},
+    ("sm80", "eager_without_async"): {"async_copy": False, "eager_load_blocks": True},
+    ("sm80", "tile_count_not_a_power_of_two"): {"Q_mma_load_K_tiles": 0, "K_mma_load_K_tiles": 3},
+    ("sm80", "double_buffer_without_chunks"): {
         "mma_double_buffer_loads": True,
         "Q_mma_load_K_tiles": 0,
         "K_mma_load_K_tiles": 0,
         "V_mma_load_K_tiles": 0,
     },
+    ("sm90", "pingpong_without_warp_specialization"): {"warp_specialized": False, "pingpong": True},
+    ("sm90", "B_c_not_a_multiple_of_16"): {"B_c": 72},
 }
 
 
 @gpu
-@pytest.mark.parametrize("changes", INVALID_CONFIG_CHANGES.values(), ids=INVALID_CONFIG_CHANGES.keys())
-def test_rejects_invalid_config(changes, valid_call):
-    invalid = dataclasses.replace(valid_call.cfg, **changes)
+@pytest.mark.parametrize(
+    "family, changes", [(family, changes) for (family, _), changes in INVALID_CONFIG_CHANGES.items()],
+    ids=[f"{family}-{name}" for family, name in INVALID_CONFIG_CHANGES],
+)
+def test_rejects_invalid_config(family, changes, rng):
+    cfg = next((cfg for cfg in CONFIGS if cfg.family == family), None)
+    if cfg is None:
+        pytest.skip(f"no {family} configuration under test")
+    valid_call = make_call(cfg, rng)
+    invalid = dataclasses.replace(cfg, **changes)
     reason = invalid.validity_error()
     assert reason is not None
     assert_rejected(dataclasses.replace(valid_call, cfg=invalid).run, ValueError, ("kernel_cfg",), reason)

@@ -18,7 +18,7 @@ from flash_helpers.kernel_sets import (
     get_kernels_to_build,
     variants_to_build,
 )
-from flash_helpers.problem import ALL_VARIANTS, BENCHMARK_VARIANTS
+from flash_helpers.problem import ALL_VARIANTS, BENCHMARK_LENGTH_UNIT, BENCHMARK_TAIL_VARIANTS, BENCHMARK_VARIANTS
 from flash_helpers.sm80_config import FlashForwardKernelConfig
 from flash_helpers.sm90_config import HopperForwardKernelConfig
 
@@ -115,7 +115,10 @@ def test_header_lists_the_configs_in_sorted_order_with_their_short_forms(tmp_pat
 def test_default_configurations_get_every_variant_and_others_the_benchmark_ones():
     default = get_kernels_to_build("default")
     assert all(variants_to_build(cfg) == ALL_VARIANTS for cfg in default)
-    assert all(variants_to_build(cfg) == BENCHMARK_VARIANTS for cfg in CONFIGS if cfg not in default)
+    for cfg in CONFIGS:
+        if cfg not in default:
+            tails = cfg.needs_masked_tails(BENCHMARK_LENGTH_UNIT, BENCHMARK_LENGTH_UNIT)
+            assert variants_to_build(cfg) == BENCHMARK_VARIANTS + (BENCHMARK_TAIL_VARIANTS if tails else ())
     assert len(set(ALL_VARIANTS)) == 9 and set(BENCHMARK_VARIANTS) <= set(ALL_VARIANTS)
     assert all(variant.masked_tails for variant in ALL_VARIANTS if variant.score_mods)
 

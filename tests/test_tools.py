@@ -42,6 +42,7 @@ from flash_helpers.kernel_sets import (  # noqa: E402
 )
 from flash_helpers.problem import (  # noqa: E402
     ALL_VARIANTS,
+    BENCHMARK_LENGTH_UNIT,
     BENCHMARK_VARIANTS,
     MaskKind,
     ProblemVariant,
@@ -234,6 +235,11 @@ def test_causal_flops_for_equal_lengths_are_half_as_flash_attention_counts(seq_l
     unmasked = "4 * batch * heads_q * seqlen_q * seqlen_k * d_head"
     assert common.flop_rule(common.benchmark_problem(seq_len, 128, causal=True)).startswith(f"half of {unmasked}")
     assert common.flop_rule(common.benchmark_problem(seq_len, 128)) == unmasked
+
+
+def test_benchmark_lengths_are_multiples_of_the_unit_the_build_assumes():
+    # variants_to_build compiles masked tails for tuning configurations whose blocks do not divide it.
+    assert all(seq_len % BENCHMARK_LENGTH_UNIT == 0 for seq_len in common.SEQ_LENS)
 
 
 class TestFits:

@@ -15,7 +15,13 @@ from flash_helpers import sm90_config
 from flash_helpers.dtypes import DTYPES, DType, coerce_dtype
 from flash_helpers.kernel_config import KernelConfig
 from flash_helpers.kernel_names import parse_kernel_name_into_config
-from flash_helpers.problem import ALL_VARIANTS, BENCHMARK_VARIANTS, ProblemVariant
+from flash_helpers.problem import (
+    ALL_VARIANTS,
+    BENCHMARK_LENGTH_UNIT,
+    BENCHMARK_TAIL_VARIANTS,
+    BENCHMARK_VARIANTS,
+    ProblemVariant,
+)
 from flash_helpers.sm80_config import B_CS, B_RS, D_HEADS, LOAD_TILES, N_WARPS, SHORT_FORM_EXAMPLE, FlashForwardKernelConfig
 from flash_helpers.sm90_config import HopperForwardKernelConfig
 
@@ -347,8 +353,13 @@ _BUILD_KERNEL_SETS = {
 def variants_to_build(cfg: KernelConfig) -> tuple[ProblemVariant, ...]:
     """The problem variants compiled for ``cfg``: every variant for the default set's configurations
     (what a plain install serves), the benchmark shapes' for the others (what tuning and the
-    progression measure), so large sets stay quick to build."""
-    return ALL_VARIANTS if cfg in _default_configs() else BENCHMARK_VARIANTS
+    progression measure), so large sets stay quick to build; with their masked-tail versions where
+    the configuration's blocks do not divide the benchmark lengths (B_r 192, B_c 176, ...)."""
+    if cfg in _default_configs():
+        return ALL_VARIANTS
+    if cfg.needs_masked_tails(BENCHMARK_LENGTH_UNIT, BENCHMARK_LENGTH_UNIT):
+        return BENCHMARK_VARIANTS + BENCHMARK_TAIL_VARIANTS
+    return BENCHMARK_VARIANTS
 
 
 @functools.cache

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-__all__ = ["ALL_VARIANTS", "BENCHMARK_VARIANTS", "MaskKind", "ProblemVariant", "attention_flop", "mask_kind", "needed_variant", "total_flop"]
+__all__ = ["ALL_VARIANTS", "BENCHMARK_LENGTH_UNIT", "BENCHMARK_TAIL_VARIANTS", "BENCHMARK_VARIANTS", "MaskKind", "ProblemVariant", "attention_flop", "mask_kind", "needed_variant", "total_flop"]
 
 
 class MaskKind(enum.IntEnum):
@@ -53,6 +53,11 @@ ALL_VARIANTS = tuple(
 )
 # The variants the benchmark shapes need: unmasked and causal attention over whole blocks.
 BENCHMARK_VARIANTS = (ProblemVariant(MaskKind.NONE), ProblemVariant(MaskKind.CAUSAL))
+# The same over lengths that leave partial blocks: what the benchmark shapes need of a configuration
+# whose block sizes do not divide them (B_c 176 at seq 4096).
+BENCHMARK_TAIL_VARIANTS = tuple(dataclasses.replace(variant, masked_tails=True) for variant in BENCHMARK_VARIANTS)
+# The benchmark lengths are multiples of this (tools/benchmark: 512 to 16384).
+BENCHMARK_LENGTH_UNIT = 512
 
 
 def needed_variant(

@@ -138,11 +138,13 @@ class HopperForwardKernelConfig(KernelConfig):
     def smem_bytes(self) -> int:
         """Dynamic shared memory of one block: the Q tile and, per pipeline stage, a K and a V tile,
         of 2-byte elements, and when persistent an O tile of Q's size; slack for aligning the tiles
-        to 1024 bytes; the mbarriers (a full and an empty one for Q, and for K and for V per stage).
-        It mirrors the kernel's traits, which compute the same number."""
+        to 1024 bytes; the mbarriers (a full and an empty one for each consumer warpgroup's Q block,
+        and for K and for V per stage) and a work-tile slot per consumer warpgroup, 8 bytes each. It
+        mirrors the kernel's traits, which compute the same number."""
         O_rows = self.B_r if self.persistent else 0
         tiles = (self.B_r + self.stages * 2 * self.B_c + O_rows) * self.d_head * 2
-        return tiles + _ALIGNMENT_SLACK_BYTES + _MBARRIER_BYTES * (2 + 4 * self.stages)
+        warpgroups = self.B_r // 64
+        return tiles + _ALIGNMENT_SLACK_BYTES + _MBARRIER_BYTES * (3 * warpgroups + 4 * self.stages)
 
     def runs_on(self, capability: tuple[int, int]) -> bool:
         """Whether a GPU of this compute capability runs the kernel: sm_90a machine code runs on

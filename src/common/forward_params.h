@@ -50,6 +50,9 @@ struct ForwardParams {
     int d_head;
     float softmax_scale; // multiplies Q K^T before the softmax
     MaskParams mask;
+    // A zeroed counter in device memory for a kernel that hands out its work tiles as blocks ask for
+    // them (ForwardLauncher::needs_work_counter); null for the others.
+    int *work_counter;
 };
 
 } // namespace flash

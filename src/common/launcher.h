@@ -13,6 +13,8 @@ struct ForwardLauncher {
     const void *kernel;
     // Dynamic shared memory of one block.
     int smem_bytes;
+    // Whether the kernel needs ForwardParams::work_counter: the binding then zeroes one per call.
+    bool needs_work_counter;
     // Computes the grid and block, raises the kernel's shared-memory limit on first use on the
     // current device, and launches on `stream`; throws std::runtime_error on a CUDA error.
     void (*launch)(const ForwardParams &params, cudaStream_t stream);

@@ -181,14 +181,20 @@ struct OnlineSoftmax {
         return rescale;
     }
 
-    // The maximum of one lane's share of row h of one 16-row tile.
+    // The maximum of one lane's share of row h of one 16-row tile, as a tree of pairwise maxima: a
+    // dependency chain log2(N_tiles) long rather than N_tiles long, ahead of every exponent.
     template <int N_tiles>
     static __device__ __forceinline__ float lane_row_max(const float (&s)[N_tiles][4], int h) {
-        float row_max = -INFINITY;
+        float partial[N_tiles];
 #pragma unroll
         for (int n = 0; n < N_tiles; ++n)
-            row_max = fmaxf(row_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-        return row_max;
+            partial[n] = fmaxf(s[n][2 * h], s[n][2 * h + 1]);
+#pragma unroll
+        for (int width = 1; width < N_tiles; width *= 2)
+#pragma unroll
+            for (int n = 0; n + width < N_tiles; n += 2 * width)
+                partial[n] = fmaxf(partial[n], partial[n + width]);
+        return partial[0];
     }
 
     // Turns one lane's share of row h into 2^(s * c - reference_max * c) in place; returns its sum.

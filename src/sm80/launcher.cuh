@@ -27,7 +27,7 @@ void launch(const ForwardParams &params, cudaStream_t stream) {
 template <FlashForwardKernelConfig CFG, ProblemVariant VARIANT>
 ForwardLauncher launcher() {
     using Kernel = StaticForwardKernelConfig<CFG>;
-    return ForwardLauncher{reinterpret_cast<const void *>(kernel_of<Kernel, VARIANT>), Kernel::smem_bytes,
+    return ForwardLauncher{reinterpret_cast<const void *>(kernel_of<Kernel, VARIANT>), Kernel::smem_bytes, false,
                            &launch<Kernel, VARIANT>};
 }
 

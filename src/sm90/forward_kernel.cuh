@@ -14,9 +14,10 @@
 // - intra_wg_overlap: a warpgroup computes the softmax of tile j while its product O += P V of
 //   tile j - 1, issued together with S = Q K^T of tile j, is still running; the rescaling of O
 //   waits for that product. Without it, the warpgroup waits for both products first.
-// - persistent: one block per SM takes work tiles in turn, so the next work tile's Q, K and V
-//   load while this one's last products run and its O is stored. Without it, one block per work
-//   tile.
+// - persistent: one block per SM takes work tiles from a global counter as it frees up, so the
+//   next work tile's Q, K and V load while this one's last products run and its O is stored, and
+//   under a mask the uneven tiles balance across the SMs. A warpgroup's next Q loads as soon as
+//   its last S = Q K^T is done. Without it, one block per work tile.
 #pragma once
 
 #include <cstdint>
@@ -60,18 +61,26 @@ struct SharedTiles {
     __device__ __forceinline__ uint64_t *barrier(int i) const {
         return reinterpret_cast<uint64_t *>(base + Kernel::barriers_offset) + i;
     }
-    __device__ __forceinline__ uint64_t *Q_full() const { return barrier(0); }
-    __device__ __forceinline__ uint64_t *Q_empty() const { return barrier(1); }
-    __device__ __forceinline__ uint64_t *K_full(int stage) const { return barrier(2 + 4 * stage); }
-    __device__ __forceinline__ uint64_t *K_empty(int stage) const { return barrier(3 + 4 * stage); }
-    __device__ __forceinline__ uint64_t *V_full(int stage) const { return barrier(4 + 4 * stage); }
-    __device__ __forceinline__ uint64_t *V_empty(int stage) const { return barrier(5 + 4 * stage); }
+    __device__ __forceinline__ uint64_t *Q_full(int warpgroup) const { return barrier(2 * warpgroup); }
+    __device__ __forceinline__ uint64_t *Q_empty(int warpgroup) const { return barrier(2 * warpgroup + 1); }
+    __device__ __forceinline__ uint64_t *K_full(int stage) const { return barrier(KV_barriers + 4 * stage); }
+    __device__ __forceinline__ uint64_t *K_empty(int stage) const { return barrier(KV_barriers + 1 + 4 * stage); }
+    __device__ __forceinline__ uint64_t *V_full(int stage) const { return barrier(KV_barriers + 2 + 4 * stage); }
+    __device__ __forceinline__ uint64_t *V_empty(int stage) const { return barrier(KV_barriers + 3 + 4 * stage); }
+    // Where a persistent block's producer leaves the index of a consumer warpgroup's next work tile,
+    // before its arrival on that warpgroup's Q full barrier (whose waiters then see it).
+    __device__ __forceinline__ volatile int *work_slot(int warpgroup) const {
+        return reinterpret_cast<volatile int *>(barrier(Kernel::n_barriers + warpgroup));
+    }
 
     // One thread, before any other touches the barriers. A full barrier completes on its loader's
-    // arrival plus the bytes; an empty one when every consumer warp has released the stage.
+    // arrival plus the bytes; an empty one when every consumer warp of its readers has released it.
     __device__ __forceinline__ void init_barriers() const {
-        mbarrier_init(Q_full(), 1);
-        mbarrier_init(Q_empty(), Kernel::consumer_warps);
+#pragma unroll
+        for (int wg = 0; wg < Kernel::consumer_warpgroups; ++wg) {
+            mbarrier_init(Q_full(wg), 1);
+            mbarrier_init(Q_empty(wg), Kernel::consumer_warps / Kernel::consumer_warpgroups);
+        }
 #pragma unroll
         for (int stage = 0; stage < Kernel::stages; ++stage) {
             mbarrier_init(K_full(stage), 1);
@@ -81,11 +90,15 @@ struct SharedTiles {
         }
         mbarrier_init_fence();
     }
+
+  private:
+    static constexpr int KV_barriers = 2 * Kernel::consumer_warpgroups;
 };
 
 // Issues one work tile's TMA loads; run by a single thread. The KV tile at position n of the
 // block's stream of KV tiles goes to stage n % stages, in round n / stages, once the consumers
-// have released that stage's previous round; Q's n-th load, once they have released the last Q.
+// have released that stage's previous round; a warpgroup's Q block for the block's n-th work tile,
+// once that warpgroup has released the last one.
 template <typename Kernel>
 struct TileLoader {
     const KernelParams &kp;
@@ -94,15 +107,24 @@ struct TileLoader {
     int kv_head;
     int batch;
 
-    __device__ __forceinline__ void load_Q(int first_row, int n) const {
-        mbarrier_wait(smem.Q_empty(), (n & 1) ^ 1);
-        mbarrier_arrive_expect_bytes(smem.Q_full(), Kernel::Q_bytes);
+    // Q of the n-th work tile, numbered `index`; a persistent block's producer also tells each
+    // warpgroup that index. A work tile whose rows attend no key loads no Q.
+    __device__ __forceinline__ void load_Q(int first_row, int n, int index, bool loads) const {
 #pragma unroll
-        for (int wg = 0; wg < Kernel::consumer_warpgroups; ++wg)
+        for (int wg = 0; wg < Kernel::consumer_warpgroups; ++wg) {
+            mbarrier_wait(smem.Q_empty(wg), (n & 1) ^ 1);
+            if constexpr (Kernel::persistent)
+                *smem.work_slot(wg) = index; // the arrival below releases it to the waiters
+            if (!loads) {
+                mbarrier_arrive(smem.Q_full(wg));
+                continue;
+            }
+            mbarrier_arrive_expect_bytes(smem.Q_full(wg), Kernel::wg_Q_bytes);
 #pragma unroll
             for (int c = 0; c < Kernel::col_blocks; ++c)
-                tma_load_4d(smem.Q(wg) + c * Kernel::Q_col_block_bytes, &kp.q, smem.Q_full(), c * SWIZZLE_COLS,
+                tma_load_4d(smem.Q(wg) + c * Kernel::Q_col_block_bytes, &kp.q, smem.Q_full(wg), c * SWIZZLE_COLS,
                             first_row + wg * WGMMA_M, head, batch);
+        }
     }
 
     __device__ __forceinline__ void load_KV(int tile, int n) const {
@@ -127,27 +149,18 @@ struct TileLoader {
 
 // A block's work: B_r query rows of one (batch, head). Work tiles are numbered with the query
 // block fastest, so the blocks running at once share their heads' K and V in L2; under a mask the
-// last query blocks, whose rows see the most keys, come first. A persistent block takes every
-// gridDim.x-th work tile, which under a mask would often be the same query block of every head,
-// so there each query block comes over every (batch, head) before the next instead (measured on
-// the H200: faster for a persistent block, slower for one block per work tile, whose heads then
-// share nothing in L2).
+// last query blocks, whose rows see the most keys, come first, so a persistent block, which takes
+// whichever work tile is next when it is free, ends on short ones.
 struct WorkTile {
     int Q_block;
     int head;
     int batch;
 
-    template <MaskKind MASK, bool persistent>
-    __device__ __forceinline__ static WorkTile of(int index, int Q_blocks, int heads, int batch_size) {
-        if constexpr (MASK != MaskKind::NONE && persistent) {
-            const int heads_total = heads * batch_size;
-            const int head_index = index % heads_total;
-            return {Q_blocks - 1 - index / heads_total, head_index % heads, head_index / heads};
-        } else {
-            const int Q_block = index % Q_blocks;
-            const int head_index = index / Q_blocks;
-            return {MASK == MaskKind::NONE ? Q_block : Q_blocks - 1 - Q_block, head_index % heads, head_index / heads};
-        }
+    template <MaskKind MASK>
+    __device__ __forceinline__ static WorkTile of(int index, int Q_blocks, int heads) {
+        const int Q_block = index % Q_blocks;
+        const int head_index = index / Q_blocks;
+        return {MASK == MaskKind::NONE ? Q_block : Q_blocks - 1 - Q_block, head_index % heads, head_index / heads};
     }
 };
 
@@ -193,28 +206,35 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
     const int n_work_tiles = Q_blocks * params.heads_q * params.batch;
     const int group_size = params.heads_q / params.heads_kv;
     const auto work_tile = [&](int index) {
-        return WorkTile::of<MASK, Kernel::persistent>(index, Q_blocks, params.heads_q, params.batch);
+        return WorkTile::of<MASK>(index, Q_blocks, params.heads_q);
     };
     using Tiles = KVTileRange<B_r, B_c, MASK, MASKED_TAILS>;
 
-    const int warpgroup = threadIdx.x / WARPGROUP_THREADS;
+    // Warp-uniform (a shuffle says so to the compiler), so what derives from it lives in uniform registers.
+    const int warpgroup = __shfl_sync(FULL_WARP_MASK, threadIdx.x / WARPGROUP_THREADS, 0);
     if constexpr (Kernel::warp_specialized) {
         if (warpgroup == 0) {
             if constexpr (Kernel::moves_registers)
                 release_registers<Kernel::producer_registers>();
             if (threadIdx.x == 0) {
-                int Q_loads = 0;  // work tiles loaded so far
+                // A block's first work tile is its own; a persistent block asks the work counter for
+                // each next one as it starts loading this one, so the tiles go to the blocks that
+                // are free first (under a mask, the longest first).
+                int n = 0;        // work tiles loaded so far
                 int KV_loads = 0; // KV tiles loaded so far: the position in the pipeline
-                for (int index = blockIdx.x; index < n_work_tiles; index += gridDim.x) {
+                for (int index = blockIdx.x; index < n_work_tiles; ++n) {
+                    const int next = Kernel::persistent ? gridDim.x + atomicAdd(params.work_counter, 1) : n_work_tiles;
                     const WorkTile work = work_tile(index);
                     const Tiles tiles(params, work.Q_block * B_r);
-                    if (tiles.empty())
-                        continue;
                     const TileLoader<Kernel> loader{kp, smem, work.head, work.head / group_size, work.batch};
-                    loader.load_Q(work.Q_block * B_r, Q_loads++);
+                    loader.load_Q(work.Q_block * B_r, n, index, !tiles.empty());
                     for (int tile = tiles.begin; tile < tiles.end; ++tile)
                         loader.load_KV(tile, KV_loads++);
+                    index = next;
                 }
+                // The end, as a work tile past the last that loads nothing.
+                if constexpr (Kernel::persistent)
+                    TileLoader<Kernel>{kp, smem, 0, 0, 0}.load_Q(0, n, n_work_tiles, false);
             }
             return;
         }
@@ -227,10 +247,27 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
     const int lane = threadIdx.x % WARP_SIZE;
     const int warp_first_row = wg * WGMMA_M + (threadIdx.x % WARPGROUP_THREADS) / WARP_SIZE * MMA_M;
     constexpr bool rows_may_be_empty = MASK != MaskKind::NONE;
-    int Q_loads = 0;                // work tiles whose Q this block has waited for
+    // Named barriers of this warpgroup's threads alone (ping-pong's turns take 1 .. n_consumers): one
+    // for the epilogue, one for the vote on rescaling (a reduction may not share a barrier with
+    // plain synchronization).
+    const int warpgroup_barrier = 1 + n_consumers + wg;
+    const int vote_barrier = 1 + 2 * n_consumers + wg;
     PipelineState<stages> current; // of the next KV tile, carried from one work tile to the next
+    // A warp's release of a buffer it has read.
+    const auto release = [&](uint64_t *empty) {
+        if (lane == 0)
+            mbarrier_arrive(empty);
+    };
 
-    for (int index = blockIdx.x; index < n_work_tiles; index += gridDim.x) {
+    // The n-th work tile: the block's own, then (persistent) those the producer hands out, until it
+    // hands out the end.
+    for (int nth = 0, index = blockIdx.x;; ++nth) {
+        if constexpr (Kernel::persistent) {
+            mbarrier_wait(smem.Q_full(wg), nth & 1);
+            index = __shfl_sync(FULL_WARP_MASK, *smem.work_slot(wg), 0); // read once per warp
+            if (index >= n_work_tiles)
+                break;
+        }
         const WorkTile work = work_tile(index);
         const int Q_first_row = work.Q_block * B_r;
         const int head = work.head;
@@ -241,7 +278,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
         // loads: Q and the first round now, each later tile once its stage has been released.
         const bool loads = !Kernel::warp_specialized && threadIdx.x == 0;
         if (loads && !tiles.empty()) {
-            loader.load_Q(Q_first_row, 0);
+            loader.load_Q(Q_first_row, 0, index, true);
             for (int tile = tiles.begin; tile < min(tiles.begin + stages, tiles.end); ++tile)
                 loader.load_KV(tile, tile - tiles.begin);
         }
@@ -280,9 +317,10 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
                     Wgmma<d_head>::template rs<value_t>(flat(O_acc), P.r[0][kk],
                                                         V_desc + stage * stage_step + ((kk * WGMMA_K * SWIZZLE_BYTES) >> 4), 1);
             };
-            const auto release = [&](uint64_t *empty) {
-                if (lane == 0)
-                    mbarrier_arrive(empty);
+            // The last S = Q K^T of the work tile done, a persistent block's next Q may load.
+            const auto release_Q_after = [&](int tile) {
+                if (Kernel::persistent && tile == tiles.end - 1)
+                    release(smem.Q_empty(wg));
             };
             const auto modify_and_mask = [&](typename Kernel::S_accumulators &S, int tile, auto masked) {
                 if constexpr (SCORE_MODS)
@@ -301,8 +339,8 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
                 if (wg == n_consumers - 1 && tiles.end - tiles.begin > 1)
                     named_barrier_arrive(1, pair_threads);
 
-            mbarrier_wait(smem.Q_full(), Q_loads & 1);
-            ++Q_loads;
+            if constexpr (!Kernel::persistent)
+                mbarrier_wait(smem.Q_full(wg), 0);
             PipelineState<stages> previous; // of the tile whose P V product is still to be issued
             typename Kernel::P_fragments P;
 
@@ -316,6 +354,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
                 wgmma_wait<0>();
                 fence_registers(flat(S));
                 release(smem.K_empty(current.stage));
+                release_Q_after(tiles.begin);
                 modify_and_mask(S, tiles.begin, masked);
                 softmax.template exponentiate<true>(S, score_scale, [](int, int, float) {});
                 accumulators_to_A<value_t>(P, S);
@@ -344,24 +383,36 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
                     wgmma_wait<1>(); // S has landed; P V may still run
                     fence_registers(flat(S));
                     release(smem.K_empty(current.stage));
+                    release_Q_after(tile);
                     modify_and_mask(S, tile, masked);
                     float rescale[2];
                     const bool rescaled = softmax.template exponentiate<false>(
                         S, score_scale, [&](int, int h, float factor) { rescale[h] = factor; });
-                    wgmma_wait<0>();
+                    // The probabilities are computed here, while P V runs. The compiler schedules
+                    // the wait below as early as its basic block allows, so it sits in branches of
+                    // their own; wgmma waits must be reached by the whole warpgroup alike, so the
+                    // branch is on whether any of its warps rescales.
+                    fence_registers(flat(S));
+                    if (named_barrier_any(vote_barrier, WARPGROUP_THREADS, rescaled)) {
+                        wgmma_wait<0>();
+                        fence_registers(flat(O_acc));
+                        if (rescaled)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h)
+                                decltype(softmax)::rescale_row(O_acc.r[0], h, rescale[h]);
+                    } else {
+                        wgmma_wait<0>();
+                    }
                     fence_registers(flat(O_acc));
                     fence_registers(flat(P));
                     release(smem.V_empty(previous.stage));
-                    if (rescaled)
-#pragma unroll
-                        for (int h = 0; h < 2; ++h)
-                            decltype(softmax)::rescale_row(O_acc.r[0], h, rescale[h]);
                 } else {
                     wgmma_wait<0>();
                     fence_registers(flat(S));
                     fence_registers(flat(O_acc));
                     release(smem.K_empty(current.stage));
                     release(smem.V_empty(previous.stage));
+                    release_Q_after(tile);
                     modify_and_mask(S, tile, masked);
                     softmax.template update<false>(S, O_acc, score_scale);
                 }
@@ -404,8 +455,8 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
             fence_registers(flat(O_acc));
             fence_registers(flat(P));
             release(smem.V_empty(previous.stage));
-            if constexpr (Kernel::persistent)
-                release(smem.Q_empty());
+        } else if constexpr (Kernel::persistent) {
+            release(smem.Q_empty(wg)); // nothing to compute: the next Q may load now
         }
 
         softmax.normalize(O_acc);
@@ -420,8 +471,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
         const bool stores = threadIdx.x % WARPGROUP_THREADS == 0;
         if (Kernel::persistent && stores)
             tma_store_wait_read();
-        const int epilogue_barrier = 1 + n_consumers + wg;
-        named_barrier_sync(epilogue_barrier, WARPGROUP_THREADS);
+        named_barrier_sync(warpgroup_barrier, WARPGROUP_THREADS);
         uint8_t *const O_smem = smem.O(wg);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -436,7 +486,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
             }
         }
         fence_async_shared();
-        named_barrier_sync(epilogue_barrier, WARPGROUP_THREADS);
+        named_barrier_sync(warpgroup_barrier, WARPGROUP_THREADS);
         if (stores) {
 #pragma unroll
             for (int c = 0; c < Kernel::col_blocks; ++c)
@@ -444,6 +494,8 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
                              batch);
             tma_store_commit();
         }
+        if constexpr (!Kernel::persistent)
+            break;
     }
     if (Kernel::persistent && threadIdx.x % WARPGROUP_THREADS == 0)
         tma_store_wait_read(); // the last store has read shared memory before the block exits

@@ -46,7 +46,7 @@ void launch(const ForwardParams &params, cudaStream_t stream) {
 template <HopperForwardKernelConfig CFG, ProblemVariant VARIANT>
 ForwardLauncher launcher() {
     using Kernel = StaticHopperKernelConfig<CFG>;
-    return ForwardLauncher{reinterpret_cast<const void *>(kernel_of<Kernel, VARIANT>), Kernel::smem_bytes,
+    return ForwardLauncher{reinterpret_cast<const void *>(kernel_of<Kernel, VARIANT>), Kernel::smem_bytes, Kernel::persistent,
                            &launch<Kernel, VARIANT>};
 }
 

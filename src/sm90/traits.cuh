@@ -65,10 +65,12 @@ struct StaticHopperKernelConfig {
     static constexpr int V_offset = K_offset + stages * KV_tile_bytes;
     static constexpr int O_offset = persistent ? V_offset + stages * KV_tile_bytes : 0;
     static constexpr int barriers_offset = V_offset + stages * KV_tile_bytes + (persistent ? Q_bytes : 0);
-    // Q full and Q empty, then per stage K full, K empty, V full, V empty.
-    static constexpr int n_barriers = 2 + 4 * stages;
+    // Per consumer warpgroup Q full and Q empty, then per stage K full, K empty, V full, V empty;
+    // then, per consumer warpgroup, the slot where the producer leaves its next work tile's index.
+    static constexpr int n_barriers = 2 * consumer_warpgroups + 4 * stages;
+    static constexpr int n_slots = n_barriers + consumer_warpgroups;
     // The dynamic shared memory base is only 16-byte aligned: up to 1024 bytes go to aligning it.
-    static constexpr int smem_bytes = barriers_offset + n_barriers * static_cast<int>(sizeof(uint64_t)) + SWIZZLE_ATOM_BYTES;
+    static constexpr int smem_bytes = barriers_offset + n_slots * static_cast<int>(sizeof(uint64_t)) + SWIZZLE_ATOM_BYTES;
 
     // Per consumer thread: S = Q K^T (64 x B_c), O (64 x d_head), and P = softmax(S) as the A
     // operand of P V, in the m16n8k16 layouts (one 16-row tile per warp).

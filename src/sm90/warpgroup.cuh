@@ -2,6 +2,8 @@
 // synchronize some warpgroups of a block without the others.
 #pragma once
 
+#include <cstdint>
+
 namespace flash::sm90 {
 
 // Gives back registers: this warpgroup keeps `count` per thread.
@@ -24,6 +26,16 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// named_barrier_sync that also tells every taking part whether any of them has `predicate` set.
+__device__ __forceinline__ bool named_barrier_any(int id, int threads, bool predicate) {
+    uint32_t any;
+    asm volatile("{\n.reg .pred p, q;\nsetp.ne.u32 q, %1, 0;\nbarrier.cta.red.or.pred p, %2, %3, q;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(any)
+                 : "r"(static_cast<uint32_t>(predicate)), "r"(id), "r"(threads)
+                 : "memory");
+    return any != 0;
 }
 
 } // namespace flash::sm90
