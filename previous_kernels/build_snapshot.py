@@ -58,6 +58,9 @@ from unified_diff import apply_patch  # noqa: E402
 
 DEFAULT_CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "flash_attention_snapshots"
 PATCH_FILE = "changes.patch"
+# The Hopper family's steps are configurations of today's tree, not trees: this directory holds
+# only their STEP.md files (NN_<step name>/STEP.md), numbered after the steps here.
+HOPPER_STEPS_DIR = SNAPSHOTS_DIR / "hopper"
 SOURCE_FILE = "SOURCE"
 KERNELS_FILE = "kernels.txt"
 # Paths inside a tree.

@@ -24,6 +24,7 @@ import autotune  # noqa: E402
 import bench_common as common  # noqa: E402
 import ncu_bench  # noqa: E402
 import progression  # noqa: E402
+import power_bench  # noqa: E402
 import pt_bench  # noqa: E402
 import run_kernels  # noqa: E402
 import sass_counts  # noqa: E402
@@ -60,6 +61,7 @@ PYTHON_TOOLS = [
     BENCHMARK_DIR / "autotune.py",
     BENCHMARK_DIR / "progression.py",
     BENCHMARK_DIR / "model_bench.py",
+    BENCHMARK_DIR / "power_bench.py",
     ANALYSIS_DIR / "sass_counts.py",
     ANALYSIS_DIR / "sass_diff.py",
 ]
@@ -167,6 +169,7 @@ def test_autotune_script_passes_lengths_and_options_on(tmp_path):
         [BENCHMARK_DIR / "autotune.py", "--csv", "unused.csv"],
         [BENCHMARK_DIR / "progression.py", "--csv", "unused.csv"],
         [BENCHMARK_DIR / "model_bench.py", "--csv", "unused.csv"],
+        [BENCHMARK_DIR / "power_bench.py", "4096", "128"],
     ],
     ids=lambda command: command[0].name,
 )
@@ -175,6 +178,18 @@ def test_timing_tools_refuse_without_a_gpu(command, tmp_path):
     assert result.returncode == 1
     assert "no CUDA GPU visible" in result.stderr
     assert not (tmp_path / "unused.csv").exists()
+
+
+def test_power_bench_reads_nvidia_smi_samples_and_leaves_out_the_settling():
+    # nvidia-smi's csv,noheader,nounits lines; a field a GPU does not report reads [N/A].
+    samples = power_bench.parse_samples("1980, 120.5, 40\n[N/A], 100.0, 41\n1500, 690.25, 58\n\n1560, 688.0, 59\n")
+    assert samples == [
+        power_bench.Sample(1980, 120.5, 40), power_bench.Sample(1500, 690.25, 58), power_bench.Sample(1560, 688.0, 59)
+    ]  # fmt: skip
+    # The first third of the timings and samples is the clock settling, left out.
+    run = power_bench.summarize("k", "random", 2e12, [1.0, 4.0, 4.0, 5.0, 4.0, 3.0], samples)
+    assert run.tflops == pytest.approx(2e12 / 4.0 / 1e9)
+    assert (run.sm_clock_mhz, run.power_w, run.max_temperature_c) == (1530, 689.125, 59)
 
 
 def test_ncu_bench_without_ncu():
@@ -1481,15 +1496,29 @@ def test_progression_steps_end_with_the_hopper_steps_of_the_current_tree():
     assert [step.name for step in tree] == [name for name, _ in HOPPER_PROGRESSION_STEPS]
     assert list(progression.all_steps()) == [*progression.snapshots.all_steps(), *tree]
     assert progression.parse_args([]).steps == progression.all_steps()
-    assert [step.title for step in tree] == [
-        progression.TREE_STEP_TITLES.get(name, f"knobs: {flags}") for name, flags in HOPPER_PROGRESSION_STEPS
-    ]
+    assert [step.title for step in tree] == [progression.tree_step_title(name) for name, _ in HOPPER_PROGRESSION_STEPS]
     for step, (_, flags) in zip(tree, HOPPER_PROGRESSION_STEPS, strict=True):
         assert step.configs and all(isinstance(cfg, HopperForwardKernelConfig) for cfg in step.configs)
         assert {(cfg.d_head, cfg.stages) for cfg in step.configs} == {(progression.D_HEAD, 2)}
         assert {cfg.short_form().partition(": ")[2] for cfg in step.configs} == {flags}
     args = progression.parse_args(["--steps", "3", "hopper_pingpong"])
     assert [step.name for step in args.steps] == ["03_swizzled", "hopper_pingpong"]
+
+
+def test_each_hopper_step_has_its_step_md_numbered_after_the_trees_steps():
+    directories = progression.tree_step_dirs()
+    assert list(directories) == [name for name, _ in HOPPER_PROGRESSION_STEPS]
+    last_tree_step = progression.snapshots.all_steps()[-1].number
+    for number, (name, directory) in enumerate(directories.items(), start=last_tree_step + 1):
+        assert directory.name == f"{number:02d}_{name}"
+        heading = (directory / "STEP.md").read_text().splitlines()[0]
+        assert heading.startswith(f"# {number:02d} {name}: ") and progression.tree_step_title(name)
+
+
+def test_a_hopper_step_without_its_step_md_is_named(monkeypatch, tmp_path):
+    monkeypatch.setattr(progression, "TREE_STEPS_DIR", tmp_path)
+    with pytest.raises(FileNotFoundError, match="'hopper_ws' has no directory NN_hopper_ws"):
+        progression.tree_step_title("hopper_ws")
 
 
 class StandInBuild:
@@ -1563,7 +1592,7 @@ def test_progression_measures_and_labels_the_hopper_steps(capability, monkeypatc
         }  # fmt: skip
         steps = [line for line in table.splitlines() if line.startswith("hopper_")]
         assert [line.split()[0] for line in steps] == ["hopper_base", "hopper_overlap"]
-        assert all(progression.TREE_STEP_TITLES[line.split()[0]] in line for line in steps)
+        assert all(progression.tree_step_title(line.split()[0]) in line for line in steps)
         assert "skipped" not in out and "CORRECTNESS" not in err
     else:
         assert build.ran == []

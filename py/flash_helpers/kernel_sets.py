@@ -318,9 +318,12 @@ _DEFAULT_TUNINGS = (
 )
 # The Hopper family's configurations of the default build (where 9.0 is built): per dtype and
 # d_head, the fastest of an H200 sweep of block shapes at the benchmark lengths (BENCHMARKS.md);
-# for d_head 64 and 128 also the persistent variant, faster at short lengths without a mask. The
-# dispatch table picks among them per shape.
+# for d_head 64 and 128 also the persistent variant, faster at short lengths without a mask, and for
+# d_head 64 a persistent block of two consumer warpgroups, faster at short lengths with a causal
+# mask (a 128-row work tile wastes fewer rows on the diagonal than a 192-row one). The dispatch
+# table picks among them per shape.
 _DEFAULT_HOPPER_TUNINGS = (
+    "64, 128, 128, 2): ws+pingpong+overlap+persistent",
     "64, 192, 128, 2): ws+pingpong+overlap",
     "64, 192, 128, 2): ws+pingpong+overlap+persistent",
     "128, 128, 128, 2): ws+pingpong+overlap",

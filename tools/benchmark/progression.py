@@ -10,13 +10,13 @@ in one run. A step's figure at a shape is its fastest configuration there; its o
 against FLASH's once per shape. A step's configurations are objects of its tree's own configuration
 class, parsed from its kernels.txt by the tree's own code, so today's py/ plays no part in them.
 
-The Hopper family's steps (kernel_sets.HOPPER_PROGRESSION_STEPS: hopper_base, hopper_ws, ...) have
-no tree under previous_kernels/: they follow the others, measured with today's build
+The Hopper family's steps (kernel_sets.HOPPER_PROGRESSION_STEPS: hopper_base, hopper_ws, ...; their
+STEP.md files in previous_kernels/hopper/) have no tree: they follow the others, measured with today's build
 (flash_attention) in the same run, each with the configurations of that step the build compiled
 (d_head 128, any block size: build the prog or progall set with 9.0 in TORCH_CUDA_ARCH_LIST). On a
 GPU other than sm_90, or where the build lacks them, they are skipped and the reason is printed.
 
-Prints per step: what changed (STEP.md's heading, or TREE_STEP_TITLES), % of FLASH at seq 4096, the
+Prints per step: what changed (its STEP.md's heading), % of FLASH at seq 4096, the
 harmonic mean of ours/FLASH over the sequence lengths and TFLOP/s at 4096. --csv writes every
 timing, --plot draws TFLOP/s by step, one line per sequence length. A tree that fails to build is
 reported with the compiler's last lines, and its steps are left out; the others still run. The
@@ -37,7 +37,7 @@ import sys
 
 import bench_common as common
 from flash_helpers.dispatch_table import arch_name
-from flash_helpers.kernel_sets import ARCH_LIST_ENV, BUILD_KERNELS_ENV, HOPPER_PROGRESSION_STEPS, get_progression_steps
+from flash_helpers.kernel_sets import ARCH_LIST_ENV, BUILD_KERNELS_ENV, get_progression_steps
 from flash_helpers.sm90_config import HopperForwardKernelConfig
 
 SNAPSHOTS_DIR = pathlib.Path(__file__).resolve().parents[2] / "previous_kernels"
@@ -60,15 +60,27 @@ BUILD_LOG_TAIL_LINES = 25
 # The family whose progression previous_kernels/ does not hold: its steps are measured with today's
 # build.
 TREE_FAMILY = HopperForwardKernelConfig
-# What changed at each of its steps (kernel_sets.HOPPER_PROGRESSION_STEPS names them and gives their
-# flags); a step without a title here is described by its flags.
-TREE_STEP_TITLES = {
-    "hopper_base": "wgmma on TMA-loaded tiles, an mbarrier pipeline; the consumers issue the loads",
-    "hopper_ws": "a producer warpgroup issues the loads and gives its registers away",
-    "hopper_pingpong": "the consumer warpgroups take turns issuing their products",
-    "hopper_overlap": "softmax of tile j overlaps the P V product of tile j - 1",
-    "hopper_persistent": "one block per SM takes the work tiles in turn, loading the next while this O is stored",
-}
+# Where each of its steps (kernel_sets.HOPPER_PROGRESSION_STEPS names them and gives their flags) has
+# its STEP.md: NN_<step name>/. The heading, "# NN name: title", gives the step's title.
+TREE_STEPS_DIR = snapshots.HOPPER_STEPS_DIR
+
+
+def tree_step_dirs() -> dict[str, pathlib.Path]:
+    """The directory of each step of TREE_FAMILY, by step name, in their order."""
+    return {
+        path.name.split("_", 1)[1]: path
+        for path in sorted(TREE_STEPS_DIR.iterdir())
+        if path.is_dir() and path.name[:2].isdigit()
+    }
+
+
+def tree_step_title(name: str) -> str:
+    """What changed at a step of TREE_FAMILY: its STEP.md heading after the colon."""
+    directory = tree_step_dirs().get(name)
+    if directory is None:
+        raise FileNotFoundError(f"the step {name!r} has no directory NN_{name} with its STEP.md under {TREE_STEPS_DIR}")
+    heading = (directory / "STEP.md").read_text().splitlines()[0]
+    return heading.split(":", 1)[1].strip()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,9 +96,8 @@ class TreeStep:
 @functools.cache
 def tree_steps() -> tuple[TreeStep, ...]:
     """The steps of TREE_FAMILY, in order."""
-    flags = dict(HOPPER_PROGRESSION_STEPS)
     return tuple(
-        TreeStep(name, TREE_STEP_TITLES.get(name, f"knobs: {flags[name]}"), tuple(configs))
+        TreeStep(name, tree_step_title(name), tuple(configs))
         for name, configs in get_progression_steps(TREE_FAMILY, all_block_sizes=True, d_heads=(D_HEAD,))
     )
 

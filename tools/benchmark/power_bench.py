@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Sustained throughput under the GPU's power limit: each kernel runs back to back for a few
+seconds while nvidia-smi samples the SM clock and the board power.
+
+Short timings (pt_bench, progression) find the GPU at whatever clock its recent load left it at.
+Under sustained tensor-core load an H100 or H200 is held at its power limit, and its clock falls
+with the power that the inputs make the tensor cores draw (fp16 operands toggle more bits than
+bf16 ones). For each selected configuration and each --reference SDPA backend, at the benchmark
+shape of SEQ_LEN and D_HEAD (batch 16, at most 64Ki tokens; heads * d_head = 2048), this runs the
+kernel in a loop for --seconds and reports, over the last two thirds of the loop: TFLOP/s (the
+median of timings of 20 calls each), the median SM clock and board power, and the highest
+temperature. --constant-inputs runs each once more on inputs whose elements are all equal: the
+same instructions, with operands that never toggle, so its clock and power show how far the
+random inputs' power holds the kernel back.
+
+Needs a GPU and nvidia-smi.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+import bench_common as common
+
+# What nvidia-smi samples, in this order, and how often.
+SMI_FIELDS = ("clocks.sm", "power.draw", "temperature.gpu")
+SMI_PERIOD_MS = 100
+# Calls per timed batch in the loop, and the leading share of the loop left out while the clock settles.
+CALLS_PER_TIMING = 20
+SETTLING_FRACTION = 1 / 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """One nvidia-smi reading."""
+
+    sm_clock_mhz: float
+    power_w: float
+    temperature_c: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SustainedRun:
+    """One kernel's loop: the median of its timings and of its samples after settling."""
+
+    label: str
+    inputs: str  # "random" or "constant"
+    tflops: float
+    sm_clock_mhz: float
+    power_w: float
+    max_temperature_c: float
+
+
+def parse_samples(text: str) -> list[Sample]:
+    """nvidia-smi's ``--format=csv,noheader,nounits`` lines of SMI_FIELDS; lines that are not
+    three numbers (a field the GPU does not report reads ``[N/A]``) are left out."""
+    samples = []
+    for line in text.splitlines():
+        fields = [field.strip() for field in line.split(",")]
+        try:
+            values = [float(field) for field in fields]
+        except ValueError:
+            continue
+        if len(values) == len(SMI_FIELDS):
+            samples.append(Sample(*values))
+    return samples
+
+
+def after_settling(values: list) -> list:
+    """The values after the leading SETTLING_FRACTION of them (all of them if that leaves none)."""
+    rest = values[int(len(values) * SETTLING_FRACTION) :]
+    return rest or values
+
+
+def summarize(label: str, inputs: str, flop: float, timings_ms: list[float], samples: list[Sample]) -> SustainedRun:
+    timings_ms, samples = after_settling(timings_ms), after_settling(samples)
+    return SustainedRun(
+        label,
+        inputs,
+        common.tflops(flop, statistics.median(timings_ms)),
+        statistics.median(sample.sm_clock_mhz for sample in samples) if samples else float("nan"),
+        statistics.median(sample.power_w for sample in samples) if samples else float("nan"),
+        max(sample.temperature_c for sample in samples) if samples else float("nan"),
+    )
+
+
+def run_sustained(fn, seconds: float, smi: str) -> tuple[list[float], list[Sample]]:
+    """Runs fn in batches of CALLS_PER_TIMING for ``seconds`` while nvidia-smi samples the GPU;
+    returns each batch's time per call (ms) and the samples, in order."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    query = ",".join(SMI_FIELDS)
+    sampler = subprocess.Popen(
+        [smi, f"--query-gpu={query}", "--format=csv,noheader,nounits", f"-lms={SMI_PERIOD_MS}",
+         f"--id={torch.cuda.current_device()}"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    timings = []
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            start.record()
+            for _ in range(CALLS_PER_TIMING):
+                fn()
+            end.record()
+            end.synchronize()
+            timings.append(start.elapsed_time(end) / CALLS_PER_TIMING)
+    finally:
+        sampler.terminate()
+        output, _ = sampler.communicate()
+    return timings, parse_samples(output)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("seq_len", type=common.positive_int, metavar="SEQ_LEN", help="sequence length")
+    parser.add_argument("d_head", type=int, choices=common.D_HEADS, metavar="D_HEAD", help="head dimension")
+    parser.add_argument(
+        "--kernels",
+        help="configurations to run: short forms separated by ';', or a set name; default: the KERNELS "
+        "environment variable, else every compiled configuration",
+    )
+    parser.add_argument("--dtype", choices=common.DTYPE_NAMES, default="fp16", help="(default: fp16)")
+    parser.add_argument("--causal", action="store_true", help="with the causal mask (bottom-right aligned)")
+    parser.add_argument(
+        "--reference",
+        choices=("none", *common.SDPA_REFERENCES),
+        default="cudnn",
+        help="an SDPA backend to run as well (default: cudnn)",
+    )
+    parser.add_argument("--seconds", type=float, default=5.0, help="how long each loop runs (default: 5)")
+    parser.add_argument(
+        "--constant-inputs", action="store_true", help="also run each on inputs whose elements are all equal"
+    )
+    parser.add_argument("--nvidia-smi", default="nvidia-smi", help="the nvidia-smi command (default: on PATH)")
+    args = parser.parse_args(argv)
+    if not args.seconds > 0:
+        parser.error(f"--seconds must be positive, got {args.seconds}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not common.gpu_available():
+        print(common.no_gpu_message("power_bench.py"), file=sys.stderr)
+        return 1
+    smi = shutil.which(args.nvidia_smi)
+    if smi is None:
+        print(f"{args.nvidia_smi} not found: power_bench.py samples the clock and power with it", file=sys.stderr)
+        return 1
+
+    import torch
+
+    import flash_attention
+
+    dtype = common.dtype_from_name(args.dtype)
+    problem = common.benchmark_problem(args.seq_len, args.d_head, args.causal)
+    try:
+        selected = common.select_configs(args.kernels)
+    except common.ConfigSelectionError as error:
+        print(error, file=sys.stderr)
+        return 1
+    variants = common.compiled_variants()
+    configs = [cfg for cfg in selected if common.fits(cfg, dtype, problem, variants)]
+    flop, _ = problem.flop_counts()
+    q, k, v = common.make_inputs(problem, dtype, seed=0)
+    inputs = {"random": (q, k, v)}
+    if args.constant_inputs:
+        inputs["constant"] = tuple(torch.full_like(t, 0.01) for t in (q, k, v))
+    print(f"{problem.describe()}, {args.dtype}; {args.seconds:g} s per loop; TFLOP/s count {common.flop_rule(problem)}")
+
+    runs = []
+    for name, (q_in, k_in, v_in) in inputs.items():
+        for cfg in configs:
+            o = torch.empty_like(q_in)
+
+            def ours(cfg=cfg, q_in=q_in, k_in=k_in, v_in=v_in, o=o):
+                flash_attention.forward(cfg, q_in, k_in, v_in, o, causal=args.causal)
+
+            runs.append(summarize(cfg.short_form(), name, flop, *run_sustained(ours, args.seconds, smi)))
+        if args.reference != "none":
+            try:
+                call = common.sdpa_call(args.reference, q_in, k_in, v_in, args.causal)
+            except RuntimeError as error:
+                print(f"{common.SDPA_REFERENCES[args.reference]} cannot run this shape: {error}", file=sys.stderr)
+                continue
+            with common.use_sdpa_reference(args.reference):
+                timings, samples = run_sustained(call.run, args.seconds, smi)
+            runs.append(summarize(common.SDPA_REFERENCES[args.reference], name, flop, timings, samples))
+
+    headers = ["kernel", "inputs", "TFLOP/s", "SM clock (MHz)", "power (W)", "max temp (C)"]
+    rows = [[r.label, r.inputs, r.tflops, r.sm_clock_mhz, r.power_w, r.max_temperature_c] for r in runs]
+    print(common.format_table(headers, rows, float_formats={2: ".1f", 3: ".0f", 4: ".0f", 5: ".0f"}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
