@@ -192,6 +192,17 @@ def test_power_bench_reads_nvidia_smi_samples_and_leaves_out_the_settling():
     assert (run.sm_clock_mhz, run.power_w, run.max_temperature_c) == (1530, 689.125, 59)
 
 
+def test_power_bench_without_nvidia_smi_names_it(monkeypatch, capsys):
+    monkeypatch.setattr(common, "gpu_available", lambda: True)
+    assert power_bench.main(["4096", "128", "--nvidia-smi", "/nonexistent/nvidia-smi"]) == 1
+    assert "/nonexistent/nvidia-smi not found" in capsys.readouterr().err
+
+
+def test_power_bench_rejects_a_loop_of_no_time():
+    with pytest.raises(SystemExit):
+        power_bench.parse_args(["4096", "128", "--seconds", "0"])
+
+
 def test_ncu_bench_without_ncu():
     result = run_tool(sys.executable, str(BENCHMARK_DIR / "ncu_bench.py"), "--ncu", "/nonexistent/ncu")
     assert result.returncode == 1
