@@ -1385,6 +1385,38 @@ def test_pt_bench_checks_against_flash_on_the_same_problem(stand_in_gpu, capsys)
     assert "d_head 128, causal: max |ours - SDPA FLASH|" in err
 
 
+def test_power_bench_runs_each_configuration_and_the_reference_on_random_and_constant_inputs(
+    stand_in_gpu, monkeypatch, capsys
+):
+    extension = stand_in_gpu()
+    loops = []
+
+    def stand_in_loop(fn, seconds, smi):
+        fn()
+        loops.append(seconds)
+        return [1.0, 2.0, 2.0], [power_bench.Sample(1500, 690, 57)] * 3
+
+    monkeypatch.setattr(power_bench, "run_sustained", stand_in_loop)
+    status = power_bench.main(["128", "128", "--seconds", "0.5", "--constant-inputs", "--nvidia-smi", sys.executable])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    # Both compiled d_head 128 configurations fit seq 128, on each kind of inputs; the CUDNN reference
+    # cannot run on the stand-in's CPU tensors and is reported.
+    assert sorted((cfg.short_form(), causal) for cfg, _, _, causal in extension.calls) == sorted(
+        [(TUNED_128.short_form(), False), (DEFAULT_128.short_form(), False)] * 2
+    )
+    assert loops == [0.5] * 4 and err.count("SDPA CUDNN cannot run this shape") == 2
+    table = out.splitlines()[3:]
+    assert [line.split()[-5] for line in table] == ["random", "random", "constant", "constant"]
+    assert all(line.split()[-3:] == ["1500", "690", "57"] for line in table)
+
+
+def test_power_bench_with_nothing_to_run_says_so(stand_in_gpu, capsys):
+    stand_in_gpu()
+    assert power_bench.main(["128", "64", "--reference", "none", "--nvidia-smi", sys.executable]) == 1
+    assert "nothing to run: no selected configuration fits this shape" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("honours_causal", [True, False])
 def test_run_kernels_runs_and_checks_the_causal_problem(stand_in_gpu, honours_causal, monkeypatch, capsys):
     extension = stand_in_gpu(honours_causal=honours_causal)

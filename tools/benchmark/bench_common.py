@@ -227,6 +227,12 @@ def fits(
     )
 
 
+def fitting_configs(configs: Iterable[KernelConfig], dtype: DType, problem: Problem) -> list[KernelConfig]:
+    """Those of ``configs`` that can run ``problem`` in ``dtype`` with the built extension (``fits``)."""
+    variants = compiled_variants()
+    return [cfg for cfg in configs if fits(cfg, dtype, problem, variants)]
+
+
 # ----------------------------------------------------------------------------------------------
 # GPU, inputs and timing
 

@@ -174,8 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     except common.ConfigSelectionError as error:
         print(error, file=sys.stderr)
         return 1
-    variants = common.compiled_variants()
-    configs = [cfg for cfg in selected if common.fits(cfg, dtype, problem, variants)]
+    configs = common.fitting_configs(selected, dtype, problem)
+    if not configs and args.reference == "none":
+        print("nothing to run: no selected configuration fits this shape and --reference is none", file=sys.stderr)
+        return 1
     flop, _ = problem.flop_counts()
     q, k, v = common.make_inputs(problem, dtype, seed=0)
     inputs = {"random": (q, k, v)}

@@ -90,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     except common.ConfigSelectionError as error:
         print(error, file=sys.stderr)
         return 1
-    variants = common.compiled_variants()
-    configs = [cfg for cfg in selected if common.fits(cfg, dtype, problem, variants)]
+    configs = common.fitting_configs(selected, dtype, problem)
     references = chosen_references(args.reference)
     skipped = len(selected) - len(configs)
     print(
