@@ -543,6 +543,21 @@ def test_pt_bench_judges_the_automatic_choice_by_its_own_timing_among_ours():
     assert pt_bench.choice_tflops(at_1024) == pytest.approx(pt_bench.best_ours(at_1024).tflops / 2)
 
 
+def test_pt_bench_rounds_keep_each_rows_median_time_and_recount_its_tflops():
+    rounds = [_pt_bench_rows(), _pt_bench_rows(), _pt_bench_rows()]
+    rounds[1] = [dataclasses.replace(row, time_ms=row.time_ms * 4) for row in rounds[1]]
+    rounds[2] = [dataclasses.replace(row, time_ms=row.time_ms / 2) for row in rounds[2][:1]] + rounds[2][1:]
+    merged = pt_bench.median_rows(rounds)
+    # The first row took 1.0, 4.0 and 0.5 ms: its median is 1.0 ms, at the first round's TFLOP/s.
+    assert merged[0].time_ms == 1.0 and merged[0].tflops == pytest.approx(rounds[0][0].tflops)
+    assert [row.time_ms for row in merged[1:]] == [row.time_ms for row in _pt_bench_rows()[1:]]
+    # A backend that could not run in any round stays without a time.
+    efficient = next(row for row in merged if row.implementation == "sdpa_efficient")
+    assert math.isnan(efficient.time_ms) and math.isnan(efficient.tflops)
+    with pytest.raises(ValueError):
+        pt_bench.median_rows([_pt_bench_rows(), _pt_bench_rows()[1:]])
+
+
 def test_pt_bench_table_of_causal_gqa_says_how_flops_and_heads_were_counted():
     rows = _pt_bench_rows(causal=True, gqa_ratio=4, efficient_gqa=common.GQA_REPEATED)
     lines = pt_bench.format_group_table(rows).splitlines()

@@ -83,6 +83,13 @@ __device__ __forceinline__ float (&flat(Accumulators<1, N_tiles> &acc))[N_tiles 
     return reinterpret_cast<float(&)[N_tiles * 4]>(acc.r);
 }
 
+// The first n registers of a flat accumulator list: what a product narrower than the list writes.
+template <int n, int N>
+__device__ __forceinline__ float (&leading(float (&r)[N]))[n] {
+    static_assert(n <= N, "a narrower product writes a prefix of the accumulators");
+    return reinterpret_cast<float(&)[n]>(r);
+}
+
 // A warp's A fragments (one 16-row tile) as one register list, for fence_registers.
 template <int K_slices>
 __device__ __forceinline__ uint32_t (&flat(FragmentsA<1, K_slices> &a))[K_slices * 4] {
@@ -186,7 +193,11 @@ struct Wgmma;
         }                                                                                                 \
     };
 
-// The N this family uses: the key tile sizes (S = Q K^T) and the head sizes (O += P V).
+// The N this family uses: the key tile sizes (S = Q K^T), the narrower widths of the masked tiles'
+// visible keys (multiples of 16 below them) and the head sizes (O += P V).
+FLASH_DEFINE_WGMMA(16, 8, 9, 10, 11, 12, 13)
+FLASH_DEFINE_WGMMA(32, 16, 17, 18, 19, 20, 21)
+FLASH_DEFINE_WGMMA(48, 24, 25, 26, 27, 28, 29)
 FLASH_DEFINE_WGMMA(64, 32, 33, 34, 35, 36, 37)
 FLASH_DEFINE_WGMMA(80, 40, 41, 42, 43, 44, 45)
 FLASH_DEFINE_WGMMA(96, 48, 49, 50, 51, 52, 53)

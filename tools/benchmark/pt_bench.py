@@ -10,7 +10,10 @@ length fits a configuration compiled with masked tails), then automatic configur
 flash_attn_func, the configuration chosen per call from the dispatch table), then SDPA with each
 backend, on the same inputs in the same run. Time is the median of triton.testing.do_bench (of CUDA-event timings if
 triton is missing); TFLOP/s = 4 * batch * heads_q * seq^2 * d_head / time, half of that with the
-causal mask, as FlashAttention counts.
+causal mask, as FlashAttention counts. With --rounds R every shape is measured R times, round
+robin over the whole list, and each row keeps its median time: the GPU's clock drifts with its
+power and temperature over a run, and rounds spread that drift over every implementation and
+length alike instead of letting it favour whichever was timed first.
 
 Prints one table per (dtype, d_head, mask) with the best configuration per seq and its ratios to
 the FLASH and CUDNN backends, then the harmonic means of those ratios, and auto's ratio to the best
@@ -29,6 +32,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import statistics
 import sys
 
 import bench_common as common
@@ -97,6 +101,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=common.DEFAULT_REP_MS,
         help="how long each timing repeats the call, in ms (default: %(default)g)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=common.positive_int,
+        default=1,
+        metavar="R",
+        help="measure every shape R times, round robin over all of them, and keep each timing's median "
+        "(default: %(default)s)",
+    )
     parser.add_argument("--csv", metavar="PATH", help="also write every timing (every configuration) to PATH")
     parser.add_argument(
         "--plot",
@@ -164,6 +176,18 @@ def benchmark_shape(
         out = forward(best.config, q, k, v)
         failure = common.flash_mismatch(out, check_output, dtype_name, f"{best.config} at {problem.describe()}")
     return rows, failure
+
+
+def median_rows(rounds: list[list[common.TimingRow]]) -> list[common.TimingRow]:
+    """One problem's rows, measured once per round (the same implementations in the same order),
+    with each row's median time over the rounds where it ran."""
+    merged = []
+    for measured in zip(*rounds, strict=True):
+        first = measured[0]
+        times = [row.time_ms for row in measured if math.isfinite(row.time_ms)]
+        time_ms = statistics.median(times) if times else math.nan
+        merged.append(common.timing_row(first.dtype, first.problem, first.implementation, first.config, time_ms))
+    return merged
 
 
 def best_ours(rows: list[common.TimingRow]) -> common.TimingRow | None:
@@ -292,24 +316,36 @@ def main(argv: list[str] | None = None) -> int:
     variants = common.compiled_variants()
     timer, timing = common.make_timer(args.rep_ms)
     versions = f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}"
-    print(f"{torch.cuda.get_device_name()}, {versions}; {timing}")
+    rounds = f"; the median of {args.rounds} rounds" if args.rounds > 1 else ""
+    print(f"{torch.cuda.get_device_name()}, {versions}; {timing}{rounds}")
 
     all_rows, failures = [], []
+    plan = []  # per group: the configurations that fit each of its problems
     for group in groups(args):
         dtype = common.dtype_from_name(group.dtype_name)
-        fitting = [[c for c in configs if common.fits(c, dtype, p, variants)] for p in group.problems]
-        total = sum(len(at_problem) + 1 + len(REFERENCES) for at_problem in fitting)
-        group_rows = []
-        description = f"{group.dtype_name} d_head {group.d_head} {common.mask_name(group.causal)}"
-        with common.Progress(total, description) as progress:
-            for problem, at_problem in zip(group.problems, fitting, strict=True):
-                rows, failure = benchmark_shape(group.dtype_name, problem, at_problem, timer, progress)
-                group_rows += rows
-                if failure:
-                    failures.append(failure)
-        print()
-        print(format_group_table(group_rows))
-        all_rows += group_rows
+        plan.append((group, [[c for c in configs if common.fits(c, dtype, p, variants)] for p in group.problems]))
+    # Per group and problem, the rows of each round; a group's table is printed once its last round is done.
+    measured = {}
+    for round_index in range(args.rounds):
+        for group_index, (group, fitting) in enumerate(plan):
+            total = sum(len(at_problem) + 1 + len(REFERENCES) for at_problem in fitting)
+            description = f"{group.dtype_name} d_head {group.d_head} {common.mask_name(group.causal)}"
+            if args.rounds > 1:
+                description += f", round {round_index + 1} of {args.rounds}"
+            with common.Progress(total, description) as progress:
+                for problem_index, (problem, at_problem) in enumerate(zip(group.problems, fitting, strict=True)):
+                    rows, failure = benchmark_shape(group.dtype_name, problem, at_problem, timer, progress)
+                    measured.setdefault((group_index, problem_index), []).append(rows)
+                    if failure and failure not in failures:
+                        failures.append(failure)
+            if round_index == args.rounds - 1:
+                group_rows = [
+                    row for problem_index in range(len(group.problems))
+                    for row in median_rows(measured[(group_index, problem_index)])
+                ]
+                print()
+                print(format_group_table(group_rows))
+                all_rows += group_rows
 
     if args.csv:
         common.write_csv(args.csv, all_rows, common.TIMING_FIELDS)
