@@ -193,9 +193,8 @@ struct Wgmma;
         }                                                                                                 \
     };
 
-// The N this family uses: the key tile sizes (S = Q K^T), the narrower widths of the masked tiles'
-// visible keys (multiples of 16 below them) and the head sizes (O += P V).
-FLASH_DEFINE_WGMMA(16, 8, 9, 10, 11, 12, 13)
+// The N this family uses: the key tile sizes (S = Q K^T), half of them rounded up to 16 (a masked
+// tile's narrower S) and the head sizes (O += P V).
 FLASH_DEFINE_WGMMA(32, 16, 17, 18, 19, 20, 21)
 FLASH_DEFINE_WGMMA(48, 24, 25, 26, 27, 28, 29)
 FLASH_DEFINE_WGMMA(64, 32, 33, 34, 35, 36, 37)
