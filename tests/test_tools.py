@@ -543,19 +543,25 @@ def test_pt_bench_judges_the_automatic_choice_by_its_own_timing_among_ours():
     assert pt_bench.choice_tflops(at_1024) == pytest.approx(pt_bench.best_ours(at_1024).tflops / 2)
 
 
-def test_pt_bench_rounds_keep_each_rows_median_time_and_recount_its_tflops():
+def test_median_timings_keep_each_rows_median_time_and_recount_its_tflops():
+    """pt_bench's rounds and autotune's repeats: one row per implementation, configuration and
+    problem, in the order they first appear, with the median of the times that ran."""
     rounds = [_pt_bench_rows(), _pt_bench_rows(), _pt_bench_rows()]
     rounds[1] = [dataclasses.replace(row, time_ms=row.time_ms * 4) for row in rounds[1]]
     rounds[2] = [dataclasses.replace(row, time_ms=row.time_ms / 2) for row in rounds[2][:1]] + rounds[2][1:]
-    merged = pt_bench.median_rows(rounds)
+    merged = common.median_timings(row for rows in rounds for row in rows)
+    assert [(row.implementation, row.config, row.seq_len) for row in merged] == [
+        (row.implementation, row.config, row.seq_len) for row in _pt_bench_rows()
+    ]
     # The first row took 1.0, 4.0 and 0.5 ms: its median is 1.0 ms, at the first round's TFLOP/s.
     assert merged[0].time_ms == 1.0 and merged[0].tflops == pytest.approx(rounds[0][0].tflops)
     assert [row.time_ms for row in merged[1:]] == [row.time_ms for row in _pt_bench_rows()[1:]]
-    # A backend that could not run in any round stays without a time.
+    # A backend that could not run in any round stays without a time; one that ran in some rounds
+    # keeps the median of those.
     efficient = next(row for row in merged if row.implementation == "sdpa_efficient")
     assert math.isnan(efficient.time_ms) and math.isnan(efficient.tflops)
-    with pytest.raises(ValueError):
-        pt_bench.median_rows([_pt_bench_rows(), _pt_bench_rows()[1:]])
+    partly = common.median_timings([rounds[0][0], dataclasses.replace(rounds[0][0], time_ms=math.nan)])
+    assert [row.time_ms for row in partly] == [1.0]
 
 
 def test_pt_bench_table_of_causal_gqa_says_how_flops_and_heads_were_counted():
@@ -1193,6 +1199,23 @@ def test_autotune_ranking():
     assert group.candidate.harmonic_mean_tflops == pytest.approx(2 / (1 / 250 + 1 / 200))
 
 
+def test_autotune_ranks_repeated_timings_by_their_median():
+    """Rounds (or runs appended to one file) time each configuration several times at a shape: the
+    ranking takes the median, so one slow or fast outlier does not decide the winner."""
+    names = TUNING_NAMES
+    once = _tuning_rows()
+    # A second and third timing of everything; at 512 the winner A is once 4 times slower and D
+    # once 2 times faster, which alone would swap them.
+    slow_a = [dataclasses.replace(row, time_ms=row.time_ms * (4 if row.config == names["A"] else 1)) for row in once]
+    fast_d = [dataclasses.replace(row, time_ms=row.time_ms / (2 if row.config == names["D"] else 1)) for row in once]
+    rows = once + slow_a + fast_d
+    shapes, single = autotune.rank_shapes(rows), autotune.rank_shapes(once)
+    assert [[row.config for row in r.ranked] for r in shapes] == [[row.config for row in r.ranked] for r in single]
+    assert [row.time_ms for row in shapes[0].ranked] == pytest.approx([row.time_ms for row in single[0].ranked])
+    (group,) = autotune.rank_groups(rows)
+    assert [c.config for c in group.ranked] == [names["B"], names["A"], names["C"]]
+
+
 def test_autotune_ranks_causal_and_unmasked_apart():
     rows = _tuning_rows(TUNING_CAUSAL, causal=True) + _tuning_rows()
     shapes = autotune.rank_shapes(rows)
@@ -1475,6 +1498,22 @@ def test_timing_tools_run_hopper_kernels_on_sm90_only(stand_in_gpu, capability, 
     sweep = ["--dtypes", "fp16", "--d-heads", "128", "--seq-lens", "256", "--causal", "on", "--csv", os.devnull]
     assert autotune.main(sweep) == 0
     assert (HOPPER_128 in {cfg for cfg, *_ in extension.calls}) == on_sm90
+
+
+def test_autotune_rounds_time_each_configuration_once_per_round_starting_one_further_along(stand_in_gpu, tmp_path):
+    extension = stand_in_gpu(times={(TUNED_128, False): 1.0, (DEFAULT_128, False): 2.0})
+    csv_path = tmp_path / "tune.csv"
+    sweep = ["--dtypes", "fp16", "--d-heads", "128", "--seq-lens", "128", "256", "--causal", "off", "--rounds", "3"]
+    assert autotune.main([*sweep, "--csv", str(csv_path)]) == 0
+    order = [(q[1], cfg) for cfg, q, _, _ in extension.calls]
+    first_round = order[:4]
+    assert sorted(first_round) == sorted((seq, cfg) for seq in (128, 256) for cfg in (TUNED_128, DEFAULT_128))
+    # Round robin over the shapes; each round starts the shape's configurations one further along.
+    rotated = [first_round[1], first_round[0], first_round[3], first_round[2]]
+    assert order == first_round + rotated + first_round
+    # Every timing is in the file; the summary counts each configuration once per shape.
+    rows = common.read_timing_csv(csv_path)
+    assert len(rows) == 12 and len(autotune.rank_shapes(rows)[0].ranked) == 2
 
 
 def test_autotune_sweeps_both_masks_and_ranks_them_apart(stand_in_gpu, tmp_path, capsys):

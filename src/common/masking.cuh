@@ -3,6 +3,7 @@
 // modifications (softcap, ALiBi). Interior tiles of a masked problem run the unmasked code.
 #pragma once
 
+#include <climits>
 #include <cmath>
 #include <type_traits>
 
@@ -70,10 +71,12 @@ struct KVTileRange {
 
 // The keys each of a lane's accumulator rows may attend in one tile, as a column interval
 // [lo, hi] in the tile's own column numbers, for M_tiles x 2 rows (index h: lane/4 and lane/4 + 8).
-// Columns outside it are set to -infinity before the softmax.
-template <MaskKind MASK, bool MASKED_TAILS, int M_tiles, int N_tiles>
+// Columns outside it are set to -infinity before the softmax. Only columns in [first_col, end_col)
+// are compared: a caller that knows the others are already decided (attended, or -infinity) says so.
+template <MaskKind MASK, bool MASKED_TAILS, int first_col = 0, int end_col = INT_MAX, int M_tiles, int N_tiles>
 __device__ __forceinline__ void apply_mask(Accumulators<M_tiles, N_tiles> &s, const ForwardParams &params,
                                            int first_row, int first_key) {
+    static_assert(first_col % MMA_N == 0, "the compared columns start at an accumulator column block");
     const int lane = threadIdx.x % WARP_SIZE;
     const int lane_col = 2 * (lane % QUAD_SIZE);
     // Row first_row + lane / 4's diagonal, in the tile's column numbers.
@@ -90,7 +93,7 @@ __device__ __forceinline__ void apply_mask(Accumulators<M_tiles, N_tiles> &s, co
             if constexpr (MASK == MaskKind::LOCAL)
                 lo = row_diagonal - params.mask.window_left;
 #pragma unroll
-            for (int n = 0; n < N_tiles; ++n)
+            for (int n = first_col / MMA_N; n < N_tiles && n * MMA_N < end_col; ++n)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int col = n * MMA_N + lane_col + e;

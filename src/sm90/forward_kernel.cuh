@@ -188,9 +188,13 @@ struct PipelineState {
 // causal mask's diagonal tile sees, with 128-row work tiles and 128-key tiles. Each width compiles
 // the tile's whole softmax once more, and finer steps cost more in code (instruction fetch) than
 // they save (measured: P V in steps of 16 keys made seq 1000 slower).
+template <int B_c>
+constexpr int half_key_width() {
+    return (B_c / 2 + WGMMA_K - 1) / WGMMA_K * WGMMA_K;
+}
 template <int B_c, typename Use>
 __device__ __forceinline__ void with_key_width(int keys, Use &&use) {
-    constexpr int half = (B_c / 2 + WGMMA_K - 1) / WGMMA_K * WGMMA_K;
+    constexpr int half = half_key_width<B_c>();
     if (keys <= half)
         use(std::integral_constant<int, half>{});
     else
@@ -370,11 +374,15 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
                 if (Kernel::persistent && tile == tiles.end - 1)
                     release(smem.Q_empty(wg));
             };
-            const auto modify_and_mask = [&](typename Kernel::S_accumulators &S, int tile, auto masked) {
+            // A masked tile of `width` keys: the columns past it are -infinity already, and without a
+            // mask (the end of the keys alone) the full width means the first half is all attended.
+            const auto modify_and_mask = [&](typename Kernel::S_accumulators &S, int tile, auto masked, auto width) {
+                constexpr int W = decltype(width)::value;
                 if constexpr (SCORE_MODS)
                     score_mods.apply(S, params, Q_first_row + warp_first_row, tile * B_c);
                 if constexpr (decltype(masked)::value)
-                    apply_mask<MASK, MASKED_TAILS>(S, params, Q_first_row + warp_first_row, tile * B_c);
+                    apply_mask<MASK, MASKED_TAILS, MASK == MaskKind::NONE && W == B_c ? half_key_width<B_c>() : 0, W>(
+                        S, params, Q_first_row + warp_first_row, tile * B_c);
             };
 
             // Pingpong: warpgroup wg issues its products after warpgroup wg - 1 (round robin) and then
@@ -402,7 +410,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
                 fence_registers(flat(S));
                 release(smem.K_empty(current.stage));
                 release_Q_after(tiles.begin);
-                modify_and_mask(S, tiles.begin, masked);
+                modify_and_mask(S, tiles.begin, masked, width);
                 softmax.template exponentiate<true>(S, score_scale, [](int, int, float) {});
                 accumulators_to_A<value_t>(P, S);
                 previous = current;
@@ -430,7 +438,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
                     fence_registers(flat(S));
                     release(smem.K_empty(current.stage));
                     release_Q_after(tile);
-                    modify_and_mask(S, tile, masked);
+                    modify_and_mask(S, tile, masked, width);
                     float rescale[2];
                     const bool rescaled = softmax.template exponentiate<false>(
                         S, score_scale, [&](int, int h, float factor) { rescale[h] = factor; });
@@ -459,7 +467,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
                     release(smem.K_empty(current.stage));
                     release(smem.V_empty(previous.stage));
                     release_Q_after(tile);
-                    modify_and_mask(S, tile, masked);
+                    modify_and_mask(S, tile, masked, width);
                     softmax.template update<false>(S, O_acc, score_scale);
                 }
                 if (loads && tile - 1 + stages < tiles.end)

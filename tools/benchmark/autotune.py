@@ -7,14 +7,18 @@ tuning set ('tune'); build them first, e.g. FLASH_BUILD_KERNELS=tune pip install
 Shapes: each dtype, d_head, mask (without and with the causal mask unless --causal says otherwise)
 and seq_len of the benchmark shapes (batch 16/16/16/16/8/4 for seq 512..16384; heads * d_head =
 2048: 16 heads for d_head 128, 32 for d_head 64). Every timing goes to the CSV file as it is
-measured (default profiles/autotune.csv); then the summary ranks, per (dtype, d_head, mask,
-seq_len), the winner, its TFLOP/s, the runner-up and the winner's margin over it, and the top N;
-and per (dtype, d_head, mask), the configurations with the best harmonic mean of TFLOP/s over the
-sequence lengths: the first is the candidate default for that dtype, d_head and mask. Causal
-TFLOP/s count half of the unmasked problem's FLOPs, as FlashAttention does.
+measured (default profiles/autotune.csv). With --rounds R the whole sweep runs R times, round robin,
+and a configuration's time at a shape is the median of its R timings: the GPU's clock drifts with
+its power and temperature, and neighbouring configurations of one round can differ by less than
+that drift. The summary then ranks, per (dtype, d_head, mask, seq_len), the winner, its TFLOP/s,
+the runner-up and the winner's margin over it, and the top N; and per (dtype, d_head, mask), the
+configurations with the best harmonic mean of TFLOP/s over the sequence lengths: the first is the
+candidate default for that dtype, d_head and mask. Causal TFLOP/s count half of the unmasked
+problem's FLOPs, as FlashAttention does.
 
 --summary-only CSV ranks an existing CSV file (of this tool or of pt_bench.py --csv) without a GPU;
-files without a causal column are of unmasked attention.
+files without a causal column are of unmasked attention. Repeated timings of a configuration at a
+shape (rounds, or runs appended to one file) count by their median.
 
 --dispatch-table PATH also writes the rankings as the dispatch table that automatic configuration
 reads (flash_helpers.dispatch_table): every configuration's place at every shape. The package's
@@ -103,8 +107,13 @@ def _group_order(dtype: str, d_head: int, causal: bool) -> tuple[int, int, bool]
 
 
 def usable(rows: list[common.TimingRow]) -> list[common.TimingRow]:
-    """Our configurations' timings that ran (SDPA rows of a pt_bench file and NaN times are dropped)."""
-    return [row for row in rows if row.implementation == "ours" and math.isfinite(row.tflops) and row.tflops > 0]
+    """Our configurations' timings that ran, one per configuration and shape (the median of its
+    repeats); SDPA rows of a pt_bench file and NaN times are dropped."""
+    return [
+        row
+        for row in common.median_timings(rows)
+        if row.implementation == "ours" and math.isfinite(row.tflops) and row.tflops > 0
+    ]
 
 
 def rank_shapes(rows: list[common.TimingRow]) -> list[ShapeRanking]:
@@ -210,11 +219,13 @@ def make_dispatch_table(rows: list[common.TimingRow], arch: str, gpu: str, comma
 
 
 def sweep(args: argparse.Namespace, configs, csv_writer: common.TimingCsvWriter) -> list[common.TimingRow]:
-    """Times every configuration that fits each shape; rows are written to the CSV as measured."""
+    """Times every configuration that fits each shape, round robin over the shapes once per round;
+    rows are written to the CSV as measured."""
     import flash_attention
 
     timer, timing = common.make_timer(args.rep_ms)
-    print(f"{len(configs)} configurations; {timing}")
+    rounds = f"; {args.rounds} rounds, the median of each" if args.rounds > 1 else ""
+    print(f"{len(configs)} configurations; {timing}{rounds}")
     variants = common.compiled_variants()
     shapes = []
     masks = common.causal_values(args.causal)
@@ -226,12 +237,15 @@ def sweep(args: argparse.Namespace, configs, csv_writer: common.TimingCsvWriter)
             shapes.append((dtype_name, dtype, problem, fitting))
 
     rows = []
-    with common.Progress(sum(len(shape[-1]) for shape in shapes), "autotuning") as progress:
-        for dtype_name, dtype, problem, fitting in shapes:
-            progress.set_description(f"{dtype_name} {problem.describe()}")
+    with common.Progress(args.rounds * sum(len(shape[-1]) for shape in shapes), "autotuning") as progress:
+        for round_index, (dtype_name, dtype, problem, fitting) in itertools.product(range(args.rounds), shapes):
+            where = f", round {round_index + 1} of {args.rounds}" if args.rounds > 1 else ""
+            progress.set_description(f"{dtype_name} {problem.describe()}{where}")
             q, k, v = common.make_inputs(problem, dtype)
             o = q.new_empty(q.shape)
-            for cfg in fitting:
+            # Each round starts one configuration further along, so that none is always timed first.
+            start = round_index % len(fitting)
+            for cfg in fitting[start:] + fitting[:start]:
                 time_ms = timer(functools.partial(flash_attention.forward, cfg, q, k, v, o, causal=problem.causal))
                 row = common.timing_row(dtype_name, problem, "ours", cfg.short_form(), time_ms)
                 csv_writer.write(row)
@@ -267,6 +281,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=common.DEFAULT_REP_MS,
         help="how long each timing repeats the call, in ms (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=common.positive_int,
+        default=1,
+        metavar="R",
+        help="sweeps, round robin; each configuration's time at a shape is its median (default: 1)",
     )
     parser.add_argument(
         "--csv", metavar="PATH", default=str(DEFAULT_CSV), help="where every timing is written (default: %(default)s)"

@@ -556,6 +556,20 @@ def timing_row(dtype: str, problem: Problem, implementation: str, config: str, t
     )
 
 
+def median_timings(rows: Iterable[TimingRow]) -> list[TimingRow]:
+    """Rows that time the same implementation and configuration at the same problem more than once
+    (the rounds of one run, or several runs in one CSV file) merged into one each, in the order each
+    first appears: the median of the times that ran, NaN if none did."""
+    measured: dict[tuple, list[TimingRow]] = {}
+    for row in rows:
+        measured.setdefault((row.dtype, row.problem, row.implementation, row.config), []).append(row)
+    merged = []
+    for (dtype, problem, implementation, config), repeats in measured.items():
+        times = [row.time_ms for row in repeats if math.isfinite(row.time_ms)]
+        merged.append(timing_row(dtype, problem, implementation, config, statistics.median(times) if times else math.nan))
+    return merged
+
+
 def _parse_bool(text: str) -> bool:
     """A bool as csv.DictWriter writes it."""
     if text not in ("True", "False"):

@@ -32,7 +32,6 @@ import dataclasses
 import functools
 import itertools
 import math
-import statistics
 import sys
 
 import bench_common as common
@@ -178,18 +177,6 @@ def benchmark_shape(
     return rows, failure
 
 
-def median_rows(rounds: list[list[common.TimingRow]]) -> list[common.TimingRow]:
-    """One problem's rows, measured once per round (the same implementations in the same order),
-    with each row's median time over the rounds where it ran."""
-    merged = []
-    for measured in zip(*rounds, strict=True):
-        first = measured[0]
-        times = [row.time_ms for row in measured if math.isfinite(row.time_ms)]
-        time_ms = statistics.median(times) if times else math.nan
-        merged.append(common.timing_row(first.dtype, first.problem, first.implementation, first.config, time_ms))
-    return merged
-
-
 def best_ours(rows: list[common.TimingRow]) -> common.TimingRow | None:
     """Our fastest configuration among ``rows`` (ignoring ones that could not run)."""
     ours = [r for r in rows if r.implementation == "ours" and math.isfinite(r.tflops)]
@@ -324,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     for group in groups(args):
         dtype = common.dtype_from_name(group.dtype_name)
         plan.append((group, [[c for c in configs if common.fits(c, dtype, p, variants)] for p in group.problems]))
-    # Per group and problem, the rows of each round; a group's table is printed once its last round is done.
+    # Per group and problem, the rows of every round; a group's table is printed once its last round is done.
     measured = {}
     for round_index in range(args.rounds):
         for group_index, (group, fitting) in enumerate(plan):
@@ -335,14 +322,13 @@ def main(argv: list[str] | None = None) -> int:
             with common.Progress(total, description) as progress:
                 for problem_index, (problem, at_problem) in enumerate(zip(group.problems, fitting, strict=True)):
                     rows, failure = benchmark_shape(group.dtype_name, problem, at_problem, timer, progress)
-                    measured.setdefault((group_index, problem_index), []).append(rows)
+                    measured.setdefault((group_index, problem_index), []).extend(rows)
                     if failure and failure not in failures:
                         failures.append(failure)
             if round_index == args.rounds - 1:
-                group_rows = [
-                    row for problem_index in range(len(group.problems))
-                    for row in median_rows(measured[(group_index, problem_index)])
-                ]
+                group_rows = common.median_timings(
+                    row for problem_index in range(len(group.problems)) for row in measured[(group_index, problem_index)]
+                )
                 print()
                 print(format_group_table(group_rows))
                 all_rows += group_rows
