@@ -121,14 +121,16 @@ struct ScoreMods {
                           : -params.mask.alibi_slopes[batch * params.mask.alibi_batch_stride + head] / post_scale;
     }
 
-    template <int M_tiles, int N_tiles>
+    // Over the tile's columns before end_col: a narrower product leaves the others at -infinity,
+    // which the tanh would make finite.
+    template <int end_col = INT_MAX, int M_tiles, int N_tiles>
     __device__ __forceinline__ void apply(Accumulators<M_tiles, N_tiles> &s, const ForwardParams &params,
                                           int first_row, int first_key) const {
         if (softcap)
 #pragma unroll
             for (int m = 0; m < M_tiles; ++m)
 #pragma unroll
-                for (int n = 0; n < N_tiles; ++n)
+                for (int n = 0; n < N_tiles && n * MMA_N < end_col; ++n)
 #pragma unroll
                     for (int i = 0; i < 4; ++i)
                         s.r[m][n][i] = ptx::tanh(s.r[m][n][i] * pre_scale);
@@ -140,7 +142,7 @@ struct ScoreMods {
 #pragma unroll
                 for (int h = 0; h < 2; ++h)
 #pragma unroll
-                    for (int n = 0; n < N_tiles; ++n)
+                    for (int n = 0; n < N_tiles && n * MMA_N < end_col; ++n)
 #pragma unroll
                         for (int e = 0; e < 2; ++e) {
                             const int col = n * MMA_N + 2 * (lane % QUAD_SIZE) + e;

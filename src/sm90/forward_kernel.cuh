@@ -374,12 +374,13 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
                 if (Kernel::persistent && tile == tiles.end - 1)
                     release(smem.Q_empty(wg));
             };
-            // A masked tile of `width` keys: the columns past it are -infinity already, and without a
-            // mask (the end of the keys alone) the full width means the first half is all attended.
+            // A tile of `width` keys: the columns past it are -infinity already (the score
+            // modifications leave them alone), and without a mask (the end of the keys alone) a masked
+            // tile of full width has its first half all attended.
             const auto modify_and_mask = [&](typename Kernel::S_accumulators &S, int tile, auto masked, auto width) {
                 constexpr int W = decltype(width)::value;
                 if constexpr (SCORE_MODS)
-                    score_mods.apply(S, params, Q_first_row + warp_first_row, tile * B_c);
+                    score_mods.template apply<W>(S, params, Q_first_row + warp_first_row, tile * B_c);
                 if constexpr (decltype(masked)::value)
                     apply_mask<MASK, MASKED_TAILS, MASK == MaskKind::NONE && W == B_c ? half_key_width<B_c>() : 0, W>(
                         S, params, Q_first_row + warp_first_row, tile * B_c);
