@@ -186,8 +186,8 @@ struct PipelineState {
 // row, or the end of the keys) instead of computing what the mask drops, at one of two widths: half
 // the tile (a multiple of WGMMA_K) or all of it. Half a tile is what the first warpgroup of a
 // causal mask's diagonal tile sees, with 128-row work tiles and 128-key tiles. Each width compiles
-// the tile's whole softmax once more, and finer steps cost more in code (instruction fetch) than
-// they save (measured: P V in steps of 16 keys made seq 1000 slower).
+// the tile's whole softmax once more, and finer steps cost more than they save (measured: P V in
+// steps of 16 keys made seq 1000 slower).
 template <int B_c>
 constexpr int half_key_width() {
     return (B_c / 2 + WGMMA_K - 1) / WGMMA_K * WGMMA_K;
