@@ -855,6 +855,48 @@ def test_ncu_bench_causal_profiles_each_mask(tmp_path):
     assert float(rows[1]["attn_tflops"]) == pytest.approx(float(rows[0]["attn_tflops"]) / 2)
 
 
+def test_ncu_bench_profiles_keys_of_a_length_of_their_own(tmp_path):
+    """--seqlen_k profiles a query tail without a key tail (and the reverse), e.g. seq 1000 x 1024."""
+    ncu = _stand_in_ncu(tmp_path, NCU_RAW_OUTPUT)
+    result = run_tool(
+        sys.executable, BENCHMARK_DIR / "ncu_bench.py", "--ncu", ncu, "--seq_lens", "1000", "--seqlen_k", "1024",
+        "--causal", "both", "--reference", "none", "--csv", tmp_path / "profile.csv",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "fp16, batch 16, seq 1000 x 1024, 16 heads, d_head 128, causal" in result.stdout
+    argv = (tmp_path / "ncu_argv.txt").read_text().splitlines()
+    assert argv[argv.index("--seqlen_k") + 1] == "1024"
+    with open(tmp_path / "profile.csv", newline="") as file:
+        rows = [row for row in csv.DictReader(file) if row["kernel"] == CFG_A.short_form()]
+    assert [(row["seq_len"], row["seqlen_k"], row["causal"]) for row in rows] == [
+        ("1000", "1024", "False"),
+        ("1000", "1024", "True"),
+    ]
+
+
+@pytest.mark.parametrize("tool", ["ncu_bench", "run_kernels"])
+def test_causal_keys_of_another_length_refuse_an_sdpa_reference(tool, capsys):
+    """SDPA aligns is_causal top-left and we align bottom-right: with seqlen_q != seqlen_k they are
+    different problems, so the tools ask for --reference none instead of timing SDPA on another one."""
+    parse, argv = {
+        "ncu_bench": (ncu_bench.parse_args, ["--seq_lens", "1000", "1024", "--seqlen_k", "1024", "--causal", "both"]),
+        "run_kernels": (run_kernels.parse_args, ["1000", "128", "--seqlen_k", "1024", "--causal"]),
+    }[tool]
+    with pytest.raises(SystemExit):
+        parse(argv)
+    assert "SDPA's is_causal (aligned top-left)" in capsys.readouterr().err
+    assert parse([*argv, "--reference", "none"]).seqlen_k == 1024
+    # Equal lengths, or no mask, keep the reference.
+    assert parse([arg for arg in argv if arg not in ("--causal", "both")]).reference == "flash"
+
+
+def test_run_kernels_gives_the_keys_their_own_length(stand_in_gpu, capsys):
+    extension = stand_in_gpu()
+    assert run_kernels.main(["200", "128", "--seqlen_k", "300", "--reference", "none"]) == 0
+    assert capsys.readouterr().out.startswith("batch 16, seq 200 x 300, 16 heads, d_head 128, no mask, fp16")
+    assert {(q[1], k[1]) for _, q, k, _ in extension.calls} == {(200, 300)}
+
+
 def test_ncu_bench_reports_a_failing_ncu(tmp_path):
     message = "==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters"
     ncu = _stand_in_ncu(tmp_path, message, status=1)

@@ -337,6 +337,18 @@ def use_sdpa_reference(reference: str):
     return sdpa_kernel(sdpa_backend(reference))
 
 
+def causal_lengths_error(seqlen_q: int, seqlen_k: int, reference: str) -> str | None:
+    """Why SDPA cannot be a reference for a causal problem of these lengths, or None if it can: its
+    is_causal aligns the mask top-left and ours bottom-right (FlashAttention-2's), so with
+    seqlen_q != seqlen_k they would compute different problems."""
+    if seqlen_q == seqlen_k or reference == "none":
+        return None
+    return (
+        f"with the causal mask and seqlen_k {seqlen_k} != seqlen_q {seqlen_q}, SDPA's is_causal (aligned top-left) "
+        "computes another problem than ours (aligned bottom-right): pass --reference none"
+    )
+
+
 def sdpa_runner(q, k, v, causal: bool = False, repeat_kv: bool = False) -> Callable[[], object]:
     """SDPA on the same tensors: it takes (batch, heads, seq, d_head), so it gets transposed views of
     our (batch, seq, heads, d_head) inputs, and returns the output in our layout. Call it inside

@@ -6,8 +6,8 @@ For each (seq_len, d_head, mask) it runs
     ncu --clock-control none --csv --page raw --metrics <NCU_METRICS> python run_kernels.py SEQ D_HEAD ...
 
 at the benchmark shape (batch 16, at most 64Ki tokens: 16/16/16/16/8/4 for seq 512..16384;
-heads * d_head = 2048: 16 heads for d_head 128, 32 for d_head 64), with the causal mask or without
-(--causal), maps each profiled kernel back to its configuration's short form (SDPA kernels to the
+heads * d_head = 2048: 16 heads for d_head 128, 32 for d_head 64; --seqlen_k gives the keys and
+values another length than the queries'), with the causal mask or without (--causal), maps each profiled kernel back to its configuration's short form (SDPA kernels to the
 backend's name; other kernels, such as the inputs' random fill, are left out), averages over the
 runs and prints per kernel: duration, cycles, registers per thread, shared memory per block,
 achieved occupancy, L2 hit rate, DRAM throughput, tensor-pipe utilization, and TFLOP/s counting
@@ -259,7 +259,8 @@ class ProfileRow:
     dtype: str
     d_head: int
     causal: bool
-    seq_len: int
+    seq_len: int  # seqlen_q
+    seqlen_k: int
     batch: int
     heads: int
     kernel: str
@@ -285,6 +286,7 @@ def profile_row(summary: KernelSummary, dtype: str, problem: common.Problem) -> 
         d_head=problem.d_head,
         causal=problem.causal,
         seq_len=problem.seqlen_q,
+        seqlen_k=problem.seqlen_k,
         batch=problem.batch,
         heads=problem.heads_q,
         kernel=summary.kernel.label,
@@ -337,6 +339,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="sequence lengths, any positive values (default: 4096)",
     )
     parser.add_argument(
+        "--seqlen_k",
+        type=common.positive_int,
+        metavar="K",
+        help="keys and values per sequence at every SEQ (default: SEQ itself), e.g. --seq_lens 1000 1024 "
+        "--seqlen_k 1024 to profile a query tail without a key tail",
+    )
+    parser.add_argument(
         "--d_heads", nargs="+", type=int, choices=common.D_HEADS, default=[128], help="head dimensions (default: 128)"
     )
     common.add_causal_argument(parser, default="off")
@@ -363,6 +372,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error(f"--runs must be positive, got {args.runs}")
+    if True in common.causal_values(args.causal) and args.seqlen_k:
+        for seq_len in args.seq_lens:
+            error = common.causal_lengths_error(seq_len, args.seqlen_k, args.reference)
+            if error:
+                parser.error(error)
     return args
 
 
@@ -381,6 +395,7 @@ def ncu_command(ncu: str, args: argparse.Namespace, problem: common.Problem) -> 
         "--n_runs", str(args.runs),
         "--batch", str(problem.batch),
         "--heads", str(problem.heads_q),
+        "--seqlen_k", str(problem.seqlen_k),
         "--dtype", args.dtype,
         "--reference", args.reference,
     ]  # fmt: skip
@@ -409,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
 
     all_rows, tables, failures = [], [], []
     problems = [
-        common.benchmark_problem(seq_len, d_head, causal)
+        dataclasses.replace(common.benchmark_problem(seq_len, d_head, causal), seqlen_k=args.seqlen_k or seq_len)
         for seq_len, d_head, causal in itertools.product(args.seq_lens, args.d_heads, common.causal_values(args.causal))
     ]
     for problem in common.track(problems, description="profiling"):

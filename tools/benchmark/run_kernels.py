@@ -6,8 +6,9 @@ profiler such as Nsight Compute can measure them:
 
 Every selected compiled configuration with this dtype and d_head that has the kernel variant the
 problem needs (--causal or not; masked tails where SEQ_LEN is not a multiple of its block sizes)
-runs N times on the same random inputs, then each chosen SDPA backend N times. Batch and heads
-default to the benchmark shape of SEQ_LEN (batch 16, at most 64Ki tokens: 16/16/16/16/8/4 for seq
+runs N times on the same random inputs, then each chosen SDPA backend N times. --seqlen_k gives
+the keys and values their own length (default SEQ_LEN), so a query tail and a key tail can be
+profiled apart. Batch and heads default to the benchmark shape of SEQ_LEN (batch 16, at most 64Ki tokens: 16/16/16/16/8/4 for seq
 512..16384; heads * d_head = 2048: 16 heads for d_head 128, 32 for d_head 64).
 
 --check also compares each configuration's output with a float32 reference with the same mask
@@ -42,6 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="configurations to run: short forms separated by ';', or a set name (prog, progall, tune, all, "
         "'B_r,B_c'); default: the KERNELS environment variable, else every compiled configuration",
     )
+    parser.add_argument("--seqlen_k", type=int, metavar="K", help="keys and values per sequence (default: SEQ_LEN)")
     parser.add_argument("--n_runs", type=int, default=1, metavar="N", help="runs of each kernel (default: 1)")
     parser.add_argument("--batch", type=int, help="batch size (default: the benchmark shape's)")
     parser.add_argument("--heads", type=int, help="heads (default: the benchmark shape's)")
@@ -58,10 +60,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
     args = parser.parse_args(argv)
-    for name in ("seq_len", "n_runs", "batch", "heads"):
+    for name in ("seq_len", "seqlen_k", "n_runs", "batch", "heads"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"{name} must be positive, got {value}")
+    if args.causal:
+        error = common.causal_lengths_error(args.seq_len, args.seqlen_k or args.seq_len, args.reference)
+        if error:
+            parser.error(error)
     return args
 
 
@@ -84,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     dtype = common.dtype_from_name(args.dtype)
     batch = args.batch or common.batch_for_seq_len(args.seq_len)
     heads = args.heads or common.heads_for_d_head(args.d_head)
-    problem = common.Problem(batch, args.seq_len, args.seq_len, heads, heads, args.d_head, args.causal)
+    seqlen_k = args.seqlen_k or args.seq_len
+    problem = common.Problem(batch, args.seq_len, seqlen_k, heads, heads, args.d_head, args.causal)
     try:
         selected = common.select_configs(args.kernels)
     except common.ConfigSelectionError as error:
