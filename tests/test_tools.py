@@ -970,6 +970,26 @@ SASS_LISTING = (
 )
 
 
+
+def test_sass_tools_find_cuobjdump_in_nvidia_s_wheel(monkeypatch, tmp_path):
+    """Without cuobjdump on PATH or in a toolkit, the one of the nvidia-cuda-cuobjdump wheel
+    disassembles the extension: no toolkit or GPU needed."""
+    import importlib.machinery
+
+    binary = tmp_path / "nvidia" / "cu13" / "bin" / "cuobjdump"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/sh\n")
+    monkeypatch.setattr(sass_counts.shutil, "which", lambda name: None)
+    monkeypatch.setattr(sass_counts, "toolkit_roots", lambda: [])
+    spec = importlib.machinery.ModuleSpec("nvidia", None, is_package=True)
+    spec.submodule_search_locations = [str(tmp_path / "nvidia")]
+    monkeypatch.setattr(sass_counts.importlib.util, "find_spec", lambda name: spec if name == "nvidia" else None)
+    assert sass_counts.find_cuobjdump() is None  # not executable: not a program
+    binary.chmod(0o755)
+    assert sass_counts.find_cuobjdump() == str(binary)
+    monkeypatch.setattr(sass_counts.importlib.util, "find_spec", lambda name: None)
+    assert sass_counts.find_cuobjdump() is None
+
 def test_sass_parser_counts_per_function_and_architecture():
     functions = sass_counts.parse_sass(SASS_LISTING)
     assert [(f.arch, f.symbol) for f in functions] == [

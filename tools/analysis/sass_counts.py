@@ -227,14 +227,29 @@ def default_module() -> pathlib.Path:
     )
 
 
+CUOBJDUMP_WHEEL = "nvidia-cuda-cuobjdump"
+
+
+def toolkit_roots() -> list[str]:
+    """Where a CUDA toolkit may be installed: CUDA_HOME, CUDA_PATH, /usr/local/cuda."""
+    return [root for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda") if root]
+
+
 def find_cuobjdump() -> str | None:
-    """cuobjdump on PATH, else in the CUDA toolkit (CUDA_HOME, CUDA_PATH, /usr/local/cuda)."""
+    """cuobjdump on PATH, else in the CUDA toolkit (CUDA_HOME, CUDA_PATH, /usr/local/cuda), else from
+    NVIDIA's wheel (pip install nvidia-cuda-cuobjdump: it needs neither the toolkit nor a GPU, and
+    installs under the nvidia namespace package, e.g. nvidia/cu13/bin/cuobjdump)."""
     found = shutil.which("cuobjdump")
     if found:
         return found
-    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if root and (candidate := pathlib.Path(root, "bin", "cuobjdump")).is_file():
+    for root in toolkit_roots():
+        if (candidate := pathlib.Path(root, "bin", "cuobjdump")).is_file():
             return str(candidate)
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for candidate in sorted(pathlib.Path(root).glob("*/bin/cuobjdump")):
+            if os.access(candidate, os.X_OK):
+                return str(candidate)
     return None
 
 
@@ -249,8 +264,8 @@ def read_sass(module: str | None, sass_file: str | None) -> str:
     cuobjdump = find_cuobjdump()
     if cuobjdump is None:
         raise SassError(
-            "cuobjdump (from the CUDA toolkit) was not found on PATH nor under CUDA_HOME; install the toolkit, "
-            "or pass --sass-file with a listing saved by `cuobjdump --dump-sass`"
+            "cuobjdump was not found on PATH, under CUDA_HOME nor in NVIDIA's wheel; install the CUDA toolkit or "
+            f"`pip install {CUOBJDUMP_WHEEL}`, or pass --sass-file with a listing saved by `cuobjdump --dump-sass`"
         )
     result = subprocess.run([cuobjdump, "--dump-sass", str(path)], capture_output=True, text=True)
     if result.returncode != 0:
