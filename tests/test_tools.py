@@ -895,6 +895,10 @@ def test_run_kernels_gives_the_keys_their_own_length(stand_in_gpu, capsys):
     assert run_kernels.main(["200", "128", "--seqlen_k", "300", "--reference", "none"]) == 0
     assert capsys.readouterr().out.startswith("batch 16, seq 200 x 300, 16 heads, d_head 128, no mask, fp16")
     assert {(q[1], k[1]) for _, q, k, _ in extension.calls} == {(200, 300)}
+    assert run_kernels.parse_args(["200", "128"]).seqlen_k == 200  # self-attention by default
+    for tool, argv in ((run_kernels, ["200", "128"]), (ncu_bench, [])):
+        with pytest.raises(SystemExit):
+            tool.parse_args([*argv, "--seqlen_k", "0"])
 
 
 def test_ncu_bench_reports_a_failing_ncu(tmp_path):

@@ -64,8 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"{name} must be positive, got {value}")
+    args.seqlen_k = args.seqlen_k or args.seq_len
     if args.causal:
-        error = common.causal_lengths_error(args.seq_len, args.seqlen_k or args.seq_len, args.reference)
+        error = common.causal_lengths_error(args.seq_len, args.seqlen_k, args.reference)
         if error:
             parser.error(error)
     return args
@@ -90,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = common.dtype_from_name(args.dtype)
     batch = args.batch or common.batch_for_seq_len(args.seq_len)
     heads = args.heads or common.heads_for_d_head(args.d_head)
-    seqlen_k = args.seqlen_k or args.seq_len
-    problem = common.Problem(batch, args.seq_len, seqlen_k, heads, heads, args.d_head, args.causal)
+    problem = common.Problem(batch, args.seq_len, args.seqlen_k, heads, heads, args.d_head, args.causal)
     try:
         selected = common.select_configs(args.kernels)
     except common.ConfigSelectionError as error:
