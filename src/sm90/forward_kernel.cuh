@@ -281,6 +281,19 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
             mbarrier_arrive(empty);
     };
 
+    // Pingpong: warpgroup wg issues its products after warpgroup wg - 1 (round robin) and then lets
+    // warpgroup wg + 1 go, from a work tile's first S = Q K^T on. The turns run on across work
+    // tiles, so a warpgroup's first turn in the next work tile waits for the others' last products,
+    // not for their epilogues. Every warpgroup of the block takes as many turns (one per KV tile),
+    // so the last warpgroup's arrival before the first turn leaves one arrival over at the end,
+    // which the first warpgroup takes on its way out.
+    constexpr int pair_threads = 2 * WARPGROUP_THREADS;
+    const int my_turn = 1 + wg;
+    const int next_turn = 1 + (wg + 1) % n_consumers;
+    if constexpr (Kernel::pingpong)
+        if (wg == n_consumers - 1)
+            named_barrier_arrive(1, pair_threads);
+
     // The n-th work tile: the block's own, then (persistent) those the producer hands out, until it
     // hands out the end.
     for (int nth = 0, index = blockIdx.x;; ++nth) {
@@ -386,16 +399,6 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
                         S, params, Q_first_row + warp_first_row, tile * B_c);
             };
 
-            // Pingpong: warpgroup wg issues its products after warpgroup wg - 1 (round robin) and then
-            // lets warpgroup wg + 1 go; the last one lets the first go once before the first turn and
-            // not after its last, so every arrival has its waiter.
-            constexpr int pair_threads = 2 * WARPGROUP_THREADS;
-            const int my_turn = 1 + wg;
-            const int next_turn = 1 + (wg + 1) % n_consumers;
-            if constexpr (Kernel::pingpong)
-                if (wg == n_consumers - 1 && tiles.end - tiles.begin > 1)
-                    named_barrier_arrive(1, pair_threads);
-
             if constexpr (!Kernel::persistent)
                 mbarrier_wait(smem.Q_full(wg), 0);
             PipelineState<stages> previous; // of the tile whose P V product is still to be issued
@@ -405,8 +408,12 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
             const auto process_first_tile = [&](auto masked, auto width) {
                 typename Kernel::S_accumulators S;
                 mbarrier_wait(smem.K_full(current.stage), current.phase);
+                if constexpr (Kernel::pingpong)
+                    named_barrier_sync(my_turn, pair_threads);
                 issue_S(S, current.stage, width);
                 wgmma_commit();
+                if constexpr (Kernel::pingpong)
+                    named_barrier_arrive(next_turn, pair_threads);
                 wgmma_wait<0>();
                 fence_registers(flat(S));
                 release(smem.K_empty(current.stage));
@@ -431,8 +438,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
                 issue_PV(P, previous.stage, FullWidth{});
                 wgmma_commit();
                 if constexpr (Kernel::pingpong)
-                    if (!(wg == n_consumers - 1 && tile == tiles.end - 1))
-                        named_barrier_arrive(next_turn, pair_threads);
+                    named_barrier_arrive(next_turn, pair_threads);
 
                 if constexpr (Kernel::intra_wg_overlap) {
                     wgmma_wait<1>(); // S has landed; P V may still run
@@ -559,6 +565,9 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
         if constexpr (!Kernel::persistent)
             break;
     }
+    if constexpr (Kernel::pingpong)
+        if (wg == 0)
+            named_barrier_sync(1, pair_threads);
     if (Kernel::persistent && threadIdx.x % WARPGROUP_THREADS == 0)
         tma_store_wait_read(); // the last store has read shared memory before the block exits
 #endif
