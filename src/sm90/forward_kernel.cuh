@@ -284,9 +284,9 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
     // Pingpong: warpgroup wg issues its products after warpgroup wg - 1 (round robin) and then lets
     // warpgroup wg + 1 go, from a work tile's first S = Q K^T on. The turns run on across work
     // tiles, so a warpgroup's first turn in the next work tile waits for the others' last products,
-    // not for their epilogues. Every warpgroup of the block takes as many turns (one per KV tile),
-    // so the last warpgroup's arrival before the first turn leaves one arrival over at the end,
-    // which the first warpgroup takes on its way out.
+    // not for their epilogues. The warpgroups of a block share its work tiles and take one turn per
+    // KV tile, so as many turns each: the last warpgroup's arrival before the first turn leaves one
+    // arrival over at the end, which the first warpgroup takes on its way out.
     constexpr int pair_threads = 2 * WARPGROUP_THREADS;
     const int my_turn = 1 + wg;
     const int next_turn = 1 + (wg + 1) % n_consumers;
