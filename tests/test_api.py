@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not helpers.extension_is_built(), reason="flash_
 
 if helpers.extension_is_built():
     import flash_attention
-    from flash_attention import dispatch, ops
+    from flash_attention import dispatch
 
 FP16_D128 = "(FP16, 128, 128, 64, 4): async+eager+swizzled+load_1_1_2_tiles+buffer+opt_softmax"
 
@@ -276,6 +276,84 @@ def _float_mask(call):
     if "attn_mask" in call and call["attn_mask"].dtype != torch.bool:
         call["attn_mask"] = call["attn_mask"].float()
     return call
+
+
+# ----------------------------------------------------------------------------------------------
+# Plain eager calls skip the operators' dispatch (no GPU needed: a stand-in for the extension)
+
+
+class _StandInExtension:
+    """The extension with a forward that records its calls and returns an output without running
+    anything, so the Python path runs on CPU tensors."""
+
+    def __init__(self, extension):
+        self._extension = extension
+        self.calls = 0
+
+    def __getattr__(self, name):
+        return getattr(self._extension, name)
+
+    def forward(self, cfg, q, k, v, o, benchmark, **kwargs):
+        self.calls += 1
+        return (torch.empty_like(q) if o is None else o), None, None
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    from flash_attention import kernels
+
+    extension = _StandInExtension(kernels._C)
+    monkeypatch.setattr(kernels, "_C", extension)
+    return extension
+
+
+@pytest.fixture
+def operator_calls(monkeypatch):
+    """Counts the lookups-and-calls of the torch operators, which still run."""
+    counts = {"forward": 0, "forward_out": 0}
+    for name in counts:
+        op = getattr(torch.ops.flash_attention, name)
+
+        def counted(*args, _op=op, _name=name):
+            counts[_name] += 1
+            return _op(*args)
+
+        monkeypatch.setattr(torch.ops.flash_attention, name, counted)
+    return counts
+
+
+def _cpu_inputs(requires_grad=False):
+    cfg = flash_attention.compiled_configs()[0]
+    q = torch.randn(1, 8, 2, cfg.d_head, dtype=torch.float16, requires_grad=requires_grad)
+    return cfg, q, torch.randn_like(q), torch.randn_like(q)
+
+
+def test_plain_eager_calls_skip_the_operators(stand_in, operator_calls):
+    cfg, q, k, v = _cpu_inputs()
+    out = flash_attention.forward(cfg, q, k, v, causal=True)
+    o = torch.empty_like(q)
+    assert flash_attention.forward(cfg, q, k, v, o) is o
+    assert out.shape == q.shape and stand_in.calls == 2
+    assert operator_calls == {"forward": 0, "forward_out": 0}
+
+
+def test_calls_under_a_mode_go_through_the_operators(stand_in, operator_calls):
+    cfg, q, k, v = _cpu_inputs()
+    with torch.device("cpu"):  # a torch-function mode, as tracing and fake tensors bring their own modes
+        flash_attention.forward(cfg, q, k, v)
+        flash_attention.forward(cfg, q, k, v, torch.empty_like(q))
+    # (The operators may look themselves up again on the way, so a call can count more than once.)
+    assert operator_calls["forward"] >= 1 and operator_calls["forward_out"] >= 1 and stand_in.calls == 2
+
+
+def test_missing_backward_raises_on_the_eager_path(stand_in):
+    cfg, q, k, v = _cpu_inputs(requires_grad=True)
+    for o in (None, torch.empty_like(q, requires_grad=False)):
+        with pytest.raises(NotImplementedError, match="no backward pass"):
+            flash_attention.forward(cfg, q, k, v, o)
+    with torch.no_grad():
+        assert not flash_attention.forward(cfg, q, k, v).requires_grad
+    assert stand_in.calls == 1
 
 
 @pytest.mark.gpu

@@ -1,7 +1,8 @@
 """The calls a model makes: FlashAttention-2's entry points and signatures, PyTorch's
 scaled_dot_product_attention, and forward with an explicit configuration. Each runs through the
 torch operators of flash_attention.ops, so torch.compile traces them without a graph break and CUDA
-graphs capture them.
+graphs capture them; a plain eager call (_plain_eager) runs what the operators run without their
+dispatch, which costs about as long as a small problem's kernel.
 
 Without a configuration, one is chosen per call from the tuned dispatch table
 (flash_attention.choose_config says which and why).
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 from flash_helpers.families import FAMILIES
 
+from . import ops
 from .kernels import window_pair
 from .ops import check_no_grad
 
@@ -67,12 +69,30 @@ def _attention(config, q, k, v, o, causal, softmax_scale, window_size, softcap, 
     left, right = window_pair(window_size)
     softmax_scale = None if softmax_scale is None else float(softmax_scale)
     args = (q, k, v, config, bool(causal), softmax_scale, left, right, float(softcap), alibi_slopes, bool(return_lse))
-    if o is None:
+    if _plain_eager(q, k, v, o, alibi_slopes):
+        check_no_grad(q, k, v, alibi_slopes)
+        out, lse = ops.run(q, k, v, o, *args[3:])
+    elif o is None:
         out, lse = torch.ops.flash_attention.forward(*args)
     else:
         check_no_grad(q, k, v, alibi_slopes)
         out, lse = o, torch.ops.flash_attention.forward_out(*args, o)
     return (out, lse) if return_lse else out
+
+
+def _plain_eager(*tensors) -> bool:
+    """Whether a call may skip the operators' dispatch (tens of microseconds on the host): eager mode
+    on plain tensors (or None), with no torch.compile tracing, no dispatch or torch-function mode
+    (fake tensors, functionalization, export, a device context), no functorch transform and no
+    profiler (whose traces name the operator). Everything else goes through the operators."""
+    return (
+        not torch.compiler.is_compiling()
+        and all(t is None or type(t) is torch.Tensor for t in tensors)
+        and torch._C._len_torch_dispatch_stack() == 0
+        and not torch._C._is_torch_function_mode_enabled()
+        and not torch._C._are_functorch_transforms_active()
+        and not torch.autograd.profiler._is_profiler_enabled
+    )
 
 
 def _check_types(q, k, v, o, softmax_scale, softcap, alibi_slopes) -> None:

@@ -21,7 +21,7 @@ from torch import Tensor
 from .dispatch import choose_config
 from .kernels import as_config, call_kernel
 
-__all__ = ["MISSING_BACKWARD", "check_no_grad", "forward", "forward_out"]
+__all__ = ["MISSING_BACKWARD", "check_no_grad", "forward", "forward_out", "run"]
 
 MISSING_BACKWARD = (
     "flash_attention has no backward pass yet, and q, k or v requires grad with grad mode on: "
@@ -29,7 +29,10 @@ MISSING_BACKWARD = (
 )
 
 
-def _run(q, k, v, o, config, causal, softmax_scale, window_left, window_right, softcap, alibi_slopes, return_lse):
+def run(q, k, v, o, config, causal, softmax_scale, window_left, window_right, softcap, alibi_slopes, return_lse):
+    """What both operators run: the kernel of config (or of choose_config's choice, for ""), writing
+    into o (a new tensor for None); returns (o, lse), lse empty without return_lse. It checks no
+    grad: callers outside the operators do (check_no_grad)."""
     if config:
         cfg = _parse_config(config)
     else:
@@ -68,7 +71,7 @@ def forward(
     return_lse: bool,
 ) -> tuple[Tensor, Tensor]:
     """Attention with FlashAttention-2's semantics (see flash_attention.forward); returns (o, lse)."""
-    return _run(q, k, v, None, config, causal, softmax_scale, window_left, window_right, softcap, alibi_slopes, return_lse)
+    return run(q, k, v, None, config, causal, softmax_scale, window_left, window_right, softcap, alibi_slopes, return_lse)
 
 
 @forward.register_fake
@@ -92,7 +95,7 @@ def forward_out(
     o: Tensor,
 ) -> Tensor:
     """As forward, writing the output into o; returns lse."""
-    return _run(q, k, v, o, config, causal, softmax_scale, window_left, window_right, softcap, alibi_slopes, return_lse)[1]
+    return run(q, k, v, o, config, causal, softmax_scale, window_left, window_right, softcap, alibi_slopes, return_lse)[1]
 
 
 @forward_out.register_fake
