@@ -72,6 +72,8 @@ def _attention(config, q, k, v, o, causal, softmax_scale, window_size, softcap, 
     if _plain_eager(q, k, v, o, alibi_slopes):
         check_no_grad(q, k, v, alibi_slopes)
         out, lse = ops.run(q, k, v, o, *args[3:])
+        if o is not None:
+            torch.autograd.graph.increment_version(o)  # as forward_out's dispatch marks o written
     elif o is None:
         out, lse = torch.ops.flash_attention.forward(*args)
     else:
