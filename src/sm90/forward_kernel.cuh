@@ -293,6 +293,14 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
     if constexpr (Kernel::pingpong)
         if (wg == n_consumers - 1)
             named_barrier_arrive(1, pair_threads);
+    // Issues a KV tile's products on this warpgroup's turn.
+    const auto in_turn = [&](auto &&issue) {
+        if constexpr (Kernel::pingpong)
+            named_barrier_sync(my_turn, pair_threads);
+        issue();
+        if constexpr (Kernel::pingpong)
+            named_barrier_arrive(next_turn, pair_threads);
+    };
 
     // The n-th work tile: the block's own, then (persistent) those the producer hands out, until it
     // hands out the end.
@@ -408,12 +416,10 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
             const auto process_first_tile = [&](auto masked, auto width) {
                 typename Kernel::S_accumulators S;
                 mbarrier_wait(smem.K_full(current.stage), current.phase);
-                if constexpr (Kernel::pingpong)
-                    named_barrier_sync(my_turn, pair_threads);
-                issue_S(S, current.stage, width);
-                wgmma_commit();
-                if constexpr (Kernel::pingpong)
-                    named_barrier_arrive(next_turn, pair_threads);
+                in_turn([&] {
+                    issue_S(S, current.stage, width);
+                    wgmma_commit();
+                });
                 wgmma_wait<0>();
                 fence_registers(flat(S));
                 release(smem.K_empty(current.stage));
@@ -430,15 +436,13 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
                 typename Kernel::S_accumulators S;
                 mbarrier_wait(smem.K_full(current.stage), current.phase);
                 mbarrier_wait(smem.V_full(previous.stage), previous.phase);
-                if constexpr (Kernel::pingpong)
-                    named_barrier_sync(my_turn, pair_threads);
-                fence_registers(flat(O_acc));
-                issue_S(S, current.stage, width);
-                wgmma_commit();
-                issue_PV(P, previous.stage, FullWidth{});
-                wgmma_commit();
-                if constexpr (Kernel::pingpong)
-                    named_barrier_arrive(next_turn, pair_threads);
+                in_turn([&] {
+                    fence_registers(flat(O_acc));
+                    issue_S(S, current.stage, width);
+                    wgmma_commit();
+                    issue_PV(P, previous.stage, FullWidth{});
+                    wgmma_commit();
+                });
 
                 if constexpr (Kernel::intra_wg_overlap) {
                     wgmma_wait<1>(); // S has landed; P V may still run
