@@ -567,8 +567,13 @@ def test_short_form_keys_must_be_valid():
 def test_unknown_key_lists_the_valid_keys():
     with pytest.raises(ValueError) as error:
         get_kernel_configs("fastest")
-    for key in ("'all'", "'prog'", "'progall'", "'tune'", "B_r,B_c", "'fastest'"):
+    for key in ("'default'", "'all'", "'prog'", "'progall'", "'tune'", "B_r,B_c", "'fastest'"):
         assert key in str(error.value)
+
+
+def test_tools_select_the_default_build_by_name():
+    # Tools name the default build "default", as FLASH_BUILD_KERNELS does (the dispatch table's sweep).
+    assert get_kernel_configs("default") == get_kernels_to_build("default", "8.0;9.0")
 
 
 def test_default_build_is_the_curated_list():

@@ -229,6 +229,8 @@ def get_kernel_progression_configs(
 
 KERNELS_ENV = "KERNELS"
 _NAMED_KERNEL_SETS: dict[str, Callable[[], list[KernelConfig]]] = {
+    # What a plain install compiles (DEFAULT_BUILD_KERNELS, below).
+    "default": lambda: get_kernel_configs(";".join(DEFAULT_BUILD_KERNELS)),
     "all": get_all_kernel_configs,
     "prog": get_kernel_progression_configs,
     "progall": functools.partial(get_kernel_progression_configs, all_block_sizes=True),
@@ -241,7 +243,7 @@ def get_kernel_configs(key: str | None = None) -> list[KernelConfig]:
     """The configurations a tool or test run should use, selected by ``key``.
 
     ``key`` defaults to the ``KERNELS`` environment variable, then to ``all``. It is a set name
-    (``all``, ``prog``, ``progall``, ``tune``; each holds every family's configurations), ``B_r,B_c``
+    (``default``, ``all``, ``prog``, ``progall``, ``tune``; each holds every family's configurations), ``B_r,B_c``
     (the SM80 family's tuning set at those block sizes), or short forms of any family separated by
     ``;`` (each must be a valid configuration).
     """
@@ -347,12 +349,6 @@ REBUILD_HINT = (
     f"build a set containing it: {BUILD_KERNELS_ENV}=<default|prog|progall|tune|all|B_r,B_c> "
     f"pip install --no-build-isolation -e . (Hopper configurations also need 9.0 in {ARCH_LIST_ENV})"
 )
-_BUILD_KERNEL_SETS = {
-    "default": functools.partial(get_kernel_configs, ";".join(DEFAULT_BUILD_KERNELS)),
-    **_NAMED_KERNEL_SETS,
-}
-
-
 def variants_to_build(cfg: KernelConfig) -> tuple[ProblemVariant, ...]:
     """The problem variants compiled for ``cfg``: every variant for the default set's configurations
     (what a plain install serves), the benchmark shapes' for the others (what tuning and the
@@ -368,7 +364,7 @@ def variants_to_build(cfg: KernelConfig) -> tuple[ProblemVariant, ...]:
 @functools.cache
 def _default_configs() -> frozenset[KernelConfig]:
     """The default set of every family, whatever the architectures."""
-    return frozenset(_BUILD_KERNEL_SETS["default"]())
+    return frozenset(_NAMED_KERNEL_SETS["default"]())
 
 
 def resolve_build_kernels_key(key: str | None = None) -> str:
@@ -407,4 +403,4 @@ def get_kernels_to_build(key: str | None = None, arch_list: str | None = None) -
     Hopper configurations are compiled only for a list with 9.0: without it the sets leave them out,
     so a build for sm_80 alone keeps working, and short forms naming one raise ValueError.
     """
-    return _select_configs(resolve_build_kernels_key(key), _BUILD_KERNEL_SETS, resolve_arch_list(arch_list))
+    return _select_configs(resolve_build_kernels_key(key), _NAMED_KERNEL_SETS, resolve_arch_list(arch_list))
