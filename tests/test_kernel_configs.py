@@ -820,7 +820,7 @@ GOOD_HOPPER_CONFIGS = [
 
 # (config, words its reason must contain): each config breaks exactly one rule.
 BAD_HOPPER_CONFIGS = [
-    (Hopper(FP16, 96, 128, 128, 2), ["d_head", "64, 128, 192, 256"]),
+    (Hopper(FP16, 80, 128, 128, 2), ["d_head", "32, 64, 96, 128, 192, 256"]),
     (Hopper(FP16, 128, 256, 128, 2), ["B_r"]),
     (Hopper(FP16, 128, 128, 72, 2), ["B_c"]),
     (Hopper(FP16, 128, 128, 128, 5), ["stages"]),

@@ -322,12 +322,16 @@ _DEFAULT_TUNINGS = (
 # d_head, the fastest of an H200 sweep of block shapes at the benchmark lengths (BENCHMARKS.md);
 # for d_head 64 and 128 also the persistent variant, faster at short lengths without a mask, and for
 # d_head 64 a persistent block of two consumer warpgroups, faster at short lengths with a causal
-# mask (a 128-row work tile wastes fewer rows on the diagonal than a 192-row one). The dispatch
+# mask (a 128-row work tile wastes fewer rows on the diagonal than a 192-row one); for d_head 96
+# the sweep's winners without a mask (B_c 176) and with the causal mask (B_c 128). The dispatch
 # table picks among them per shape.
 _DEFAULT_HOPPER_TUNINGS = (
+    "32, 192, 128, 2): ws+pingpong+overlap+persistent",
     "64, 128, 128, 2): ws+pingpong+overlap+persistent",
     "64, 192, 128, 2): ws+pingpong+overlap",
     "64, 192, 128, 2): ws+pingpong+overlap+persistent",
+    "96, 128, 128, 2): ws+pingpong+overlap+persistent",
+    "96, 128, 176, 2): ws+pingpong+overlap+persistent",
     "128, 128, 128, 2): ws+pingpong+overlap",
     "128, 128, 128, 2): ws+pingpong+overlap+persistent",
     "192, 128, 112, 2): ws+pingpong+overlap",

@@ -1,8 +1,8 @@
 // The Hopper family's forward kernel (sm_90a). A thread block computes O for B_r query rows of
 // one (batch, head) at a time (a work tile): each consumer warpgroup owns 64 of the rows and walks
 // over the work tile's KV tiles, computing S = Q K^T with both operands in shared memory and O += P V with P from
-// registers (wgmma), and the online softmax in between. Q, K and V arrive by TMA into 128-byte
-// swizzled tiles, through a pipeline of `stages` K/V buffers guarded by mbarriers; O leaves
+// registers (wgmma), and the online softmax in between. Q, K and V arrive by TMA into swizzled
+// tiles, through a pipeline of `stages` K/V buffers guarded by mbarriers; O leaves
 // through shared memory by TMA.
 //
 // The configuration's knobs:
@@ -40,14 +40,14 @@
 namespace flash::sm90 {
 
 // The block's shared memory (traits.cuh lays it out), from the dynamic allocation rounded up to
-// a swizzle atom.
+// TILE_ALIGNMENT_BYTES.
 template <typename Kernel>
 struct SharedTiles {
     uint8_t *base;
 
     __device__ __forceinline__ explicit SharedTiles(uint8_t *raw) {
-        const uint32_t misalignment = ptx::shared_address(raw) % SWIZZLE_ATOM_BYTES;
-        base = raw + (misalignment ? SWIZZLE_ATOM_BYTES - misalignment : 0);
+        const uint32_t misalignment = ptx::shared_address(raw) % TILE_ALIGNMENT_BYTES;
+        base = raw + (misalignment ? TILE_ALIGNMENT_BYTES - misalignment : 0);
     }
 
     __device__ __forceinline__ uint8_t *Q(int warpgroup) const { return base + warpgroup * Kernel::wg_Q_bytes; }
@@ -125,7 +125,7 @@ struct TileLoader {
             mbarrier_arrive_expect_bytes(smem.Q_full(wg), Kernel::wg_Q_bytes);
 #pragma unroll
             for (int c = 0; c < Kernel::col_blocks; ++c)
-                tma_load_4d(smem.Q(wg) + c * Kernel::Q_col_block_bytes, &kp.q, smem.Q_full(wg), c * SWIZZLE_COLS,
+                tma_load_4d(smem.Q(wg) + c * Kernel::Q_col_block_bytes, &kp.q, smem.Q_full(wg), c * Kernel::Swizzle::cols,
                             first_row + wg * WGMMA_M, head, batch);
         }
     }
@@ -145,7 +145,7 @@ struct TileLoader {
         mbarrier_arrive_expect_bytes(full, Kernel::KV_tile_bytes);
 #pragma unroll
         for (int c = 0; c < Kernel::col_blocks; ++c)
-            tma_load_4d(dst + c * Kernel::KV_col_block_bytes, map, full, c * SWIZZLE_COLS, tile * Kernel::B_c, kv_head,
+            tma_load_4d(dst + c * Kernel::KV_col_block_bytes, map, full, c * Kernel::Swizzle::cols, tile * Kernel::B_c, kv_head,
                         batch);
     }
 };
@@ -337,13 +337,16 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
         if (!tiles.empty()) {
             // Descriptors of this warpgroup's Q block and of stage 0's K and V tiles; slices and
             // stages are offsets added to the start address field (16-byte units).
-            const uint64_t Q_desc = k_major_descriptor(ptx::shared_address(smem.Q(wg)));
-            const uint64_t K_desc = k_major_descriptor(ptx::shared_address(smem.K(0)));
-            const uint64_t V_desc = mn_major_descriptor(ptx::shared_address(smem.V(0)), Kernel::KV_col_block_bytes);
+            using Swizzle = typename Kernel::Swizzle;
+            const uint64_t Q_desc = k_major_descriptor<Swizzle>(ptx::shared_address(smem.Q(wg)));
+            const uint64_t K_desc = k_major_descriptor<Swizzle>(ptx::shared_address(smem.K(0)));
+            const uint64_t V_desc = mn_major_descriptor<Swizzle>(ptx::shared_address(smem.V(0)), Kernel::KV_col_block_bytes);
             constexpr uint64_t stage_step = Kernel::KV_tile_bytes >> 4;
-            // k-slice kk of a K-major tile: its 64-column block, then 32 bytes per slice inside the row.
+            // k-slice kk of a K-major tile: its column block, then 32 bytes per slice inside the row.
             const auto k_slice = [](int kk, int col_block_bytes) {
-                return static_cast<uint64_t>((kk / 4 * col_block_bytes + kk % 4 * WGMMA_K * ELEMENT_BYTES) >> 4);
+                constexpr int slices_per_row = Swizzle::cols / WGMMA_K;
+                return static_cast<uint64_t>(
+                    (kk / slices_per_row * col_block_bytes + kk % slices_per_row * WGMMA_K * ELEMENT_BYTES) >> 4);
             };
 
             // S = Q K^T over the tile's first `width` keys (B_c but in masked tiles): a narrower product
@@ -367,7 +370,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
 #pragma unroll
                 for (int kk = 0; kk < decltype(width)::value / WGMMA_K; ++kk)
                     Wgmma<d_head>::template rs<value_t>(flat(O_acc), P.r[0][kk],
-                                                        V_desc + stage * stage_step + ((kk * WGMMA_K * SWIZZLE_BYTES) >> 4), 1);
+                                                        V_desc + stage * stage_step + ((kk * WGMMA_K * Swizzle::bytes) >> 4), 1);
             };
             using FullWidth = std::integral_constant<int, B_c>;
             // The keys of KV tile `tile` that this warpgroup's rows before seqlen_q may see, at least 1:
@@ -537,7 +540,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
                               params.lse + (static_cast<int64_t>(batch) * params.heads_q + head) * params.seqlen_q + Q_first_row,
                               warp_first_row, params.seqlen_q - Q_first_row);
 
-        // O leaves through shared memory, in the layout TMA reads (128-byte swizzle), once every warp
+        // O leaves through shared memory, in the swizzled layout TMA reads, once every warp
         // of the warpgroup is done with Q (whose block O reuses unless persistent) and the previous
         // work tile's store has read its O; TMA drops the rows past seqlen_q.
         const bool stores = threadIdx.x % WARPGROUP_THREADS == 0;
@@ -545,14 +548,16 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
             tma_store_wait_read();
         named_barrier_sync(warpgroup_barrier, WARPGROUP_THREADS);
         uint8_t *const O_smem = smem.O(wg);
+        using Swizzle = typename Kernel::Swizzle;
+        constexpr int chunks_per_row = Swizzle::bytes / COPY_BYTES; // one 8-column accumulator tile each
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int row = warp_first_row % WGMMA_M + lane / QUAD_SIZE + 8 * h;
 #pragma unroll
             for (int n = 0; n < d_head / MMA_N; ++n) {
-                const int chunk = (n % 8) ^ (row % 8);
-                const int offset = n / 8 * Kernel::Q_col_block_bytes + row * SWIZZLE_BYTES + chunk * COPY_BYTES +
-                                   lane % QUAD_SIZE * 2 * ELEMENT_BYTES;
+                const int chunk = Swizzle::chunk_in_row(row, n % chunks_per_row);
+                const int offset = n / chunks_per_row * Kernel::Q_col_block_bytes + row * Swizzle::bytes +
+                                   chunk * COPY_BYTES + lane % QUAD_SIZE * 2 * ELEMENT_BYTES;
                 *reinterpret_cast<uint32_t *>(O_smem + offset) =
                     pack_pair<value_t>(O_acc.r[0][n][2 * h], O_acc.r[0][n][2 * h + 1]);
             }
@@ -562,7 +567,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
         if (stores) {
 #pragma unroll
             for (int c = 0; c < Kernel::col_blocks; ++c)
-                tma_store_4d(&kp.o, O_smem + c * Kernel::Q_col_block_bytes, c * SWIZZLE_COLS, Q_first_row + wg * WGMMA_M, head,
+                tma_store_4d(&kp.o, O_smem + c * Kernel::Q_col_block_bytes, c * Kernel::Swizzle::cols, Q_first_row + wg * WGMMA_M, head,
                              batch);
             tma_store_commit();
         }

@@ -11,8 +11,8 @@ namespace flash::sm90 {
 
 struct KernelParams {
     ForwardParams params;
-    // (d_head, seq, heads, batch) views of the four tensors, 128-byte swizzled boxes of 64
-    // columns: 64 rows for q and o (one consumer warpgroup's), B_c rows for k and v.
+    // (d_head, seq, heads, batch) views of the four tensors, in swizzled boxes of one row's columns
+    // (tensor_maps.h): 64 rows for q and o (one consumer warpgroup's), B_c rows for k and v.
     CUtensorMap q;
     CUtensorMap k;
     CUtensorMap v;

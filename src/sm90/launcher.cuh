@@ -28,13 +28,13 @@ void launch(const ForwardParams &params, cudaStream_t stream) {
     const KernelParams kp{
         params,
         make_tensor_map(dtype, params.q, params.q_strides, params.d_head, params.seqlen_q, params.heads_q, params.batch,
-                        WGMMA_M),
+                        WGMMA_M, Kernel::Swizzle::bytes),
         make_tensor_map(dtype, params.k, params.k_strides, params.d_head, params.seqlen_k, params.heads_kv, params.batch,
-                        Kernel::B_c),
+                        Kernel::B_c, Kernel::Swizzle::bytes),
         make_tensor_map(dtype, params.v, params.v_strides, params.d_head, params.seqlen_k, params.heads_kv, params.batch,
-                        Kernel::B_c),
+                        Kernel::B_c, Kernel::Swizzle::bytes),
         make_tensor_map(dtype, params.o, params.o_strides, params.d_head, params.seqlen_q, params.heads_q, params.batch,
-                        WGMMA_M),
+                        WGMMA_M, Kernel::Swizzle::bytes),
     };
     const int64_t work_tiles =
         static_cast<int64_t>((params.seqlen_q + Kernel::B_r - 1) / Kernel::B_r) * params.heads_q * params.batch;

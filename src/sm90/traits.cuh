@@ -28,7 +28,8 @@ struct StaticHopperKernelConfig {
     static constexpr bool persistent = CFG.persistent;
 
     static_assert(CFG.dtype == DType::FP16 || CFG.dtype == DType::BF16, "dtype must be FP16 or BF16");
-    static_assert(d_head % SWIZZLE_COLS == 0 && d_head <= 256, "d_head must be 64, 128, 192 or 256");
+    using Swizzle = SwizzleFor<d_head>;
+    static_assert(d_head % Swizzle::cols == 0 && d_head <= 256, "d_head must be 32, 64, 96, 128, 192 or 256");
     static_assert(B_r % WGMMA_M == 0 && B_r <= 3 * WGMMA_M, "B_r must be 64, 128 or 192");
     static_assert(B_c % WGMMA_K == 0 && B_c >= 64 && B_c <= 192, "B_c must be a multiple of 16 from 64 to 192");
     static_assert(stages >= 1 && stages <= 4, "stages must be 1 to 4");
@@ -48,18 +49,19 @@ struct StaticHopperKernelConfig {
     static constexpr int producer_registers = consumer_warpgroups == 2 ? 24 : 32;
     static constexpr int consumer_registers = consumer_warpgroups == 2 ? 240 : 160;
 
-    // Shared memory, each tile at a 1024-byte boundary (the swizzle atom): Q (one 64-row block per
+    // Shared memory, each tile at a 1024-byte boundary (TILE_ALIGNMENT_BYTES): Q (one 64-row block per
     // consumer warpgroup), a K and a V tile per stage, then the barriers. O goes out through Q's
     // blocks, or, in a persistent block (whose next Q loads while this O is stored), through O
-    // blocks of its own after the K and V tiles. A tile of R rows is d_head / 64 column blocks of
-    // R x 128 bytes, one TMA box each.
-    static constexpr int col_blocks = d_head / SWIZZLE_COLS;
+    // blocks of its own after the K and V tiles. A tile of R rows is column blocks of R swizzled rows
+    // (R x 128 or R x 64 bytes), one TMA box each.
+    static constexpr int col_blocks = d_head / Swizzle::cols;
     static constexpr int wg_Q_bytes = WGMMA_M * d_head * ELEMENT_BYTES;
     static constexpr int Q_bytes = consumer_warpgroups * wg_Q_bytes;
     static constexpr int KV_tile_bytes = B_c * d_head * ELEMENT_BYTES;
-    static constexpr int Q_col_block_bytes = WGMMA_M * SWIZZLE_BYTES;
-    static constexpr int KV_col_block_bytes = B_c * SWIZZLE_BYTES;
-    static_assert(KV_col_block_bytes % SWIZZLE_ATOM_BYTES == 0, "tiles must start on swizzle atoms");
+    static constexpr int Q_col_block_bytes = WGMMA_M * Swizzle::bytes;
+    static constexpr int KV_col_block_bytes = B_c * Swizzle::bytes;
+    static_assert(KV_col_block_bytes % Swizzle::atom_bytes == 0 && KV_tile_bytes % TILE_ALIGNMENT_BYTES == 0,
+                  "tiles must start on swizzle atoms");
 
     static constexpr int K_offset = Q_bytes;
     static constexpr int V_offset = K_offset + stages * KV_tile_bytes;
@@ -70,7 +72,7 @@ struct StaticHopperKernelConfig {
     static constexpr int n_barriers = 2 * consumer_warpgroups + 4 * stages;
     static constexpr int n_slots = n_barriers + consumer_warpgroups;
     // The dynamic shared memory base is only 16-byte aligned: up to 1024 bytes go to aligning it.
-    static constexpr int smem_bytes = barriers_offset + n_slots * static_cast<int>(sizeof(uint64_t)) + SWIZZLE_ATOM_BYTES;
+    static constexpr int smem_bytes = barriers_offset + n_slots * static_cast<int>(sizeof(uint64_t)) + TILE_ALIGNMENT_BYTES;
 
     // Per consumer thread: S = Q K^T (64 x B_c), O (64 x d_head), and P = softmax(S) as the A
     // operand of P V, in the m16n8k16 layouts (one 16-row tile per warp).

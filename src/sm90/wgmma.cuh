@@ -9,6 +9,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "common/common.h"
+#include "common/dtype.h"
 #include "common/fragments.cuh"
 
 namespace flash::sm90 {
@@ -19,34 +21,54 @@ constexpr int WARPGROUP_THREADS = 128;
 constexpr int WGMMA_M = 64;
 constexpr int WGMMA_K = 16;
 
-// Shared-memory tiles use the 128-byte swizzle (what TMA writes with CU_TENSOR_MAP_SWIZZLE_128B):
-// rows of 64 16-bit elements, whose 16-byte chunks are XOR-ed with (row % 8). Eight rows, 1024
-// bytes, form one swizzle atom; a tile's 64-column blocks start on atom boundaries.
-constexpr int SWIZZLE_BYTES = 128;
-constexpr int SWIZZLE_COLS = 64;
-constexpr int SWIZZLE_ATOM_BYTES = 8 * SWIZZLE_BYTES;
+// Shared-memory tiles are swizzled as TMA writes them (CU_TENSOR_MAP_SWIZZLE_128B or _64B): rows
+// of BYTES (64 or 32 16-bit elements), whose 16-byte chunks are XOR-ed with address bits 7 and up
+// (the row's index, or half of it, modulo the chunks in a row). Eight rows form one swizzle atom;
+// a tile's column blocks start on atom boundaries. The 128-byte swizzle serves head sizes that are
+// multiples of 64; 32 and 96 take the 64-byte one rather than padding rows with columns of zeros.
+template <int BYTES>
+struct Swizzle {
+    static_assert(BYTES == 128 || BYTES == 64, "the family uses the 128- and 64-byte swizzles");
+    static constexpr int bytes = BYTES;
+    static constexpr int cols = BYTES / ELEMENT_BYTES;
+    static constexpr int atom_bytes = 8 * BYTES;
+    // The descriptors' swizzle mode (PTX ISA, "Matrix Descriptor Format"): 1 is 128 bytes, 2 is 64.
+    static constexpr uint64_t descriptor_mode = BYTES == 128 ? 1 : 2;
 
-// A wgmma shared-memory matrix descriptor for a 128-byte-swizzled operand (PTX ISA, "Matrix
-// Descriptor Format"): the start address, the leading and stride dimension byte offsets (all in
-// 16-byte units) and the swizzle mode in bits 62-63 (1: 128-byte). The base offset stays 0: the
-// atoms are 1024-byte aligned.
+    // Where the 16-byte chunk `chunk` of row `row` of a column block lies in that row.
+    __device__ __forceinline__ static int chunk_in_row(int row, int chunk) {
+        return chunk ^ (row * BYTES / 128 % (BYTES / COPY_BYTES));
+    }
+};
+template <int d_head>
+using SwizzleFor = Swizzle<d_head % 64 == 0 ? 128 : 64>;
+// Every tile starts on a multiple of the largest atom, the 128-byte swizzle's.
+constexpr int TILE_ALIGNMENT_BYTES = Swizzle<128>::atom_bytes;
+
+// A wgmma shared-memory matrix descriptor for a swizzled operand (PTX ISA, "Matrix Descriptor
+// Format"): the start address, the leading and stride dimension byte offsets (all in 16-byte
+// units) and the swizzle mode in bits 62-63. The base offset stays 0: the atoms are aligned.
+template <typename Swizzle>
 __device__ __forceinline__ uint64_t smem_descriptor(uint32_t smem_address, uint32_t leading_bytes, uint32_t stride_bytes) {
     return static_cast<uint64_t>((smem_address & 0x3FFFF) >> 4) | static_cast<uint64_t>(leading_bytes >> 4) << 16 |
-           static_cast<uint64_t>(stride_bytes >> 4) << 32 | uint64_t{1} << 62;
+           static_cast<uint64_t>(stride_bytes >> 4) << 32 | Swizzle::descriptor_mode << 62;
 }
 
 // An operand stored K-major (each row's K elements contiguous, as Q and K are): 8-row atoms one
-// after another (stride 1024 bytes); the leading offset is unused with this swizzle (1 by
-// convention). Moving along K inside a 128-byte row adds the byte offset to the start address.
+// after another (the stride offset); the leading offset is unused with these swizzles (1 by
+// convention): a 16-deep slice never crosses a row. Moving along K inside a row adds the byte
+// offset to the start address.
+template <typename Swizzle>
 __device__ __forceinline__ uint64_t k_major_descriptor(uint32_t smem_address) {
-    return smem_descriptor(smem_address, 16, SWIZZLE_ATOM_BYTES);
+    return smem_descriptor<Swizzle>(smem_address, 16, Swizzle::atom_bytes);
 }
 
-// An operand stored MN-major (each row's N elements contiguous, as V is for O += P V): 64-column
-// blocks of the N dimension lie block_bytes apart (the leading offset), 8-row groups along K
-// 1024 bytes apart (the stride offset).
+// An operand stored MN-major (each row's N elements contiguous, as V is for O += P V): column
+// blocks of the N dimension lie block_bytes apart (the leading offset), 8-row groups along K one
+// atom apart (the stride offset).
+template <typename Swizzle>
 __device__ __forceinline__ uint64_t mn_major_descriptor(uint32_t smem_address, uint32_t block_bytes) {
-    return smem_descriptor(smem_address, block_bytes, SWIZZLE_ATOM_BYTES);
+    return smem_descriptor<Swizzle>(smem_address, block_bytes, Swizzle::atom_bytes);
 }
 
 // Orders this warpgroup's register and shared-memory accesses before the wgmmas that follow.
