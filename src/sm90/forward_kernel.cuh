@@ -125,8 +125,8 @@ struct TileLoader {
             mbarrier_arrive_expect_bytes(smem.Q_full(wg), Kernel::wg_Q_bytes);
 #pragma unroll
             for (int c = 0; c < Kernel::col_blocks; ++c)
-                tma_load_4d(smem.Q(wg) + c * Kernel::Q_col_block_bytes, &kp.q, smem.Q_full(wg), c * Kernel::Swizzle::cols,
-                            first_row + wg * WGMMA_M, head, batch);
+                tma_load_4d(smem.Q(wg) + c * Kernel::Q_col_block_bytes, &kp.q, smem.Q_full(wg),
+                            c * Kernel::Swizzle::cols, first_row + wg * WGMMA_M, head, batch);
         }
     }
 
@@ -145,8 +145,8 @@ struct TileLoader {
         mbarrier_arrive_expect_bytes(full, Kernel::KV_tile_bytes);
 #pragma unroll
         for (int c = 0; c < Kernel::col_blocks; ++c)
-            tma_load_4d(dst + c * Kernel::KV_col_block_bytes, map, full, c * Kernel::Swizzle::cols, tile * Kernel::B_c, kv_head,
-                        batch);
+            tma_load_4d(dst + c * Kernel::KV_col_block_bytes, map, full, c * Kernel::Swizzle::cols, tile * Kernel::B_c,
+                        kv_head, batch);
     }
 };
 
@@ -340,7 +340,8 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
             using Swizzle = typename Kernel::Swizzle;
             const uint64_t Q_desc = k_major_descriptor<Swizzle>(ptx::shared_address(smem.Q(wg)));
             const uint64_t K_desc = k_major_descriptor<Swizzle>(ptx::shared_address(smem.K(0)));
-            const uint64_t V_desc = mn_major_descriptor<Swizzle>(ptx::shared_address(smem.V(0)), Kernel::KV_col_block_bytes);
+            const uint64_t V_desc =
+                mn_major_descriptor<Swizzle>(ptx::shared_address(smem.V(0)), Kernel::KV_col_block_bytes);
             constexpr uint64_t stage_step = Kernel::KV_tile_bytes >> 4;
             // k-slice kk of a K-major tile: its column block, then 32 bytes per slice inside the row.
             const auto k_slice = [](int kk, int col_block_bytes) {
@@ -567,8 +568,8 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
         if (stores) {
 #pragma unroll
             for (int c = 0; c < Kernel::col_blocks; ++c)
-                tma_store_4d(&kp.o, O_smem + c * Kernel::Q_col_block_bytes, c * Kernel::Swizzle::cols, Q_first_row + wg * WGMMA_M, head,
-                             batch);
+                tma_store_4d(&kp.o, O_smem + c * Kernel::Q_col_block_bytes, c * Kernel::Swizzle::cols,
+                             Q_first_row + wg * WGMMA_M, head, batch);
             tma_store_commit();
         }
         if constexpr (!Kernel::persistent)

@@ -47,13 +47,15 @@ inline CUtensorMap make_tensor_map(DType dtype, const void *data, const TensorSt
                                 static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
     const cuuint64_t byte_strides[3] = {stride_bytes(seqlen, strides.seq), stride_bytes(heads, strides.head),
                                         stride_bytes(batch, strides.batch)};
-    const cuuint32_t box[4] = {static_cast<cuuint32_t>(swizzle_bytes / ELEMENT_BYTES), static_cast<cuuint32_t>(box_rows), 1, 1};
+    const cuuint32_t box[4] = {static_cast<cuuint32_t>(swizzle_bytes / ELEMENT_BYTES), static_cast<cuuint32_t>(box_rows),
+                               1, 1};
     const cuuint32_t element_strides[4] = {1, 1, 1, 1};
     CUtensorMap map;
     const CUresult status = tensor_map_encoder()(
         &map, dtype == DType::FP16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
         const_cast<void *>(data), dims, byte_strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-        swizzle_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        swizzle_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (status != CUDA_SUCCESS)
         throw std::runtime_error("cuTensorMapEncodeTiled failed (CUresult " + std::to_string(static_cast<int>(status)) + ")");
     return map;
