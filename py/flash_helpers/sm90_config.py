@@ -43,7 +43,7 @@ _MAX_THREAD_REGISTERS = 255
 # A consumer thread's registers beyond its accumulators and P: addresses and the softmax's state.
 _STATE_REGISTERS = 32
 # Shared memory beyond the tiles: slack for placing them at 1024-byte boundaries (the period of the
-# 128-byte swizzle), and one 8-byte mbarrier for Q plus a full and an empty one for K and for V per
+# 128-byte swizzle, the larger of the two the tiles use), and one 8-byte mbarrier for Q plus a full and an empty one for K and for V per
 # stage.
 _ALIGNMENT_SLACK_BYTES = 1024
 _MBARRIER_BYTES = 8
