@@ -216,6 +216,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
     constexpr int d_head = Kernel::d_head;
     constexpr int stages = Kernel::stages;
     constexpr int n_consumers = Kernel::consumer_warpgroups;
+    using Swizzle = typename Kernel::Swizzle;
     const ForwardParams &params = kp.params;
 
     extern __shared__ uint8_t smem_raw[];
@@ -337,7 +338,6 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
         if (!tiles.empty()) {
             // Descriptors of this warpgroup's Q block and of stage 0's K and V tiles; slices and
             // stages are offsets added to the start address field (16-byte units).
-            using Swizzle = typename Kernel::Swizzle;
             const uint64_t Q_desc = k_major_descriptor<Swizzle>(ptx::shared_address(smem.Q(wg)));
             const uint64_t K_desc = k_major_descriptor<Swizzle>(ptx::shared_address(smem.K(0)));
             const uint64_t V_desc =
@@ -549,7 +549,6 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
             tma_store_wait_read();
         named_barrier_sync(warpgroup_barrier, WARPGROUP_THREADS);
         uint8_t *const O_smem = smem.O(wg);
-        using Swizzle = typename Kernel::Swizzle;
         constexpr int chunks_per_row = Swizzle::bytes / COPY_BYTES; // one 8-column accumulator tile each
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -568,7 +567,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
         if (stores) {
 #pragma unroll
             for (int c = 0; c < Kernel::col_blocks; ++c)
-                tma_store_4d(&kp.o, O_smem + c * Kernel::Q_col_block_bytes, c * Kernel::Swizzle::cols,
+                tma_store_4d(&kp.o, O_smem + c * Kernel::Q_col_block_bytes, c * Swizzle::cols,
                              Q_first_row + wg * WGMMA_M, head, batch);
             tma_store_commit();
         }
