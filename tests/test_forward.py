@@ -483,6 +483,21 @@ def test_lengths_that_are_not_multiples_of_the_blocks(cfg, rng):
     assert_still_usable(make_call(cfg, rng))
 
 
+@gpu
+@each_config
+@pytest.mark.parametrize("causal", [False, True], ids=["no_mask", "causal"])
+def test_short_last_query_blocks_in_a_grid_larger_than_the_gpu(cfg, causal, rng):
+    """The last query block holds 16 rows, so (with B_r > 64) the Hopper family's later warpgroups
+    have no rows there; more work tiles than the GPU has multiprocessors, so persistent blocks
+    take several, short ones among them."""
+    served = ProblemVariant(MaskKind.CAUSAL if causal else MaskKind.NONE, masked_tails=True)
+    if served not in flash_attention.compiled_variants(cfg):
+        pytest.skip(f"{cfg.short_form()} is compiled without the variant {served.describe()}")
+    seqlen = 2 * cfg.B_r + 16
+    heads = -(-2 * torch.cuda.get_device_properties(0).multi_processor_count // 3)  # 3 query blocks per head
+    helpers.check_forward(cfg, Problem(seqlen, seqlen, heads, heads, batch=1, causal=causal).make(cfg, rng))
+
+
 def kernels_not_compiled() -> list:
     """(configuration, variant) pairs under test without a compiled kernel (tuning builds have them)."""
     missing = [

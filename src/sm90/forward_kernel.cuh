@@ -327,6 +327,29 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
                 loader.load_KV(tile, tile - tiles.begin);
         }
 
+        // A warpgroup whose rows all lie past seqlen_q (in a last query block that ends within an
+        // earlier warpgroup's rows) computes and stores nothing. The block's pipeline still counts
+        // on its warps: it takes its turns and releases each stage once that stage's round has
+        // landed, so that its arrivals count towards that round.
+        if (MASKED_TAILS && Q_first_row + wg * WGMMA_M >= params.seqlen_q) {
+            if constexpr (Kernel::persistent)
+                release(smem.Q_empty(wg));
+            else
+                mbarrier_wait(smem.Q_full(wg), 0); // its Q has landed before the block exits
+            for (int tile = tiles.begin; tile < tiles.end; ++tile) {
+                mbarrier_wait(smem.K_full(current.stage), current.phase);
+                mbarrier_wait(smem.V_full(current.stage), current.phase);
+                in_turn([] {});
+                release(smem.K_empty(current.stage));
+                release(smem.V_empty(current.stage));
+                current.advance();
+            }
+            if constexpr (Kernel::persistent)
+                continue;
+            else
+                break;
+        }
+
         OnlineSoftmax<1, true, rows_may_be_empty> softmax;
         softmax.init();
         typename Kernel::O_accumulators O_acc;
