@@ -533,6 +533,22 @@ def test_pt_bench_table_shows_the_best_configuration_and_the_ratios_to_flash_and
     ]
 
 
+def test_pt_bench_compares_ragged_lengths_with_the_next_multiple_of_128_per_flop():
+    def ours(seq_len, time_ms):
+        return common.timing_row("fp16", common.benchmark_problem(seq_len, 128), "ours", CFG_A.short_form(), time_ms)
+
+    # 1000 and 1024 in the same time (the same batch): 1024 does (1024 / 1000)^2 as many FLOPs, so
+    # 1000 takes 4.9% more time per FLOP. 4000 has no 4096 to compare with; 2048 is a multiple.
+    rows = [ours(1000, 1.0), ours(1024, 1.0), ours(2048, 3.0), ours(4000, 9.0)]
+    lines = pt_bench.format_group_table(rows).splitlines()
+    assert [line for line in lines if "time per FLOP" in line] == [
+        "seq 1000: +4.9% time per FLOP against seq 1024 (ours at both)"
+    ]
+    assert pt_bench.ragged_length_lines({1000: 500.0, 1024: 480.0, 8000: 600.0, 8064: math.nan}) == [
+        "seq 1000: -4.0% time per FLOP against seq 1024 (ours at both)"
+    ]
+
+
 def test_pt_bench_judges_the_automatic_choice_by_its_own_timing_among_ours():
     rows = _pt_bench_rows()
     at_1024 = [row for row in rows if row.seq_len == 1024]

@@ -16,7 +16,9 @@ power and temperature over a run, and rounds spread that drift over every implem
 length alike instead of letting it favour whichever was timed first.
 
 Prints one table per (dtype, d_head, mask) with the best configuration per seq and its ratios to
-the FLASH and CUDNN backends, then the harmonic means of those ratios, and auto's ratio to the best
+the FLASH and CUDNN backends, then the harmonic means of those ratios, for each length that is not
+a multiple of 128 (with its next multiple among the lengths) how much more time per FLOP ours takes
+there than at the multiple, and auto's ratio to the best
 configuration: "auto/ours" compares its own timing with the best's (run-to-run noise and the
 call's overhead included), "choice/ours" the chosen configuration's timing among ours with the
 best's (auto is not counted as a configuration). A backend that cannot run a
@@ -43,6 +45,9 @@ CHECK_REFERENCE = "flash"
 # Automatic configuration: flash_attn_func, which picks its configuration per call (choose_config),
 # timed as a model calls it, beside the best configuration chosen by hand.
 AUTO = "auto"
+# A length that is not a multiple of this is compared per FLOP with the next multiple, where the
+# tiles of every configuration fit exactly.
+ALIGNED_LENGTH = 128
 
 
 @dataclasses.dataclass
@@ -250,6 +255,7 @@ def format_group_table(rows: list[common.TimingRow]) -> str:
         if usable:
             mean = common.harmonic_mean(usable)
             lines.append(f"harmonic mean of ours/{reference.upper()} over {len(usable)} sequence lengths: {mean:.3f}")
+    lines += ragged_length_lines({row[0]: row[3] for row in table})
     measured = [ratio for ratio in auto_ratios if math.isfinite(ratio)]
     chosen = [ratio for ratio in choice_ratios if math.isfinite(ratio)]
     if measured and chosen:
@@ -262,6 +268,19 @@ def format_group_table(rows: list[common.TimingRow]) -> str:
             label = common.SDPA_REFERENCES[reference]
             lines.append(f"{label} rejects enable_gqa: it was given k and v with each head repeated")
     return "\n".join(lines)
+
+
+def ragged_length_lines(ours_by_seq: dict[int, float]) -> list[str]:
+    """For each length that is not a multiple of ALIGNED_LENGTH and whose next multiple was timed
+    too: how much more time per FLOP our best configuration takes there than at the multiple."""
+    lines = []
+    for seq_len, tflops in sorted(ours_by_seq.items()):
+        aligned = -(-seq_len // ALIGNED_LENGTH) * ALIGNED_LENGTH
+        aligned_tflops = ours_by_seq.get(aligned, math.nan)
+        if seq_len != aligned and math.isfinite(tflops) and math.isfinite(aligned_tflops):
+            extra = 100 * (aligned_tflops / tflops - 1)
+            lines.append(f"seq {seq_len}: {extra:+.1f}% time per FLOP against seq {aligned} (ours at both)")
+    return lines
 
 
 def plot(path: str, rows: list[common.TimingRow]) -> None:
