@@ -709,6 +709,27 @@ def test_ncu_raw_page_averages_and_names():
     assert causal.causal and causal.attn_tflops == pytest.approx(row.attn_tflops / 2)
 
 
+def test_ncu_bench_compares_ragged_lengths_with_the_next_multiple_of_128_per_flop():
+    def row(seq_len, cycles, seqlen_k=None, kernel=CFG_A.short_form()):
+        problem = common.benchmark_problem(seq_len, 128)
+        keys = seqlen_k or seq_len
+        return ncu_bench.ProfileRow(
+            "fp16", 128, False, seq_len, keys, problem.batch, problem.heads_q, kernel, 2, 1.0, cycles, *[math.nan] * 8
+        )
+
+    # The same cycles for 1000 x 1000 as for 1024 x 1024: (1024 / 1000)^2 as many FLOPs at 1024. A
+    # kernel profiled at one of the two lengths only gets no line.
+    rows = [row(1000, 5.0e5), row(1024, 5.0e5), row(4000, 1.0e6), row(1000, 1.0e5, kernel=CFG_B.short_form())]
+    assert ncu_bench.ragged_length_lines(rows) == [
+        f"seq 1000 against 1024, d_head 128, no mask: +4.9% cycles per FLOP, {CFG_A.short_form()}"
+    ]
+    # With --seqlen_k 1000 both query lengths face 1000 keys: 1024 / 1000 as many FLOPs.
+    fixed = [row(1000, 5.0e5, 1000), row(1024, 5.0e5, 1000)]
+    assert ncu_bench.ragged_length_lines(fixed, seqlen_k=1000) == [
+        f"seq 1000 against 1024, 1000 keys, d_head 128, no mask: +2.4% cycles per FLOP, {CFG_A.short_form()}"
+    ]
+
+
 def test_ncu_names_every_variant_of_a_configuration_by_the_configuration():
     for variant in ALL_VARIANTS:
         kernel = ncu_bench.classify_kernel(nvcc_demangled_name(CFG_B, variant))

@@ -12,7 +12,9 @@ backend's name; other kernels, such as the inputs' random fill, are left out), a
 runs and prints per kernel: duration, cycles, registers per thread, shared memory per block,
 achieved occupancy, L2 hit rate, DRAM throughput, tensor-pipe utilization, and TFLOP/s counting
 all the work (total_flop) or only the two matmuls (attn_flop); with the causal mask, half of the
-unmasked problem's, as FlashAttention counts.
+unmasked problem's, as FlashAttention counts. Then, for each kernel at a length that is not a
+multiple of 128 and at the next multiple (both among --seq_lens), how many more cycles per
+attention FLOP it takes at the former.
 
 --clock-control none leaves the GPU at its normal clocks, so durations are comparable with the
 benchmark's. Needs Nsight Compute (ncu) and a GPU.
@@ -321,6 +323,31 @@ TABLE_COLUMNS = (
 )
 
 
+def ragged_length_lines(rows: list[ProfileRow], seqlen_k: int | None = None) -> list[str]:
+    """For each kernel at a query length that is not a multiple of common.ALIGNED_LENGTH, profiled
+    at the next multiple too (same d_head and mask; keys of the same length as the queries, or
+    seqlen_k keys for both): how many more cycles per attention FLOP it takes there."""
+
+    def cycles_per_flop(row: ProfileRow) -> float:
+        attention, _ = common.flop_counts(row.d_head, row.batch, row.heads, row.seq_len, row.seqlen_k, row.causal)
+        return row.cycles / attention
+
+    profiled = {(row.kernel, row.d_head, row.causal, row.seq_len, row.seqlen_k): row for row in rows}
+    lines = []
+    for row in rows:
+        aligned = common.next_aligned_length(row.seq_len)
+        partner = profiled.get((row.kernel, row.d_head, row.causal, aligned, seqlen_k or aligned))
+        if aligned == row.seq_len or partner is None or not (row.cycles > 0 and partner.cycles > 0):
+            continue
+        extra = 100 * (cycles_per_flop(row) / cycles_per_flop(partner) - 1)
+        keys = f", {row.seqlen_k} keys" if seqlen_k else ""
+        lines.append(
+            f"seq {row.seq_len} against {aligned}{keys}, d_head {row.d_head}, {common.mask_name(row.causal)}: "
+            f"{extra:+.1f}% cycles per FLOP, {row.kernel}"
+        )
+    return lines
+
+
 def format_profile_table(rows: list[ProfileRow]) -> str:
     headers = [header for header, _, _ in TABLE_COLUMNS]
     formats = {i: fmt for i, (_, _, fmt) in enumerate(TABLE_COLUMNS) if fmt}
@@ -447,6 +474,10 @@ def main(argv: list[str] | None = None) -> int:
         all_rows += rows
 
     print("\n\n".join(tables))
+    ragged = ragged_length_lines(all_rows, args.seqlen_k)
+    if ragged:
+        print(f"\nLengths that are not multiples of {common.ALIGNED_LENGTH}, against the next multiple:")
+        print("\n".join(ragged))
     if args.csv:
         common.write_csv(args.csv, all_rows, [field.name for field in dataclasses.fields(ProfileRow)])
     for failure in failures:

@@ -45,9 +45,6 @@ CHECK_REFERENCE = "flash"
 # Automatic configuration: flash_attn_func, which picks its configuration per call (choose_config),
 # timed as a model calls it, beside the best configuration chosen by hand.
 AUTO = "auto"
-# A length that is not a multiple of this is compared per FLOP with the next multiple, where the
-# tiles of every configuration fit exactly.
-ALIGNED_LENGTH = 128
 
 
 @dataclasses.dataclass
@@ -271,11 +268,11 @@ def format_group_table(rows: list[common.TimingRow]) -> str:
 
 
 def ragged_length_lines(ours_by_seq: dict[int, float]) -> list[str]:
-    """For each length that is not a multiple of ALIGNED_LENGTH and whose next multiple was timed
-    too: how much more time per FLOP our best configuration takes there than at the multiple."""
+    """For each length that is not a multiple of common.ALIGNED_LENGTH and whose next multiple was
+    timed too: how much more time per FLOP our best configuration takes there than at the multiple."""
     lines = []
     for seq_len, tflops in sorted(ours_by_seq.items()):
-        aligned = -(-seq_len // ALIGNED_LENGTH) * ALIGNED_LENGTH
+        aligned = common.next_aligned_length(seq_len)
         aligned_tflops = ours_by_seq.get(aligned, math.nan)
         if seq_len != aligned and math.isfinite(tflops) and math.isfinite(aligned_tflops):
             extra = 100 * (aligned_tflops / tflops - 1)
