@@ -64,6 +64,7 @@ def heads_for_d_head(d_head: int) -> int:
 
 
 BATCH_BY_SEQ_LEN = {seq_len: batch_for_seq_len(seq_len) for seq_len in SEQ_LENS}
+HEADS_BY_D_HEAD = {d_head: heads_for_d_head(d_head) for d_head in D_HEADS}
 
 # A length that is not a multiple of this is compared per FLOP with the next multiple, where the
 # tiles of every configuration fit exactly (pt_bench, ncu_bench).
@@ -73,7 +74,6 @@ ALIGNED_LENGTH = 128
 def next_aligned_length(seq_len: int) -> int:
     """The smallest multiple of ALIGNED_LENGTH that is at least seq_len."""
     return -(-seq_len // ALIGNED_LENGTH) * ALIGNED_LENGTH
-HEADS_BY_D_HEAD = {d_head: heads_for_d_head(d_head) for d_head in D_HEADS}
 
 
 def dtype_from_name(name: str) -> DType:

@@ -220,10 +220,12 @@ def format_group_table(rows: list[common.TimingRow]) -> str:
     table = []
     ratios = {reference: [] for reference in RATIO_REFERENCES}
     auto_ratios, choice_ratios = [], []
+    ours_by_seq = {}
     for seq_len in sorted({r.seq_len for r in rows}):
         at_seq = [r for r in rows if r.seq_len == seq_len]
         best = best_ours(at_seq)
         ours = best.tflops if best else math.nan
+        ours_by_seq[seq_len] = ours
         for reference in RATIO_REFERENCES:
             ratios[reference].append(ours / reference_tflops(at_seq, reference))
         auto = auto_row(at_seq)
@@ -252,7 +254,7 @@ def format_group_table(rows: list[common.TimingRow]) -> str:
         if usable:
             mean = common.harmonic_mean(usable)
             lines.append(f"harmonic mean of ours/{reference.upper()} over {len(usable)} sequence lengths: {mean:.3f}")
-    lines += ragged_length_lines({row[0]: row[3] for row in table})
+    lines += ragged_length_lines(ours_by_seq)
     measured = [ratio for ratio in auto_ratios if math.isfinite(ratio)]
     chosen = [ratio for ratio in choice_ratios if math.isfinite(ratio)]
     if measured and chosen:
