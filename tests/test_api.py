@@ -33,20 +33,32 @@ def _meta(shape, dtype=torch.float16):
 
 
 def _table(*ranked_lists) -> DispatchTable:
-    entries = [TableEntry("FP16", 128, False, seq, tuple(ranked)) for seq, ranked in ranked_lists]
+    """Entries of FP16 d_head 128 without a mask: (seq_len, [configuration, ...]) with times 1, 2, ...
+    ms, or (seq_len, [configuration, ...], [time, ...])."""
+    entries = []
+    for seq, ranked, *times in ranked_lists:
+        times = tuple(times[0]) if times else tuple(float(place) for place in range(1, len(ranked) + 1))
+        entries.append(TableEntry("FP16", 128, False, seq, tuple(ranked), times))
     return DispatchTable.from_rankings("sm_90", "test GPU", "2026-01-01", "made by hand", entries)
 
 
 def test_table_round_trips_through_json():
-    table = _table((1024, ["a", "b"]), (512, ["c"]))
+    table = _table((1024, ["a", "b"], [0.25, 0.5]), (512, ["c"]))
     assert DispatchTable.from_json(table.to_json()) == table
     assert [e.seq_len for e in table.entries] == [512, 1024], "entries are sorted"
 
 
 def test_table_refuses_another_format():
-    text = _table((512, ["a"])).to_json().replace('"format_version": 1', '"format_version": 99')
+    text = _table((512, ["a"])).to_json().replace('"format_version": 2', '"format_version": 99')
     with pytest.raises(ValueError, match="format"):
         DispatchTable.from_json(text)
+
+
+def test_table_entry_needs_a_time_per_configuration_fastest_first():
+    with pytest.raises(ValueError, match="2 ranked configurations but 1 times"):
+        TableEntry("FP16", 128, False, 512, ("a", "b"), (1.0,))
+    with pytest.raises(ValueError, match="fastest first"):
+        TableEntry("FP16", 128, False, 512, ("a", "b"), (2.0, 1.0))
 
 
 @pytest.mark.parametrize("seqlen_q, measured", [(1, 512), (512, 512), (513, 1024), (1000, 1024), (5000, 1024)])
@@ -105,6 +117,27 @@ def test_choice_follows_the_table_skipping_what_is_not_compiled(monkeypatch, cle
     choice = flash_attention.choose_config(q, q, arch="sm_90")
     assert choice.config == compiled[-1]
     assert "dispatch table" in choice.reason and "place 2 of 2" in choice.reason
+
+
+def test_choice_scales_the_tables_times_by_the_tiles_each_configuration_visits(monkeypatch, clear_choice_cache):
+    # 1000 keys fill 8 tiles of 128 (1024 keys) but 7 of 144 (1008): measured 5% slower at 1024, the
+    # 144-key configuration does 7/8 of its work there at 1000.
+    wide, narrow = (
+        _parse(f"sm90(FP16, 128, 128, {B_c}, 2): ws+pingpong+overlap+persistent") for B_c in (128, 144)
+    )
+    compiled = flash_attention.compiled_configs()
+    if wide not in compiled or narrow not in compiled:
+        pytest.skip(f"needs {wide.short_form()} and {narrow.short_form()} compiled (the default set with 9.0)")
+    _with_table(monkeypatch, _table((1024, [wide.short_form(), narrow.short_form()], [1.0, 1.05])))
+    at = lambda seqlen_q, seqlen_k=None, **kw: flash_attention.choose_config(  # noqa: E731
+        _meta((2, seqlen_q, 8, 128)), _meta((2, seqlen_k or seqlen_q, 8, 128)), arch="sm_90", **kw
+    )
+    assert at(1024).config == wide, "at the measured length, the table's order"
+    choice = at(1000)
+    assert choice.config == narrow and "place 2 of 2" in choice.reason and "tiles each configuration visits" in choice.reason
+    assert at(1000, 1024).config == wide, "the query length alone leaves both with 8 of 8 tiles per block"
+    assert at(1024, 1000).config == narrow
+    assert at(4096, 4000).config == narrow  # 28 tiles of 144 against 32 of 128: 0.92 against 1.0
 
 
 def test_choice_falls_back_to_the_default_set(monkeypatch, clear_choice_cache):

@@ -1373,8 +1373,9 @@ def test_autotune_writes_the_rankings_as_a_dispatch_table(tmp_path):
     table = DispatchTable.load(tmp_path / "sm_90.json")
     assert (table.arch, table.gpu) == ("sm_90", "Test GPU") and "--summary-only" in table.command
     rankings = autotune.rank_shapes(rows)
-    assert [(e.dtype, e.causal, e.seq_len, e.ranked) for e in table.entries] == sorted(
-        ("FP16", r.causal, r.seq_len, tuple(row.config for row in r.ranked)) for r in rankings
+    assert [(e.dtype, e.causal, e.seq_len, e.ranked, e.times_ms) for e in table.entries] == sorted(
+        ("FP16", r.causal, r.seq_len, tuple(row.config for row in r.ranked), tuple(row.time_ms for row in r.ranked))
+        for r in rankings
     )
     assert table.entry_for("FP16", 128, True, 600).ranked[0] == TUNING_NAMES["C"]
 

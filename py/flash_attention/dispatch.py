@@ -1,9 +1,15 @@
 """Automatic configuration: which compiled configuration serves a problem, and why.
 
 ``choose_config`` looks the problem up in the dispatch table of its GPU's architecture (see
-flash_helpers.dispatch_table; the tables ship in dispatch_tables/) and takes the highest-ranked
-configuration there that this build compiled with the kernel variant the problem needs. Local
-windows use the causal rankings: both skip tiles along the diagonal.
+flash_helpers.dispatch_table; the tables ship in dispatch_tables/): the entry measured at the
+problem's dtype, head size and mask, at the next measured length up. Among the configurations
+ranked there that this build compiled with the kernel variant the problem needs, it takes the one
+whose measured time, scaled to the problem's lengths, is shortest: a configuration's time grows
+with the (query block, key tile) pairs it visits (``flash_helpers.problem.visited_tiles``), and at
+lengths that are not multiples of its blocks those counts differ between block sizes (1000 keys
+fill 7 tiles of 144 keys, 1008 in all, but 8 tiles of 128, 1024 in all). At the measured length
+itself that is the table's own order. Local windows use the causal rankings: both skip tiles along
+the diagonal.
 
 Where the table has no answer (no table for the architecture, no entry for the shape, or none of
 the ranked configurations compiled with the variant), a rule chooses among the compiled
@@ -23,7 +29,7 @@ from flash_helpers.dispatch_table import DispatchTable, arch_name
 from flash_helpers.dtypes import DType
 from flash_helpers.kernel_names import parse_kernel_name_into_config
 from flash_helpers.kernel_sets import DEFAULT_BUILD_KERNELS, REBUILD_HINT
-from flash_helpers.problem import MaskKind, ProblemVariant, mask_kind, needed_variant
+from flash_helpers.problem import MaskKind, ProblemVariant, mask_kind, needed_variant, visited_tiles
 
 from .kernels import compiled_configs, compiled_kernels, compiled_kernel_set
 
@@ -101,16 +107,23 @@ def _choose(dtype, d_head, seqlen_q, seqlen_k, causal, window_size, score_mods, 
     masked = mask_kind(seqlen_q, seqlen_k, causal, window_size) != MaskKind.NONE
     entry = table.entry_for(dtype.name, d_head, masked, seqlen_q) if table else None
     if entry is not None:
-        for place, short_form in enumerate(entry.ranked, start=1):
+        estimates = []  # (estimated time at this problem, place in the entry, configuration, variant)
+        for place, (short_form, time_ms) in enumerate(zip(entry.ranked, entry.times_ms, strict=True), start=1):
             cfg = parse_kernel_name_into_config(short_form)
             variant = variant_if_compiled(cfg)
             if variant is not None:
-                where = f"{dtype.name}, d_head {d_head}, {'causal' if masked else 'no mask'}, seq {entry.seq_len}"
-                reason = (
-                    f"dispatch table {arch} ({table.gpu}, {table.date}) at {where}: place {place} of "
-                    f"{len(entry.ranked)}, the fastest this build compiled"
-                )
-                return ConfigChoice(cfg, variant, arch, reason)
+                measured = visited_tiles(cfg.B_r, cfg.B_c, entry.seq_len, entry.seq_len, entry.causal)
+                here = visited_tiles(cfg.B_r, cfg.B_c, seqlen_q, seqlen_k, causal, window_size)
+                estimates.append((time_ms * here / measured, place, cfg, variant))
+        if estimates:
+            _, place, cfg, variant = min(estimates, key=lambda e: e[:2])
+            where = f"{dtype.name}, d_head {d_head}, {'causal' if masked else 'no mask'}, seq {entry.seq_len}"
+            reason = (
+                f"dispatch table {arch} ({table.gpu}, {table.date}) at {where}: place {place} of "
+                f"{len(entry.ranked)}; of what this build compiled, the fastest at seqlen_q {seqlen_q}, "
+                f"seqlen_k {seqlen_k} by the table's times scaled by the tiles each configuration visits"
+            )
+            return ConfigChoice(cfg, variant, arch, reason)
         why_rule = f"the dispatch table for {arch} ranks no configuration this build compiled with this variant"
     elif table is None:
         why_rule = f"no dispatch table for {arch}"

@@ -4,8 +4,11 @@
 The tables ship as JSON files under ``flash_attention/dispatch_tables/``, one per architecture,
 named ``<arch>.json`` (``sm_90.json``).
 
-A table keeps every measured configuration's place, not only the winner: a build compiles only a
-subset of them, and the fastest compiled one is wanted. Importable without torch.
+A table keeps every measured configuration's place and time, not only the winner: a build compiles
+only a subset of them, and the fastest compiled one is wanted; and the times let automatic
+configuration carry a ranking to lengths the sweep did not measure, where configurations with other
+block sizes leave different amounts of their last tiles empty (``flash_attention.choose_config``).
+Importable without torch.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from pathlib import Path
 __all__ = ["FORMAT_VERSION", "DispatchTable", "TableEntry", "arch_name"]
 
 # Bumped when the file layout changes; a reader refuses other versions rather than misread them.
-FORMAT_VERSION = 1
+# 2: each ranked configuration with its time.
+FORMAT_VERSION = 2
 
 
 def arch_name(capability: tuple[int, int]) -> str:
@@ -30,13 +34,21 @@ def arch_name(capability: tuple[int, int]) -> str:
 @dataclasses.dataclass(frozen=True)
 class TableEntry:
     """The ranking at one shape: dtype (``FP16``/``BF16``), head size, causal or not, and the
-    length the sweep measured (seqlen_q = seqlen_k); configurations as short forms, fastest first."""
+    length the sweep measured (seqlen_q = seqlen_k); configurations as short forms, fastest first,
+    and each one's measured time in milliseconds, in the same order."""
 
     dtype: str
     d_head: int
     causal: bool
     seq_len: int
     ranked: tuple[str, ...]
+    times_ms: tuple[float, ...]
+
+    def __post_init__(self):
+        if len(self.times_ms) != len(self.ranked):
+            raise ValueError(f"{len(self.ranked)} ranked configurations but {len(self.times_ms)} times")
+        if list(self.times_ms) != sorted(self.times_ms):
+            raise ValueError("the ranked configurations' times must not decrease: fastest first")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +74,15 @@ class DispatchTable:
         return next((e for e in matching if e.seq_len >= seqlen_q), matching[-1])
 
     def to_json(self) -> str:
-        document = {"format_version": FORMAT_VERSION, **dataclasses.asdict(self)}
+        entries = [
+            {
+                **{field: getattr(entry, field) for field in ("dtype", "d_head", "causal", "seq_len")},
+                "ranked": [{"config": c, "time_ms": t} for c, t in zip(entry.ranked, entry.times_ms, strict=True)],
+            }
+            for entry in self.entries
+        ]
+        header = {field: getattr(self, field) for field in ("arch", "gpu", "date", "command")}
+        document = {"format_version": FORMAT_VERSION, **header, "entries": entries}
         return json.dumps(document, indent=1) + "\n"
 
     @classmethod
@@ -72,7 +92,14 @@ class DispatchTable:
         if version != FORMAT_VERSION:
             raise ValueError(f"dispatch table format {version!r}; this version reads format {FORMAT_VERSION}")
         entries = tuple(
-            TableEntry(e["dtype"], int(e["d_head"]), bool(e["causal"]), int(e["seq_len"]), tuple(e["ranked"]))
+            TableEntry(
+                e["dtype"],
+                int(e["d_head"]),
+                bool(e["causal"]),
+                int(e["seq_len"]),
+                tuple(str(r["config"]) for r in e["ranked"]),
+                tuple(float(r["time_ms"]) for r in e["ranked"]),
+            )
             for e in document["entries"]
         )
         return cls(document["arch"], document["gpu"], document["date"], document["command"], entries)

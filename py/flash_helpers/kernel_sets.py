@@ -323,8 +323,11 @@ _DEFAULT_TUNINGS = (
 # for d_head 64 and 128 also the persistent variant, faster at short lengths without a mask, and for
 # d_head 64 a persistent block of two consumer warpgroups, faster at short lengths with a causal
 # mask (a 128-row work tile wastes fewer rows on the diagonal than a 192-row one); for d_head 96
-# the sweep's winners without a mask (B_c 176) and with the causal mask (B_c 128). The dispatch
-# table picks among them per shape.
+# the sweep's winners without a mask (B_c 176) and with the causal mask (B_c 128); for d_head 128
+# persistent blocks of 144 and 160 keys, which leave less of their last tile empty than 128 keys
+# at many lengths that are not multiples of 128 (1000 keys: 1008 in 144-key tiles against 1024;
+# 4000 and 8000: whole 160-key tiles). The dispatch table picks among them per shape, scaling its
+# measured times by the tiles each configuration visits at the problem's lengths.
 _DEFAULT_HOPPER_TUNINGS = (
     "32, 192, 128, 2): ws+pingpong+overlap+persistent",
     "64, 128, 128, 2): ws+pingpong+overlap+persistent",
@@ -334,6 +337,8 @@ _DEFAULT_HOPPER_TUNINGS = (
     "96, 128, 176, 2): ws+pingpong+overlap+persistent",
     "128, 128, 128, 2): ws+pingpong+overlap",
     "128, 128, 128, 2): ws+pingpong+overlap+persistent",
+    "128, 128, 144, 2): ws+pingpong+overlap+persistent",
+    "128, 128, 160, 2): ws+pingpong+overlap+persistent",
     "192, 128, 112, 2): ws+pingpong+overlap",
     "256, 128, 64, 2): ws+pingpong+overlap",
 )

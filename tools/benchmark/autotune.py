@@ -21,7 +21,7 @@ files without a causal column are of unmasked attention. Repeated timings of a c
 shape (rounds, or runs appended to one file) count by their median.
 
 --dispatch-table PATH also writes the rankings as the dispatch table that automatic configuration
-reads (flash_helpers.dispatch_table): every configuration's place at every shape. The package's
+reads (flash_helpers.dispatch_table): every configuration's place and time at every shape. The package's
 tables are py/flash_attention/dispatch_tables/<arch>.json, e.g. for the H200:
 
     python tools/benchmark/autotune.py --kernels default --dispatch-table py/flash_attention/dispatch_tables/sm_90.json
@@ -125,8 +125,9 @@ def rank_shapes(rows: list[common.TimingRow]) -> list[ShapeRanking]:
     )
     for shape in shapes:
         at_shape = [row for row in rows if (row.dtype, row.d_head, row.causal, row.seq_len) == shape]
-        # Ties keep the configurations' order, so rankings are reproducible.
-        ranked = sorted(at_shape, key=lambda row: (-row.tflops, row.config))
+        # One problem, so the shortest time is the highest TFLOP/s; ties keep the configurations'
+        # order, so rankings are reproducible.
+        ranked = sorted(at_shape, key=lambda row: (row.time_ms, row.config))
         rankings.append(ShapeRanking(*shape, ranked))
     return rankings
 
@@ -206,9 +207,16 @@ def format_summary(rows: list[common.TimingRow], top: int = DEFAULT_TOP) -> str:
 
 
 def make_dispatch_table(rows: list[common.TimingRow], arch: str, gpu: str, command: str) -> DispatchTable:
-    """The rankings of every shape as a dispatch table (configurations fastest first)."""
+    """The rankings of every shape as a dispatch table (configurations fastest first, with their times)."""
     entries = [
-        TableEntry(r.dtype.upper(), r.d_head, r.causal, r.seq_len, tuple(dict.fromkeys(row.config for row in r.ranked)))
+        TableEntry(
+            r.dtype.upper(),
+            r.d_head,
+            r.causal,
+            r.seq_len,
+            tuple(row.config for row in r.ranked),
+            tuple(row.time_ms for row in r.ranked),
+        )
         for r in rank_shapes(rows)
     ]
     return DispatchTable.from_rankings(arch, gpu, datetime.date.today().isoformat(), command, entries)
