@@ -1604,20 +1604,32 @@ def test_timing_tools_run_hopper_kernels_on_sm90_only(stand_in_gpu, capability, 
     assert (HOPPER_128 in {cfg for cfg, *_ in extension.calls}) == on_sm90
 
 
-def test_autotune_rounds_time_each_configuration_once_per_round_starting_one_further_along(stand_in_gpu, tmp_path):
-    extension = stand_in_gpu(times={(TUNED_128, False): 1.0, (DEFAULT_128, False): 2.0})
-    csv_path = tmp_path / "tune.csv"
+def test_autotune_rounds_time_each_configuration_once_per_round_in_a_repeatable_order(stand_in_gpu, tmp_path):
     sweep = ["--dtypes", "fp16", "--d-heads", "128", "--seq-lens", "128", "256", "--causal", "off", "--rounds", "3"]
-    assert autotune.main([*sweep, "--csv", str(csv_path)]) == 0
-    order = [(q[1], cfg) for cfg, q, _, _ in extension.calls]
-    first_round = order[:4]
-    assert sorted(first_round) == sorted((seq, cfg) for seq in (128, 256) for cfg in (TUNED_128, DEFAULT_128))
-    # Round robin over the shapes; each round starts the shape's configurations one further along.
-    rotated = [first_round[1], first_round[0], first_round[3], first_round[2]]
-    assert order == first_round + rotated + first_round
+    orders = []
+    for run in range(2):
+        extension = stand_in_gpu(times={(TUNED_128, False): 1.0, (DEFAULT_128, False): 2.0})
+        csv_path = tmp_path / f"tune{run}.csv"
+        assert autotune.main([*sweep, "--csv", str(csv_path)]) == 0
+        orders.append([(q[1], cfg) for cfg, q, _, _ in extension.calls])
+    order = orders[0]
+    # Round robin over the shapes, each shape's configurations once per round.
+    for start in range(0, 12, 2):
+        seq = (128, 256)[start // 2 % 2]
+        assert sorted(order[start : start + 2]) == sorted((seq, cfg) for cfg in (TUNED_128, DEFAULT_128))
+    assert orders[1] == order, "the order is seeded: a run repeats"
     # Every timing is in the file; the summary counts each configuration once per shape.
     rows = common.read_timing_csv(csv_path)
     assert len(rows) == 12 and len(autotune.rank_shapes(rows)[0].ranked) == 2
+
+
+def test_timing_order_shuffles_each_round_and_shape_afresh():
+    items = list("ABCDE")
+    orders = [tuple(common.timing_order(items, r, ("fp16", 1024))) for r in range(6)]
+    assert all(sorted(order) == items for order in orders)
+    assert orders == [tuple(common.timing_order(items, r, ("fp16", 1024))) for r in range(6)], "seeded"
+    assert len(set(orders)) == 6, "each round its own order"
+    assert [tuple(common.timing_order(items, r, ("fp16", 2048))) for r in range(6)] != orders, "each shape its own"
 
 
 def test_autotune_sweeps_both_masks_and_ranks_them_apart(stand_in_gpu, tmp_path, capsys):

@@ -10,10 +10,12 @@ and seq_len of the benchmark shapes (batch 16/16/16/16/8/4 for seq 512..16384; h
 measured (default profiles/autotune.csv). With --rounds R the whole sweep runs R times, round robin,
 and a configuration's time at a shape is the median of its R timings: the GPU's clock drifts with
 its power and temperature, and neighbouring configurations of one round can differ by less than
-that drift. The summary then ranks, per (dtype, d_head, mask, seq_len), the winner, its TFLOP/s,
-the runner-up and the winner's margin over it, and the top N; and per (dtype, d_head, mask), the
-configurations with the best harmonic mean of TFLOP/s over the sequence lengths: the first is the
-candidate default for that dtype, d_head and mask. Causal TFLOP/s count half of the unmasked
+that drift. Each round times a shape's configurations in a new seeded random order
+(bench_common.timing_order): one timed right after a slower one starts at a higher clock. The
+summary then ranks, per (dtype, d_head, mask, seq_len), the winner, its TFLOP/s, the runner-up and
+the winner's margin over it, and the top N; and per (dtype, d_head, mask), the configurations with
+the best harmonic mean of TFLOP/s over the sequence lengths: the first is the candidate default for
+that dtype, d_head and mask. Causal TFLOP/s count half of the unmasked
 problem's FLOPs, as FlashAttention does.
 
 --summary-only CSV ranks an existing CSV file (of this tool or of pt_bench.py --csv) without a GPU;
@@ -251,9 +253,7 @@ def sweep(args: argparse.Namespace, configs, csv_writer: common.TimingCsvWriter)
             progress.set_description(f"{dtype_name} {problem.describe()}{where}")
             q, k, v = common.make_inputs(problem, dtype)
             o = q.new_empty(q.shape)
-            # Each round starts one configuration further along, so that none is always timed first.
-            start = round_index % len(fitting)
-            for cfg in fitting[start:] + fitting[:start]:
+            for cfg in common.timing_order(fitting, round_index, (dtype_name, problem)):
                 time_ms = timer(functools.partial(flash_attention.forward, cfg, q, k, v, o, causal=problem.causal))
                 row = common.timing_row(dtype_name, problem, "ours", cfg.short_form(), time_ms)
                 csv_writer.write(row)

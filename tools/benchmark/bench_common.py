@@ -17,6 +17,7 @@ import dataclasses
 import math
 import os
 import pathlib
+import random
 import statistics
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -319,6 +320,16 @@ def make_timer(rep_ms: float = DEFAULT_REP_MS) -> tuple[Callable[[Callable[[], o
         lambda fn: do_bench(fn, rep=rep_ms, return_mode="median"),
         f"median of triton.testing.do_bench over about {rep_ms:g} ms",
     )
+
+
+def timing_order(items: list, round_index: int, shape: object) -> list:
+    """``items`` in the order to time them at ``shape`` in round ``round_index``: shuffled afresh
+    for each round and shape, seeded by both so that a run repeats. Under the power limit a kernel
+    timed right after a slower one (which drew less power) starts at a higher clock; in a fixed
+    order the same kernel always follows the same one and its median keeps that advantage."""
+    order = list(items)
+    random.Random(f"{round_index} {shape!r}").shuffle(order)
+    return order
 
 
 # ----------------------------------------------------------------------------------------------

@@ -13,7 +13,9 @@ triton is missing); TFLOP/s = 4 * batch * heads_q * seq^2 * d_head / time, half 
 causal mask, as FlashAttention counts. With --rounds R every shape is measured R times, round
 robin over the whole list, and each row keeps its median time: the GPU's clock drifts with its
 power and temperature over a run, and rounds spread that drift over every implementation and
-length alike instead of letting it favour whichever was timed first.
+length alike instead of letting it favour whichever was timed first. At each shape and round the
+implementations are timed in a new seeded random order (bench_common.timing_order): under the
+power limit one timed right after a slower one starts at a higher clock.
 
 Prints one table per (dtype, d_head, mask) with the best configuration per seq and its ratios to
 the FLASH and CUDNN backends, then the harmonic means of those ratios, for each length that is not
@@ -135,9 +137,11 @@ def implementation_name(reference: str) -> str:
 
 
 def benchmark_shape(
-    dtype_name: str, problem: common.Problem, configs, timer, progress
+    dtype_name: str, problem: common.Problem, configs, timer, progress, round_index: int = 0
 ) -> tuple[list[common.TimingRow], str | None]:
-    """Times our configurations and SDPA on one problem; returns the rows and a correctness failure, if any."""
+    """Times our configurations, automatic configuration and SDPA on one problem, in the order
+    ``common.timing_order`` gives for the round; returns the rows (in that order) and a correctness
+    failure, if any."""
     import flash_attention
 
     q, k, v = common.make_inputs(problem, common.dtype_from_name(dtype_name))
@@ -148,27 +152,27 @@ def benchmark_shape(
         return common.timing_row(dtype_name, problem, implementation, config, time_ms)
 
     rows = []
-    for cfg in configs:
-        rows.append(row("ours", cfg.short_form(), timer(functools.partial(forward, cfg, q, k, v, o))))
-        progress.update()
-    choice = flash_attention.choose_config(q, k, causal=problem.causal)
-    auto = functools.partial(flash_attention.flash_attn_func, q, k, v, causal=problem.causal)
-    rows.append(row(AUTO, choice.config.short_form(), timer(auto)))
-    progress.update()
-
     check_output = None
-    for reference in REFERENCES:
-        try:
-            call = common.sdpa_call(reference, q, k, v, problem.causal)
-            with common.use_sdpa_reference(reference):
-                rows.append(row(implementation_name(reference), call.gqa, timer(call.run)))
-        except RuntimeError as error:
-            label = common.SDPA_REFERENCES[reference]
-            progress.write(f"{label} cannot run {dtype_name}, {problem.describe()}: {error}")
-            rows.append(row(implementation_name(reference), "", math.nan))
+    # What to time: our configurations, then AUTO, then each SDPA reference by name.
+    for item in common.timing_order([*configs, AUTO, *REFERENCES], round_index, (dtype_name, problem)):
+        if item == AUTO:
+            choice = flash_attention.choose_config(q, k, causal=problem.causal)
+            auto = functools.partial(flash_attention.flash_attn_func, q, k, v, causal=problem.causal)
+            rows.append(row(AUTO, choice.config.short_form(), timer(auto)))
+        elif item in REFERENCES:
+            try:
+                call = common.sdpa_call(item, q, k, v, problem.causal)
+                with common.use_sdpa_reference(item):
+                    rows.append(row(implementation_name(item), call.gqa, timer(call.run)))
+            except RuntimeError as error:
+                label = common.SDPA_REFERENCES[item]
+                progress.write(f"{label} cannot run {dtype_name}, {problem.describe()}: {error}")
+                rows.append(row(implementation_name(item), "", math.nan))
+            else:
+                if item == CHECK_REFERENCE:
+                    check_output = call.output
         else:
-            if reference == CHECK_REFERENCE:
-                check_output = call.output
+            rows.append(row("ours", item.short_form(), timer(functools.partial(forward, item, q, k, v, o))))
         progress.update()
 
     failure = None
@@ -339,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
                 description += f", round {round_index + 1} of {args.rounds}"
             with common.Progress(total, description) as progress:
                 for problem_index, (problem, at_problem) in enumerate(zip(group.problems, fitting, strict=True)):
-                    rows, failure = benchmark_shape(group.dtype_name, problem, at_problem, timer, progress)
+                    rows, failure = benchmark_shape(group.dtype_name, problem, at_problem, timer, progress, round_index)
                     measured.setdefault((group_index, problem_index), []).extend(rows)
                     if failure and failure not in failures:
                         failures.append(failure)
