@@ -653,9 +653,11 @@ def test_hopper_short_form_lists_flags_in_fixed_order():
 
 
 def test_hopper_cpp_struct():
-    assert HOPPER_FULL.to_cpp_struct() == "HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true, false}"
+    assert HOPPER_FULL.to_cpp_struct() == (
+        "HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true, false, false}"
+    )
     assert Hopper(BF16, 64, 192, 80, 4, True).to_cpp_struct() == (
-        "HopperForwardKernelConfig{DType::BF16, 64, 192, 80, 4, true, false, false, false}"
+        "HopperForwardKernelConfig{DType::BF16, 64, 192, 80, 4, true, false, false, false, false}"
     )
 
 
@@ -663,7 +665,7 @@ def test_hopper_demangled_kernel_name():
     """c++filt of the first symbol of test_hopper_mangled_kernel_name."""
     assert HOPPER_FULL.demangled_kernel_name() == (
         "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
-        "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true, false}>, "
+        "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true, false, false}>, "
         "(flash::MaskKind)0, false, false>(flash::sm90::KernelParams)"
     )
     causal_tails = ProblemVariant(MaskKind.CAUSAL, masked_tails=True)
@@ -672,14 +674,14 @@ def test_hopper_demangled_kernel_name():
 
 
 def test_hopper_mangled_kernel_name():
-    """The first symbol read off an sm_90a cubin nvcc 13 compiled (readelf -s); the second spelled the same way."""
+    """Both symbols as read off an sm_90a cubin nvcc 13 compiled (readelf -s)."""
     assert HOPPER_FULL.mangled_kernel_name() == (
         "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
-        "LNS_5DTypeE5ELi128ELi128ELi128ELi2ELb1ELb1ELb1ELb0EEEEELNS_8MaskKindE0ELb0ELb0EEEvNS0_12KernelParamsE"
+        "LNS_5DTypeE5ELi128ELi128ELi128ELi2ELb1ELb1ELb1ELb0ELb0EEEEELNS_8MaskKindE0ELb0ELb0EEEvNS0_12KernelParamsE"
     )
     assert Hopper(BF16, 64, 192, 80, 4, True).mangled_kernel_name(ProblemVariant(MaskKind.LOCAL, True, True)) == (
         "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
-        "LNS_5DTypeE15ELi64ELi192ELi80ELi4ELb1ELb0ELb0ELb0EEEEELNS_8MaskKindE2ELb1ELb1EEEvNS0_12KernelParamsE"
+        "LNS_5DTypeE15ELi64ELi192ELi80ELi4ELb1ELb0ELb0ELb0ELb0EEEEELNS_8MaskKindE2ELb1ELb1EEEvNS0_12KernelParamsE"
     )
 
 
@@ -701,12 +703,25 @@ def test_hopper_file_stem_example_and_uniqueness():
         "HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true, false}",
         "HopperForwardKernelConfig{5, (int)128, 128, 128, 2, (bool)1, 1, true}",
         "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
-        "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true, false}>, "
+        "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true, false, false}>, "
         "(flash::MaskKind)1, true, false>(flash::sm90::KernelParams)",
     ],
 )
 def test_parse_hopper_spellings(text):
     assert parse_kernel_name_into_config(text) == HOPPER_FULL
+
+
+def test_hopper_Q_in_registers_flag():
+    cfg = dataclasses.replace(HOPPER_FULL, persistent=True, Q_in_registers=True)
+    assert cfg.short_form() == "sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap+persistent+qregs"
+    assert parse_kernel_name_into_config("sm90(FP16, 128, 128, 128, 2): qregs+persistent+ws+pingpong+overlap") == cfg
+    assert cfg.file_stem() == "fp16_d128_br128_bc128_s2_ws_pingpong_overlap_persistent_qregs"
+    assert cfg.to_cpp_struct().endswith("true, true, true, true, true}")
+    # The sweep tries Q both ways wherever its registers fit.
+    tune = of_family(get_autotuning_kernel_configs(), Hopper)
+    assert cfg in tune and dataclasses.replace(cfg, Q_in_registers=False) in tune
+    assert dataclasses.replace(cfg, B_c=160, Q_in_registers=False) in tune
+    assert dataclasses.replace(cfg, B_c=160) not in tune
 
 
 def test_parse_hopper_names_without_trailing_false_fields():
@@ -732,7 +747,7 @@ def test_parse_hopper_names_without_trailing_false_fields():
         ("sm90(FP16, 128, 128, 128)", ["sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap", "(FP16, 128, 64, 64, 4)"]),
         ("sm80(FP16, 128, 64, 64, 4)", ["HopperForwardKernelConfig{...}", "FlashForwardKernelConfig{...}"]),
         ("sm90(FP32, 128, 128, 128, 2)", ["unsupported dtype 'FP32'"]),
-        ("HopperForwardKernelConfig{5, 128, 128, 128, 2, 1, 1, 1, 1, 1}", ["10 initializer items", "9 fields"]),
+        ("HopperForwardKernelConfig{5, 128, 128, 128, 2, 1, 1, 1, 1, 1, 1}", ["11 initializer items", "10 fields"]),
         ("HopperForwardKernelConfig{5, 128, 128, 128, 2, 2}", ["'2' is not a valid warp_specialized"]),
         ("HopperForwardKernelConfig{5, 128, 128, true, 2}", ["'true' is not a valid B_c"]),
     ],
@@ -807,6 +822,9 @@ def test_hopper_register_estimate():
     assert HOPPER_FULL.register_estimate() == 128 // 2 + 128 // 2 + 128 // 4 + 32 == 192
     assert Hopper(FP16, 64, 192, 128, 2, True, True, True).register_estimate() == 160  # exactly the budget
     assert Hopper(FP16, 64, 192, 128, 2, True, True, True).is_valid()
+    # Q in registers: d_head / 4 more, which d_head 128 with 144 keys still fits and 160 keys does not.
+    assert dataclasses.replace(HOPPER_FULL, Q_in_registers=True).register_estimate() == 192 + 128 // 4
+    assert Hopper(FP16, 128, 128, 144, 2, True, True, True, True, True).register_estimate() == 236
 
 
 GOOD_HOPPER_CONFIGS = [
@@ -816,6 +834,8 @@ GOOD_HOPPER_CONFIGS = [
     Hopper(FP16, 256, 128, 80, 2, True, True, True),
     Hopper(BF16, 192, 128, 112, 2, True, False, True),
     Hopper(FP16, 128, 64, 64, 1, True, False, True),
+    Hopper(FP16, 128, 128, 144, 2, True, True, True, True, True),
+    Hopper(BF16, 32, 192, 128, 2, True, True, True, True, True),
 ]
 
 # (config, words its reason must contain): each config breaks exactly one rule.
@@ -832,6 +852,7 @@ BAD_HOPPER_CONFIGS = [
     (Hopper(FP16, 256, 192, 64, 2), ["registers", "208", "168"]),
     (Hopper(FP16, 128, 128, 128, 2, persistent=True), ["persistent", "warp_specialized"]),
     (Hopper(FP16, 128, 128, 176, 2, True, True, True, True), ["shared memory", "O when persistent"]),
+    (Hopper(FP16, 128, 128, 160, 2, True, True, True, True, True), ["registers", "248", "d_head / 4 for Q", "240"]),
 ]
 
 
@@ -876,7 +897,7 @@ def test_hopper_needs_masked_tails(seqlen_q, seqlen_k, tails):
 def test_hopper_all_is_every_valid_config():
     hopper = of_family(get_all_kernel_configs(), Hopper)
     space = itertools.product(
-        (FP16, BF16), sm90_config.D_HEADS, sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, *[(False, True)] * 4
+        (FP16, BF16), sm90_config.D_HEADS, sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, *[(False, True)] * 5
     )
     assert hopper == sorted(cfg for cfg in itertools.starmap(Hopper, space) if cfg.is_valid())
     for cfg in GOOD_HOPPER_CONFIGS:
@@ -902,7 +923,7 @@ def test_hopper_tune_overlaps_everything_at_two_stages():
 
 def test_hopper_progression_steps_in_order():
     names = [name for name, _ in HOPPER_PROGRESSION_STEPS]
-    assert names == ["hopper_base", "hopper_ws", "hopper_pingpong", "hopper_overlap", "hopper_persistent"]
+    assert names == ["hopper_base", "hopper_ws", "hopper_pingpong", "hopper_overlap", "hopper_persistent", "hopper_qregs"]
     prog = of_family(get_kernel_progression_configs(), Hopper)
     for dtype in (FP16, BF16):
         head = "sm90({}, 128, {}, {}, {})".format(dtype.name, *HOPPER_PROGRESSION_BLOCK)
@@ -910,8 +931,9 @@ def test_hopper_progression_steps_in_order():
             parse_kernel_name_into_config(f"{head}: {flags}" if flags else head) for _, flags in HOPPER_PROGRESSION_STEPS
         ]
         assert [cfg for cfg in prog if cfg.dtype == dtype] == steps  # each step adds a flag: they sort in order
-    assert steps[0] == Hopper(BF16, 128, 128, 128, 2) and steps[-2] == dataclasses.replace(HOPPER_FULL, dtype=BF16)
-    assert steps[-1] == dataclasses.replace(HOPPER_FULL, dtype=BF16, persistent=True)
+    assert steps[0] == Hopper(BF16, 128, 128, 128, 2) and steps[-3] == dataclasses.replace(HOPPER_FULL, dtype=BF16)
+    assert steps[-2] == dataclasses.replace(HOPPER_FULL, dtype=BF16, persistent=True)
+    assert steps[-1] == dataclasses.replace(HOPPER_FULL, dtype=BF16, persistent=True, Q_in_registers=True)
 
 
 def test_hopper_progall_covers_every_valid_block_at_two_stages():

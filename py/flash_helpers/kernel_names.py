@@ -75,7 +75,8 @@ _SHORT_FORMS = (
         HopperForwardKernelConfig,
         rf"{HopperForwardKernelConfig.family}\s*",
         ("d_head", "B_r", "B_c", "stages"),
-        {"ws": "warp_specialized", "pingpong": "pingpong", "overlap": "intra_wg_overlap", "persistent": "persistent"},
+        {"ws": "warp_specialized", "pingpong": "pingpong", "overlap": "intra_wg_overlap", "persistent": "persistent",
+         "qregs": "Q_in_registers"},
     ),
 )
 

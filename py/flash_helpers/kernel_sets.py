@@ -60,7 +60,7 @@ _SPACES: dict[type[KernelConfig], tuple[tuple[int, ...], tuple[tuple, ...]]] = {
     ),
     HopperForwardKernelConfig: (
         sm90_config.D_HEADS,
-        (sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, _BOOLS, _BOOLS, _BOOLS, _BOOLS),
+        (sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, _BOOLS, _BOOLS, _BOOLS, _BOOLS, _BOOLS),
     ),
 }
 
@@ -129,7 +129,8 @@ def _hopper_autotuned(cfg: HopperForwardKernelConfig) -> bool:
     """The Hopper family's sweep varies the block shape (B_r of 128 or 192, every B_c) at two
     pipeline stages, with the knobs that overlap work on: warp specialization, the intra-warpgroup
     overlap, and ping-pong scheduling wherever there are two consumer warpgroups to take turns; with
-    and without a persistent block."""
+    and without a persistent block, and with and without Q in registers (shared-memory reads saved
+    for registers taken from the rest of the softmax: where they are short, it is slower)."""
     return (
         cfg.B_r in _HOPPER_TUNING_B_RS
         and cfg.stages in _HOPPER_TUNING_STAGES
@@ -165,13 +166,14 @@ PROGRESSION_STEPS = [
 PROGRESSION_BLOCK_SIZE = (128, 64, 4)
 # The Hopper kernel's steps, in the same way: TMA and wgmma with the consumers issuing their own
 # loads, then a producer warpgroup, then ping-pong scheduling of the consumers, then the overlap of
-# softmax and P V inside a warpgroup.
+# softmax and P V inside a warpgroup, then persistent blocks, then Q held in registers.
 HOPPER_PROGRESSION_STEPS = [
     ("hopper_base", ""),
     ("hopper_ws", "ws"),
     ("hopper_pingpong", "ws+pingpong"),
     ("hopper_overlap", "ws+pingpong+overlap"),
     ("hopper_persistent", "ws+pingpong+overlap+persistent"),
+    ("hopper_qregs", "ws+pingpong+overlap+persistent+qregs"),
 ]
 # (B_r, B_c, stages) at which the Hopper progression is compared by default; every block size of the
 # progression has its number of stages.
@@ -326,17 +328,23 @@ _DEFAULT_TUNINGS = (
 # the sweep's winners without a mask (B_c 176) and with the causal mask (B_c 128); for d_head 128
 # persistent blocks of 144 and 160 keys, which leave less of their last tile empty than 128 keys
 # at many lengths that are not multiples of 128 (1000 keys: 1008 in 144-key tiles against 1024;
-# 4000 and 8000: whole 160-key tiles). The dispatch table picks among them per shape, scaling its
+# 4000 and 8000: whole 160-key tiles). Q is in registers where that measured faster with and
+# without the causal mask (d_head 64 and 96 at 128 keys, d_head 128's non-persistent block); d_head
+# 32's and 128's persistent blocks come both ways, Q in registers being faster without a mask and
+# slower with the causal one, whose masking code is then short of registers (three consumer
+# warpgroups have 160 each at d_head 32). The dispatch table picks among them per shape, scaling its
 # measured times by the tiles each configuration visits at the problem's lengths.
 _DEFAULT_HOPPER_TUNINGS = (
     "32, 192, 128, 2): ws+pingpong+overlap+persistent",
-    "64, 128, 128, 2): ws+pingpong+overlap+persistent",
+    "32, 192, 128, 2): ws+pingpong+overlap+persistent+qregs",
+    "64, 128, 128, 2): ws+pingpong+overlap+persistent+qregs",
     "64, 192, 128, 2): ws+pingpong+overlap",
     "64, 192, 128, 2): ws+pingpong+overlap+persistent",
-    "96, 128, 128, 2): ws+pingpong+overlap+persistent",
+    "96, 128, 128, 2): ws+pingpong+overlap+persistent+qregs",
     "96, 128, 176, 2): ws+pingpong+overlap+persistent",
-    "128, 128, 128, 2): ws+pingpong+overlap",
+    "128, 128, 128, 2): ws+pingpong+overlap+qregs",
     "128, 128, 128, 2): ws+pingpong+overlap+persistent",
+    "128, 128, 128, 2): ws+pingpong+overlap+persistent+qregs",
     "128, 128, 144, 2): ws+pingpong+overlap+persistent",
     "128, 128, 160, 2): ws+pingpong+overlap+persistent",
     "192, 128, 112, 2): ws+pingpong+overlap",

@@ -78,6 +78,8 @@ class HopperForwardKernelConfig(KernelConfig):
     # One block per SM takes the work tiles in turn, loading the next one's Q, K and V while this
     # one's last products run and its O is stored (through O blocks of its own).
     persistent: bool = False
+    # Each warp holds its 16 rows of Q in registers: S = Q K^T reads only K from shared memory.
+    Q_in_registers: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -96,6 +98,7 @@ class HopperForwardKernelConfig(KernelConfig):
             ("pingpong", self.pingpong),
             ("overlap", self.intra_wg_overlap),
             ("persistent", self.persistent),
+            ("qregs", self.Q_in_registers),
         )
         return [flag for flag, present in candidates if present]
 
@@ -107,7 +110,7 @@ class HopperForwardKernelConfig(KernelConfig):
 
     def demangled_kernel_name(self, variant: ProblemVariant = ProblemVariant()) -> str:
         """The kernel's name as Nsight Compute prints it: the demangled device symbol, which spells
-        all 9 fields (the dtype as a cast) and then the problem variant's fields."""
+        all 10 fields (the dtype as a cast) and then the problem variant's fields."""
         return (
             "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
             f"{self._demangled_initializer()}>, {demangled_variant(variant)}>(flash::sm90::KernelParams)"
@@ -163,9 +166,11 @@ class HopperForwardKernelConfig(KernelConfig):
 
     def register_estimate(self) -> int:
         """The registers a consumer thread needs: its share of the S accumulators (B_c / 2 floats)
-        and of the O accumulators (d_head / 2 floats), P as pairs of 16-bit values (B_c / 4), and
-        about 32 for addresses and the softmax's state."""
-        return self.B_c // 2 + self.d_head // 2 + self.B_c // 4 + _STATE_REGISTERS
+        and of the O accumulators (d_head / 2 floats), P as pairs of 16-bit values (B_c / 4), Q's
+        the same way (d_head / 4) when it is held in registers, and about 32 for addresses and the
+        softmax's state."""
+        Q = self.d_head // 4 if self.Q_in_registers else 0
+        return self.B_c // 2 + self.d_head // 2 + self.B_c // 4 + Q + _STATE_REGISTERS
 
     def validity_error(self) -> str | None:
         """Why the kernel cannot run this configuration (the first failing rule), or None if it can."""
@@ -195,7 +200,8 @@ class HopperForwardKernelConfig(KernelConfig):
             producer = " and a producer warpgroup" if self.warp_specialized else ""
             return (
                 f"a consumer thread needs about {need} registers (B_c / 2 for S, d_head / 2 for O, B_c / 4 for P, "
-                f"{_STATE_REGISTERS} more), more than the {budget} it has with {self.consumer_warpgroups} consumer "
+                f"{'d_head / 4 for Q, ' if self.Q_in_registers else ''}{_STATE_REGISTERS} more), more than the "
+                f"{budget} it has with {self.consumer_warpgroups} consumer "
                 f"warpgroup(s){producer}."
             )
         return None

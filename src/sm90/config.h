@@ -21,7 +21,8 @@ namespace flash::sm90 {
     FIELD(bool, warp_specialized) /* a producer warpgroup issues the loads; consumers take its registers */  \
     FIELD(bool, pingpong)         /* consumer warpgroups take turns issuing their products */                \
     FIELD(bool, intra_wg_overlap) /* a warpgroup's softmax runs while its previous P V product does */      \
-    FIELD(bool, persistent)       /* one block per SM walks over the work tiles */
+    FIELD(bool, persistent)       /* one block per SM walks over the work tiles */                       \
+    FIELD(bool, Q_in_registers)   /* S = Q K^T takes Q from registers, K alone from shared memory */
 
 // One kernel variant. A structural type: it is the template argument of StaticHopperKernelConfig.
 struct HopperForwardKernelConfig {

@@ -26,6 +26,7 @@ struct StaticHopperKernelConfig {
     static constexpr bool pingpong = CFG.pingpong;
     static constexpr bool intra_wg_overlap = CFG.intra_wg_overlap;
     static constexpr bool persistent = CFG.persistent;
+    static constexpr bool Q_in_registers = CFG.Q_in_registers;
 
     static_assert(CFG.dtype == DType::FP16 || CFG.dtype == DType::BF16, "dtype must be FP16 or BF16");
     using Swizzle = SwizzleFor<d_head>;
@@ -79,6 +80,8 @@ struct StaticHopperKernelConfig {
     using S_accumulators = Accumulators<1, B_c / MMA_N>;
     using O_accumulators = Accumulators<1, d_head / MMA_N>;
     using P_fragments = FragmentsA<1, B_c / MMA_K>;
+    // With Q_in_registers, this warp's 16 rows of Q as the A operand of S = Q K^T.
+    using Q_fragments = FragmentsA<1, d_head / MMA_K>;
 };
 
 } // namespace flash::sm90

@@ -172,17 +172,22 @@ __device__ __forceinline__ uint32_t (&flat(FragmentsA<1, K_slices> &a))[K_slices
 #define FLASH_WGMMA_ACC_128(d) FLASH_WGMMA_ACC_120(d), FLASH_WGMMA_ACC_G(d, 120)
 
 // d (64 x N, float32) = A * B + (accumulate ? d : 0) for one 16-deep slice, per element type.
-// ss: A from shared memory (K-major, descriptor a). rs: A from registers (the m16n8k16 A layout,
-// one 16 x 16 tile per warp), B MN-major ("transposed", imm-trans-b = 1). Operands after the
-// n = N / 2 accumulators are numbered n, n + 1, ...: the C* arguments.
+// ss: A from shared memory (K-major, descriptor a), B K-major. rs: A from registers (the m16n8k16
+// A layout, one 16 x 16 tile per warp), B MN-major ("transposed", imm-trans-b = 1) as V is, or
+// K-major as K is. Operands after the n = N / 2 accumulators are numbered n, n + 1, ...: the C*
+// arguments.
 #define FLASH_WGMMA_SS_ASM(N, C, C1, C2, TYPE)                                                          \
     "{\n.reg .pred p;\nsetp.ne.b32 p, %" #C2 ", 0;\n"                                                     \
     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" FLASH_WGMMA_REGS_##C "}, %" #C ", %" #C1 \
     ", p, 1, 1, 0, 0;\n}\n"
-#define FLASH_WGMMA_RS_ASM(N, C, C1, C2, C3, C4, C5, TYPE)                                              \
+#define FLASH_WGMMA_RS_ASM(N, C, C1, C2, C3, C4, C5, TYPE, TRANS_B)                                     \
     "{\n.reg .pred p;\nsetp.ne.b32 p, %" #C5 ", 0;\n"                                                     \
     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" FLASH_WGMMA_REGS_##C "}, {%" #C ", %" #C1 \
-    ", %" #C2 ", %" #C3 "}, %" #C4 ", p, 1, 1, 1;\n}\n"
+    ", %" #C2 ", %" #C3 "}, %" #C4 ", p, 1, 1, " #TRANS_B ";\n}\n"
+#define FLASH_WGMMA_RS_CALL(N, C, C1, C2, C3, C4, C5, TYPE, TRANS_B)                                    \
+    asm volatile(FLASH_WGMMA_RS_ASM(N, C, C1, C2, C3, C4, C5, TYPE, TRANS_B)                              \
+                 : FLASH_WGMMA_ACC_##C(d)                                                                 \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
 
 template <int N>
 struct Wgmma;
@@ -201,17 +206,18 @@ struct Wgmma;
                              : FLASH_WGMMA_ACC_##C(d)                                                     \
                              : "l"(a), "l"(b), "r"(accumulate));                                          \
         }                                                                                                 \
-        template <typename value_t>                                                                       \
+        template <typename value_t, bool B_MN_MAJOR = true>                                               \
         static __device__ __forceinline__ void rs(float (&d)[C], const uint32_t (&a)[4], uint64_t b,     \
                                                   int accumulate) {                                       \
-            if constexpr (std::is_same_v<value_t, half>)                                                  \
-                asm volatile(FLASH_WGMMA_RS_ASM(N, C, C1, C2, C3, C4, C5, "f16")                          \
-                             : FLASH_WGMMA_ACC_##C(d)                                                     \
-                             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));      \
+            constexpr bool fp16 = std::is_same_v<value_t, half>;                                          \
+            if constexpr (fp16 && B_MN_MAJOR)                                                             \
+                FLASH_WGMMA_RS_CALL(N, C, C1, C2, C3, C4, C5, "f16", 1);                                  \
+            else if constexpr (fp16)                                                                      \
+                FLASH_WGMMA_RS_CALL(N, C, C1, C2, C3, C4, C5, "f16", 0);                                  \
+            else if constexpr (B_MN_MAJOR)                                                                \
+                FLASH_WGMMA_RS_CALL(N, C, C1, C2, C3, C4, C5, "bf16", 1);                                 \
             else                                                                                          \
-                asm volatile(FLASH_WGMMA_RS_ASM(N, C, C1, C2, C3, C4, C5, "bf16")                         \
-                             : FLASH_WGMMA_ACC_##C(d)                                                     \
-                             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));      \
+                FLASH_WGMMA_RS_CALL(N, C, C1, C2, C3, C4, C5, "bf16", 0);                                 \
         }                                                                                                 \
     };
 
