@@ -6,6 +6,7 @@ extension on the CPU, they pass each problem (mask, lengths, GQA) to our kernels
 
 import csv
 import dataclasses
+import functools
 import math
 import os
 import pathlib
@@ -632,6 +633,33 @@ def test_pt_bench_rejects_shapes_it_cannot_make(flags, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         pt_bench.parse_args(flags)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_pt_bench_rejects_a_sustain_time_that_is_not_a_finite_non_negative_number(value, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        pt_bench.parse_args(["--sustain-s", value])
+    assert exit_info.value.code == 2 and "--sustain-s must be a finite number of seconds" in capsys.readouterr().err
+
+
+def test_make_timer_with_a_sustain_time_times_sustained_loops(monkeypatch):
+    calls = []
+    monkeypatch.setattr(common, "sustained_ms", lambda fn, seconds: calls.append(seconds) or 3.0)
+    timer, description = common.make_timer(50, sustain_s=1.5)
+    assert timer(lambda: None) == 3.0 and calls == [1.5]
+    assert "back-to-back calls over about 1.5 s after a warm-up as long" in description
+    assert "do_bench" in common.make_timer(50)[1] or "CUDA-event" in common.make_timer(50)[1]
+
+
+@pytest.mark.gpu
+def test_sustained_loop_times_a_call_like_cuda_events():
+    torch = pytest.importorskip("torch")
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
+    matmul = functools.partial(torch.matmul, a, a)
+    sustained = common.sustained_ms(matmul, 0.2)
+    single = common.median_ms_with_cuda_events(matmul, rep_ms=50)
+    # Back to back the calls overlap their launch gaps; under the power limit the clock may sink.
+    assert 0.5 * single < sustained < 2.0 * single
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1472,7 +1500,9 @@ def stand_in_gpu(monkeypatch):
         monkeypatch.setitem(sys.modules, "flash_attention", extension)
         monkeypatch.setattr(common, "gpu_available", lambda: True)
         monkeypatch.setattr(common, "DEVICE", "cpu")
-        monkeypatch.setattr(common, "make_timer", lambda rep_ms: (extension.time, "the stand-in's timings"))
+        monkeypatch.setattr(
+            common, "make_timer", lambda rep_ms, sustain_s=0.0: (extension.time, "the stand-in's timings")
+        )
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "stand-in GPU")
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
         monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
@@ -1480,6 +1510,19 @@ def stand_in_gpu(monkeypatch):
         return extension
 
     return install
+
+
+def test_pt_bench_sustain_flag_selects_the_sustained_timer(stand_in_gpu, monkeypatch, capsys):
+    extension = stand_in_gpu()
+    asked = []
+
+    def timer(rep_ms, sustain_s=0.0):
+        asked.append(sustain_s)
+        return extension.time, "sustained stand-in"
+
+    monkeypatch.setattr(common, "make_timer", timer)
+    assert pt_bench.main(["--dtypes", "fp16", "--seq-lens", "128", "--sustain-s", "0.5"]) == 0
+    assert asked == [0.5] and "sustained stand-in" in capsys.readouterr().out
 
 
 def test_pt_bench_times_each_mask_length_and_gqa_shape(stand_in_gpu, tmp_path, capsys):

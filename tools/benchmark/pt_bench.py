@@ -15,7 +15,10 @@ robin over the whole list, and each row keeps its median time: the GPU's clock d
 power and temperature over a run, and rounds spread that drift over every implementation and
 length alike instead of letting it favour whichever was timed first. At each shape and round the
 implementations are timed in a new seeded random order (bench_common.timing_order): under the
-power limit one timed right after a slower one starts at a higher clock.
+power limit one timed right after a slower one starts at a higher clock. With --sustain-s S each
+timing is instead the mean of back-to-back calls over S seconds after a warm-up as long: every
+implementation at the steady clock its own power draw leaves, as in a training or serving loop
+(slower: about 2 S seconds per implementation and shape).
 
 Prints one table per (dtype, d_head, mask) with the best configuration per seq and its ratios to
 the FLASH and CUDNN backends, then the harmonic means of those ratios, for each length that is not
@@ -105,6 +108,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="how long each timing repeats the call, in ms (default: %(default)g)",
     )
     parser.add_argument(
+        "--sustain-s",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="time each implementation as the mean of back-to-back calls over S seconds after a warm-up of S "
+        "seconds, instead of do_bench over --rep-ms (default: off)",
+    )
+    parser.add_argument(
         "--rounds",
         type=common.positive_int,
         default=1,
@@ -123,6 +134,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--check-gpu", action="store_true", help="only check that a CUDA GPU is visible (exit status 0 if so)"
     )
     args = parser.parse_args(argv)
+    if not (math.isfinite(args.sustain_s) and args.sustain_s >= 0):
+        parser.error(f"--sustain-s must be a finite number of seconds, 0 or more; got {args.sustain_s:g}")
     # The shapes are built here once so that a ratio not dividing some d_head's heads is a usage
     # error, not a failure halfway through the measurements.
     try:
@@ -323,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         print(error, file=sys.stderr)
         return 1
     variants = common.compiled_variants()
-    timer, timing = common.make_timer(args.rep_ms)
+    timer, timing = common.make_timer(args.rep_ms, args.sustain_s)
     versions = f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}"
     rounds = f"; the median of {args.rounds} rounds" if args.rounds > 1 else ""
     print(f"{torch.cuda.get_device_name()}, {versions}; {timing}{rounds}")
