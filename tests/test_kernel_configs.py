@@ -654,10 +654,10 @@ def test_hopper_short_form_lists_flags_in_fixed_order():
 
 def test_hopper_cpp_struct():
     assert HOPPER_FULL.to_cpp_struct() == (
-        "HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true, false, false}"
+        "HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true, false, false, false}"
     )
     assert Hopper(BF16, 64, 192, 80, 4, True).to_cpp_struct() == (
-        "HopperForwardKernelConfig{DType::BF16, 64, 192, 80, 4, true, false, false, false, false}"
+        "HopperForwardKernelConfig{DType::BF16, 64, 192, 80, 4, true, false, false, false, false, false}"
     )
 
 
@@ -665,7 +665,7 @@ def test_hopper_demangled_kernel_name():
     """c++filt of the first symbol of test_hopper_mangled_kernel_name."""
     assert HOPPER_FULL.demangled_kernel_name() == (
         "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
-        "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true, false, false}>, "
+        "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true, false, false, false}>, "
         "(flash::MaskKind)0, false, false>(flash::sm90::KernelParams)"
     )
     causal_tails = ProblemVariant(MaskKind.CAUSAL, masked_tails=True)
@@ -677,11 +677,11 @@ def test_hopper_mangled_kernel_name():
     """Both symbols as read off an sm_90a cubin nvcc 13 compiled (readelf -s)."""
     assert HOPPER_FULL.mangled_kernel_name() == (
         "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
-        "LNS_5DTypeE5ELi128ELi128ELi128ELi2ELb1ELb1ELb1ELb0ELb0EEEEELNS_8MaskKindE0ELb0ELb0EEEvNS0_12KernelParamsE"
+        "LNS_5DTypeE5ELi128ELi128ELi128ELi2ELb1ELb1ELb1ELb0ELb0ELb0EEEEELNS_8MaskKindE0ELb0ELb0EEEvNS0_12KernelParamsE"
     )
     assert Hopper(BF16, 64, 192, 80, 4, True).mangled_kernel_name(ProblemVariant(MaskKind.LOCAL, True, True)) == (
         "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
-        "LNS_5DTypeE15ELi64ELi192ELi80ELi4ELb1ELb0ELb0ELb0ELb0EEEEELNS_8MaskKindE2ELb1ELb1EEEvNS0_12KernelParamsE"
+        "LNS_5DTypeE15ELi64ELi192ELi80ELi4ELb1ELb0ELb0ELb0ELb0ELb0EEEEELNS_8MaskKindE2ELb1ELb1EEEvNS0_12KernelParamsE"
     )
 
 
@@ -703,7 +703,7 @@ def test_hopper_file_stem_example_and_uniqueness():
         "HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true, false}",
         "HopperForwardKernelConfig{5, (int)128, 128, 128, 2, (bool)1, 1, true}",
         "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
-        "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true, false, false}>, "
+        "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true, false, false, false}>, "
         "(flash::MaskKind)1, true, false>(flash::sm90::KernelParams)",
     ],
 )
@@ -716,12 +716,26 @@ def test_hopper_Q_in_registers_flag():
     assert cfg.short_form() == "sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap+persistent+qregs"
     assert parse_kernel_name_into_config("sm90(FP16, 128, 128, 128, 2): qregs+persistent+ws+pingpong+overlap") == cfg
     assert cfg.file_stem() == "fp16_d128_br128_bc128_s2_ws_pingpong_overlap_persistent_qregs"
-    assert cfg.to_cpp_struct().endswith("true, true, true, true, true}")
+    assert cfg.to_cpp_struct().endswith("true, true, true, true, true, false}")
     # The sweep tries Q both ways wherever its registers fit.
     tune = of_family(get_autotuning_kernel_configs(), Hopper)
     assert cfg in tune and dataclasses.replace(cfg, Q_in_registers=False) in tune
     assert dataclasses.replace(cfg, B_c=160, Q_in_registers=False) in tune
     assert dataclasses.replace(cfg, B_c=160) not in tune
+
+
+def test_hopper_multicast_flag():
+    cfg = dataclasses.replace(HOPPER_FULL, persistent=True, multicast=True)
+    assert cfg.short_form() == "sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap+persistent+mcast"
+    assert parse_kernel_name_into_config("sm90(FP16, 128, 128, 128, 2): mcast+persistent+ws+pingpong+overlap") == cfg
+    assert cfg.file_stem() == "fp16_d128_br128_bc128_s2_ws_pingpong_overlap_persistent_mcast"
+    assert cfg.to_cpp_struct().endswith("true, true, true, true, false, true}")
+    assert cfg.mangled_kernel_name().endswith("ELb1ELb1ELb1ELb1ELb0ELb1EEEEELNS_8MaskKindE0ELb0ELb0EEEvNS0_12KernelParamsE")
+    # Neither the shared memory nor the registers change: each block holds whole tiles.
+    plain = dataclasses.replace(cfg, multicast=False)
+    assert cfg.smem_bytes() == plain.smem_bytes() and cfg.register_estimate() == plain.register_estimate()
+    tune = of_family(get_autotuning_kernel_configs(), Hopper)
+    assert cfg in tune and dataclasses.replace(cfg, d_head=64) in tune and dataclasses.replace(cfg, d_head=96) not in tune
 
 
 def test_parse_hopper_names_without_trailing_false_fields():
@@ -747,7 +761,7 @@ def test_parse_hopper_names_without_trailing_false_fields():
         ("sm90(FP16, 128, 128, 128)", ["sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap", "(FP16, 128, 64, 64, 4)"]),
         ("sm80(FP16, 128, 64, 64, 4)", ["HopperForwardKernelConfig{...}", "FlashForwardKernelConfig{...}"]),
         ("sm90(FP32, 128, 128, 128, 2)", ["unsupported dtype 'FP32'"]),
-        ("HopperForwardKernelConfig{5, 128, 128, 128, 2, 1, 1, 1, 1, 1, 1}", ["11 initializer items", "10 fields"]),
+        ("HopperForwardKernelConfig{5, 128, 128, 128, 2, 1, 1, 1, 1, 1, 1, 1}", ["12 initializer items", "11 fields"]),
         ("HopperForwardKernelConfig{5, 128, 128, 128, 2, 2}", ["'2' is not a valid warp_specialized"]),
         ("HopperForwardKernelConfig{5, 128, 128, true, 2}", ["'true' is not a valid B_c"]),
     ],
@@ -836,6 +850,7 @@ GOOD_HOPPER_CONFIGS = [
     Hopper(FP16, 128, 64, 64, 1, True, False, True),
     Hopper(FP16, 128, 128, 144, 2, True, True, True, True, True),
     Hopper(BF16, 32, 192, 128, 2, True, True, True, True, True),
+    Hopper(FP16, 64, 128, 128, 3, True, True, True, False, False, True),
 ]
 
 # (config, words its reason must contain): each config breaks exactly one rule.
@@ -853,6 +868,7 @@ BAD_HOPPER_CONFIGS = [
     (Hopper(FP16, 128, 128, 128, 2, persistent=True), ["persistent", "warp_specialized"]),
     (Hopper(FP16, 128, 128, 176, 2, True, True, True, True), ["shared memory", "O when persistent"]),
     (Hopper(FP16, 128, 128, 160, 2, True, True, True, True, True), ["registers", "248", "d_head / 4 for Q", "240"]),
+    (Hopper(FP16, 128, 128, 128, 2, multicast=True), ["multicast", "warp_specialized", "both blocks"]),
 ]
 
 
@@ -897,7 +913,7 @@ def test_hopper_needs_masked_tails(seqlen_q, seqlen_k, tails):
 def test_hopper_all_is_every_valid_config():
     hopper = of_family(get_all_kernel_configs(), Hopper)
     space = itertools.product(
-        (FP16, BF16), sm90_config.D_HEADS, sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, *[(False, True)] * 5
+        (FP16, BF16), sm90_config.D_HEADS, sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, *[(False, True)] * 6
     )
     assert hopper == sorted(cfg for cfg in itertools.starmap(Hopper, space) if cfg.is_valid())
     for cfg in GOOD_HOPPER_CONFIGS:
@@ -910,8 +926,11 @@ def test_hopper_tune_overlaps_everything_at_two_stages():
         cfg
         for cfg in of_family(get_all_kernel_configs(), Hopper)
         if cfg.warp_specialized and cfg.pingpong and cfg.intra_wg_overlap and cfg.B_r in (128, 192) and cfg.stages == 2
+        # multicast only on persistent 128-row blocks at d_head 64 and 128
+        and (not cfg.multicast or (cfg.persistent and cfg.B_r == 128 and cfg.d_head in (64, 128)))
     ]
     assert tune == expected
+    assert any(cfg.multicast for cfg in tune)
     assert {cfg.d_head for cfg in tune} == set(sm90_config.D_HEADS)
     assert {cfg.B_r for cfg in tune} == {128, 192}
     assert not should_autotune_config(dataclasses.replace(HOPPER_FULL, stages=3))

@@ -60,7 +60,7 @@ _SPACES: dict[type[KernelConfig], tuple[tuple[int, ...], tuple[tuple, ...]]] = {
     ),
     HopperForwardKernelConfig: (
         sm90_config.D_HEADS,
-        (sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, _BOOLS, _BOOLS, _BOOLS, _BOOLS, _BOOLS),
+        (sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, _BOOLS, _BOOLS, _BOOLS, _BOOLS, _BOOLS, _BOOLS),
     ),
 }
 
@@ -123,6 +123,7 @@ def _sm80_autotuned(cfg: FlashForwardKernelConfig) -> bool:
 # The Hopper family's sweep: block shapes of two or three consumer warpgroups, two pipeline stages.
 _HOPPER_TUNING_B_RS = (128, 192)
 _HOPPER_TUNING_STAGES = (2,)
+_HOPPER_MULTICAST_D_HEADS = (64, 128)
 
 
 def _hopper_autotuned(cfg: HopperForwardKernelConfig) -> bool:
@@ -130,13 +131,16 @@ def _hopper_autotuned(cfg: HopperForwardKernelConfig) -> bool:
     pipeline stages, with the knobs that overlap work on: warp specialization, the intra-warpgroup
     overlap, and ping-pong scheduling wherever there are two consumer warpgroups to take turns; with
     and without a persistent block, and with and without Q in registers (shared-memory reads saved
-    for registers taken from the rest of the softmax: where they are short, it is slower)."""
+    for registers taken from the rest of the softmax: where they are short, it is slower). Multicast
+    is tried on the persistent 128-row blocks of the two head sizes most models use, 64 and 128
+    (each further configuration adds to the tuning build's time)."""
     return (
         cfg.B_r in _HOPPER_TUNING_B_RS
         and cfg.stages in _HOPPER_TUNING_STAGES
         and cfg.warp_specialized
         and cfg.intra_wg_overlap
         and cfg.pingpong == (cfg.B_r >= 128)
+        and (not cfg.multicast or (cfg.persistent and cfg.B_r == 128 and cfg.d_head in _HOPPER_MULTICAST_D_HEADS))
     )
 
 

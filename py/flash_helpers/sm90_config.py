@@ -80,6 +80,9 @@ class HopperForwardKernelConfig(KernelConfig):
     persistent: bool = False
     # Each warp holds its 16 rows of Q in registers: S = Q K^T reads only K from shared memory.
     Q_in_registers: bool = False
+    # Two blocks (a cluster) take consecutive query blocks of one head, and each loads half of every
+    # K/V tile into both (TMA multicast): half the K/V traffic out of L2.
+    multicast: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -99,6 +102,7 @@ class HopperForwardKernelConfig(KernelConfig):
             ("overlap", self.intra_wg_overlap),
             ("persistent", self.persistent),
             ("qregs", self.Q_in_registers),
+            ("mcast", self.multicast),
         )
         return [flag for flag, present in candidates if present]
 
@@ -110,7 +114,7 @@ class HopperForwardKernelConfig(KernelConfig):
 
     def demangled_kernel_name(self, variant: ProblemVariant = ProblemVariant()) -> str:
         """The kernel's name as Nsight Compute prints it: the demangled device symbol, which spells
-        all 10 fields (the dtype as a cast) and then the problem variant's fields."""
+        all 11 fields (the dtype as a cast) and then the problem variant's fields."""
         return (
             "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
             f"{self._demangled_initializer()}>, {demangled_variant(variant)}>(flash::sm90::KernelParams)"
@@ -187,6 +191,12 @@ class HopperForwardKernelConfig(KernelConfig):
 
         if self.persistent and not self.warp_specialized:
             return "persistent needs warp_specialized: the producer warpgroup loads the next work tile."
+
+        if self.multicast and not self.warp_specialized:
+            return (
+                "multicast needs warp_specialized: a producer warpgroup waits for both blocks of the cluster "
+                "to release each stage."
+            )
 
         if self.smem_bytes() > MAX_SMEM_BYTES:
             return (

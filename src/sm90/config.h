@@ -22,7 +22,8 @@ namespace flash::sm90 {
     FIELD(bool, pingpong)         /* consumer warpgroups take turns issuing their products */                \
     FIELD(bool, intra_wg_overlap) /* a warpgroup's softmax runs while its previous P V product does */      \
     FIELD(bool, persistent)       /* one block per SM walks over the work tiles */                       \
-    FIELD(bool, Q_in_registers)   /* S = Q K^T takes Q from registers, K alone from shared memory */
+    FIELD(bool, Q_in_registers)   /* S = Q K^T takes Q from registers, K alone from shared memory */    \
+    FIELD(bool, multicast)        /* a cluster of two blocks loads each K/V tile once, for both */
 
 // One kernel variant. A structural type: it is the template argument of StaticHopperKernelConfig.
 struct HopperForwardKernelConfig {

@@ -22,10 +22,17 @@
 //   and S = Q K^T takes them from there: the products read only K and V from shared memory (a
 //   fifth less at d_head 128), for d_head / 4 more registers per thread. A persistent block's next
 //   Q may then load once the first S = Q K^T is done.
+// - multicast: two blocks, a cluster, take two consecutive query blocks of one (batch, head) and
+//   visit the same KV tiles; each loads half of every tile's rows into both (TMA multicast), so K
+//   and V leave L2 once per pair. A stage is free once the consumers of both blocks have released
+//   it. Under a mask the pair loads every tile either block visits, and a block passes over those
+//   it does not compute on. Persistent pairs take the work tiles in a fixed rotation.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "common/common.h"
 #include "common/forward_params.h"
@@ -91,9 +98,9 @@ struct SharedTiles {
 #pragma unroll
         for (int stage = 0; stage < Kernel::stages; ++stage) {
             mbarrier_init(K_full(stage), 1);
-            mbarrier_init(K_empty(stage), Kernel::consumer_warps);
+            mbarrier_init(K_empty(stage), Kernel::consumer_warps * Kernel::cluster_size);
             mbarrier_init(V_full(stage), 1);
-            mbarrier_init(V_empty(stage), Kernel::consumer_warps);
+            mbarrier_init(V_empty(stage), Kernel::consumer_warps * Kernel::cluster_size);
         }
         mbarrier_init_fence();
     }
@@ -113,6 +120,7 @@ struct TileLoader {
     int head;
     int kv_head;
     int batch;
+    uint32_t rank; // in the cluster
 
     // Q of the n-th work tile, numbered `index`; a persistent block's producer also tells each
     // warpgroup that index. A work tile whose rows attend no key loads no Q.
@@ -145,29 +153,64 @@ struct TileLoader {
   private:
     __device__ __forceinline__ void load_tile(const CUtensorMap *map, uint8_t *dst, uint64_t *empty, uint64_t *full,
                                               uint32_t released_parity, int tile) const {
+        // With multicast this block's slice goes to both blocks of the cluster, so the empty
+        // barrier counts both blocks' consumers, and each block's full barrier both slices' bytes.
         mbarrier_wait(empty, released_parity);
         mbarrier_arrive_expect_bytes(full, Kernel::KV_tile_bytes);
 #pragma unroll
-        for (int c = 0; c < Kernel::col_blocks; ++c)
-            tma_load_4d(dst + c * Kernel::KV_col_block_bytes, map, full, c * Kernel::Swizzle::cols, tile * Kernel::B_c,
-                        kv_head, batch);
+        for (int c = 0; c < Kernel::col_blocks; ++c) {
+            uint8_t *const slice = dst + c * Kernel::KV_col_block_bytes + rank * Kernel::KV_slice_bytes;
+            const int first_row = tile * Kernel::B_c + rank * Kernel::KV_slice_rows;
+            if constexpr (Kernel::multicast)
+                tma_load_4d_multicast(slice, map, full, CLUSTER_MASK, c * Kernel::Swizzle::cols, first_row, kv_head, batch);
+            else
+                tma_load_4d(slice, map, full, c * Kernel::Swizzle::cols, first_row, kv_head, batch);
+        }
     }
+
+    static constexpr uint16_t CLUSTER_MASK = (1u << Kernel::cluster_size) - 1;
 };
 
 // A block's work: B_r query rows of one (batch, head). Work tiles are numbered with the query
 // block fastest, so the blocks running at once share their heads' K and V in L2; under a mask the
 // last query blocks, whose rows see the most keys, come first, so a persistent block, which takes
-// whichever work tile is next when it is free, ends on short ones.
+// whichever work tile is next when it is free, ends on short ones. The blocks of a cluster take
+// `cluster` consecutive query blocks of one (batch, head) together, as one work tile numbered once;
+// in the last such group a block may have no query block (Q_block >= Q_blocks): it only loads its
+// share of K and V for the others.
 struct WorkTile {
     int Q_block;
+    int first_Q_block; // the cluster's first and last existing query blocks
+    int last_Q_block;
     int head;
     int batch;
 
-    template <MaskKind MASK>
-    __device__ __forceinline__ static WorkTile of(int index, int Q_blocks, int heads) {
-        const int Q_block = index % Q_blocks;
-        const int head_index = index / Q_blocks;
-        return {MASK == MaskKind::NONE ? Q_block : Q_blocks - 1 - Q_block, head_index % heads, head_index / heads};
+    template <MaskKind MASK, int cluster>
+    __device__ __forceinline__ static WorkTile of(int index, int Q_blocks, int heads, int rank) {
+        const int Q_groups = (Q_blocks + cluster - 1) / cluster;
+        const int group = index % Q_groups;
+        const int head_index = index / Q_groups;
+        const int first = (MASK == MaskKind::NONE ? group : Q_groups - 1 - group) * cluster;
+        return {first + rank, first, min(first + cluster - 1, Q_blocks - 1), head_index % heads, head_index / heads};
+    }
+};
+
+// The KV tiles a work tile's cluster loads, [begin, end): every tile some block of it visits. A
+// block's own tiles (KVTileRange) lie within; a block that has none, or no query block, passes them all.
+template <typename Tiles>
+struct ClusterTileRange {
+    int begin = INT_MAX;
+    int end = 0;
+
+    __device__ __forceinline__ ClusterTileRange(const ForwardParams &params, const WorkTile &work, int B_r) {
+        for (int Q_block = work.first_Q_block; Q_block <= work.last_Q_block; ++Q_block) {
+            const Tiles tiles(params, Q_block * B_r);
+            if (tiles.begin < tiles.end) {
+                begin = min(begin, tiles.begin);
+                end = max(end, tiles.end);
+            }
+        }
+        begin = min(begin, end);
     }
 };
 
@@ -220,6 +263,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
     constexpr int d_head = Kernel::d_head;
     constexpr int stages = Kernel::stages;
     constexpr int n_consumers = Kernel::consumer_warpgroups;
+    constexpr int cluster = Kernel::cluster_size;
     using Swizzle = typename Kernel::Swizzle;
     const ForwardParams &params = kp.params;
 
@@ -227,15 +271,30 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
     const SharedTiles<Kernel> smem(smem_raw);
     if (threadIdx.x == 0)
         smem.init_barriers();
-    __syncthreads();
+    // The other blocks of a cluster arrive on this one's barriers and copy into its tiles.
+    if constexpr (cluster > 1)
+        cluster_sync();
+    else
+        __syncthreads();
+    const uint32_t rank = cluster > 1 ? cluster_cta_rank() : 0;
 
     const int Q_blocks = (params.seqlen_q + B_r - 1) / B_r;
-    const int n_work_tiles = Q_blocks * params.heads_q * params.batch;
+    const int n_work_tiles = (Q_blocks + cluster - 1) / cluster * params.heads_q * params.batch;
+    const int first_work_tile = blockIdx.x / cluster; // a cluster's blocks are consecutive
     const int group_size = params.heads_q / params.heads_kv;
     const auto work_tile = [&](int index) {
-        return WorkTile::of<MASK>(index, Q_blocks, params.heads_q);
+        return WorkTile::of<MASK, cluster>(index, Q_blocks, params.heads_q, rank);
     };
     using Tiles = KVTileRange<B_r, B_c, MASK, MASKED_TAILS>;
+    // The KV tiles this block loads (its share of them, in a cluster): its own, or its cluster's.
+    const auto loaded_tiles = [&](const WorkTile &work, const Tiles &tiles) {
+        if constexpr (cluster > 1) {
+            const ClusterTileRange<Tiles> range(params, work, B_r);
+            return std::pair<int, int>{range.begin, range.end};
+        } else {
+            return std::pair<int, int>{tiles.begin, tiles.end};
+        }
+    };
 
     // Warp-uniform (a shuffle says so to the compiler), so what derives from it lives in uniform registers.
     const int warpgroup = __shfl_sync(FULL_WARP_MASK, threadIdx.x / WARPGROUP_THREADS, 0);
@@ -249,20 +308,27 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
                 // are free first (under a mask, the longest first).
                 int n = 0;        // work tiles loaded so far
                 int KV_loads = 0; // KV tiles loaded so far: the position in the pipeline
-                for (int index = blockIdx.x; index < n_work_tiles; ++n) {
-                    const int next = Kernel::persistent ? gridDim.x + atomicAdd(params.work_counter, 1) : n_work_tiles;
+                for (int index = first_work_tile; index < n_work_tiles; ++n) {
+                    // The blocks of a cluster must take the same work tiles, so a persistent
+                    // cluster takes every (gridDim.x / cluster)-th in turn rather than asking the counter.
+                    const int next = !Kernel::persistent ? n_work_tiles
+                                     : cluster > 1       ? index + gridDim.x / cluster
+                                                         : gridDim.x + atomicAdd(params.work_counter, 1);
                     const WorkTile work = work_tile(index);
                     const Tiles tiles(params, work.Q_block * B_r);
-                    const TileLoader<Kernel> loader{kp, smem, work.head, work.head / group_size, work.batch};
-                    loader.load_Q(work.Q_block * B_r, n, index, !tiles.empty());
-                    for (int tile = tiles.begin; tile < tiles.end; ++tile)
+                    const auto [first_tile, end_tile] = loaded_tiles(work, tiles);
+                    const TileLoader<Kernel> loader{kp, smem, work.head, work.head / group_size, work.batch, rank};
+                    loader.load_Q(work.Q_block * B_r, n, index, !tiles.empty() && work.Q_block < Q_blocks);
+                    for (int tile = first_tile; tile < end_tile; ++tile)
                         loader.load_KV(tile, KV_loads++);
                     index = next;
                 }
                 // The end, as a work tile past the last that loads nothing.
                 if constexpr (Kernel::persistent)
-                    TileLoader<Kernel>{kp, smem, 0, 0, 0}.load_Q(0, n, n_work_tiles, false);
+                    TileLoader<Kernel>{kp, smem, 0, 0, 0, rank}.load_Q(0, n, n_work_tiles, false);
             }
+            if constexpr (cluster > 1)
+                cluster_sync();
             return;
         }
         if constexpr (Kernel::moves_registers)
@@ -284,6 +350,28 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
     const auto release = [&](uint64_t *empty) {
         if (lane == 0)
             mbarrier_arrive(empty);
+    };
+    // A K or V stage goes back to every block of the cluster, whose loads write into this one's.
+    const auto release_KV = [&](uint64_t *empty) {
+        if constexpr (cluster > 1) {
+            if (lane == 0)
+#pragma unroll
+                for (int r = 0; r < cluster; ++r)
+                    mbarrier_arrive_cluster(empty, r);
+        } else {
+            release(empty);
+        }
+    };
+    // Waits for the next `count` KV tiles of the cluster's, which this block does not compute on,
+    // and releases them.
+    const auto pass_tiles = [&](int count) {
+        for (int i = 0; i < count; ++i) {
+            mbarrier_wait(smem.K_full(current.stage), current.phase);
+            mbarrier_wait(smem.V_full(current.stage), current.phase);
+            release_KV(smem.K_empty(current.stage));
+            release_KV(smem.V_empty(current.stage));
+            current.advance();
+        }
     };
 
     // Pingpong: warpgroup wg issues its products after warpgroup wg - 1 (round robin) and then lets
@@ -309,7 +397,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
 
     // The n-th work tile: the block's own, then (persistent) those the producer hands out, until it
     // hands out the end.
-    for (int nth = 0, index = blockIdx.x;; ++nth) {
+    for (int nth = 0, index = first_work_tile;; ++nth) {
         if constexpr (Kernel::persistent) {
             mbarrier_wait(smem.Q_full(wg), nth & 1);
             index = __shfl_sync(FULL_WARP_MASK, lane == 0 ? atomicOr(smem.work_slot(wg), 0) : 0, 0); // read once per warp
@@ -321,7 +409,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
         const int head = work.head;
         const int batch = work.batch;
         const Tiles tiles(params, Q_first_row);
-        const TileLoader<Kernel> loader{kp, smem, head, head / group_size, batch};
+        const TileLoader<Kernel> loader{kp, smem, head, head / group_size, batch, rank};
         // Without warp specialization (one work tile per block) the first consumer thread also
         // loads: Q and the first round now, each later tile once its stage has been released.
         const bool loads = !Kernel::warp_specialized && threadIdx.x == 0;
@@ -330,24 +418,34 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
             for (int tile = tiles.begin; tile < min(tiles.begin + stages, tiles.end); ++tile)
                 loader.load_KV(tile, tile - tiles.begin);
         }
+        // Of the KV tiles this block loads, those it computes on: none without a query block.
+        const auto [first_loaded, end_loaded] = loaded_tiles(work, tiles);
+        const bool computes = work.Q_block < Q_blocks && !tiles.empty();
+        const int own_first = computes ? tiles.begin : end_loaded;
+        const int own_end = computes ? tiles.end : end_loaded;
+        const int passed_after = end_loaded - own_end;
+        if constexpr (cluster > 1)
+            pass_tiles(own_first - first_loaded);
 
         // A warpgroup whose rows all lie past seqlen_q (in a last query block that ends within an
         // earlier warpgroup's rows) computes and stores nothing. The block's pipeline still counts
         // on its warps: it takes its turns and releases each stage once that stage's round has
         // landed, so that its arrivals count towards that round.
-        if (MASKED_TAILS && Q_first_row + wg * WGMMA_M >= params.seqlen_q) {
+        if ((MASKED_TAILS || cluster > 1) && Q_first_row + wg * WGMMA_M >= params.seqlen_q) {
             if constexpr (Kernel::persistent)
                 release(smem.Q_empty(wg));
             else
                 mbarrier_wait(smem.Q_full(wg), 0); // its Q has landed before the block exits
-            for (int tile = tiles.begin; tile < tiles.end; ++tile) {
+            for (int tile = own_first; tile < own_end; ++tile) {
                 mbarrier_wait(smem.K_full(current.stage), current.phase);
                 mbarrier_wait(smem.V_full(current.stage), current.phase);
                 in_turn([] {});
-                release(smem.K_empty(current.stage));
-                release(smem.V_empty(current.stage));
+                release_KV(smem.K_empty(current.stage));
+                release_KV(smem.V_empty(current.stage));
                 current.advance();
             }
+            if constexpr (cluster > 1)
+                pass_tiles(passed_after);
             if constexpr (Kernel::persistent)
                 continue;
             else
@@ -473,7 +571,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
                 });
                 wgmma_wait<0>();
                 fence_registers(flat(S));
-                release(smem.K_empty(current.stage));
+                release_KV(smem.K_empty(current.stage));
                 release_Q_after(tiles.begin);
                 modify_and_mask(S, tiles.begin, masked, width);
                 softmax.template exponentiate<true>(S, score_scale, [](int, int, float) {});
@@ -498,7 +596,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
                 if constexpr (Kernel::intra_wg_overlap) {
                     wgmma_wait<1>(); // S has landed; P V may still run
                     fence_registers(flat(S));
-                    release(smem.K_empty(current.stage));
+                    release_KV(smem.K_empty(current.stage));
                     release_Q_after(tile);
                     modify_and_mask(S, tile, masked, width);
                     float rescale[2];
@@ -521,13 +619,13 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
                     }
                     fence_registers(flat(O_acc));
                     fence_registers(flat(P));
-                    release(smem.V_empty(previous.stage));
+                    release_KV(smem.V_empty(previous.stage));
                 } else {
                     wgmma_wait<0>();
                     fence_registers(flat(S));
                     fence_registers(flat(O_acc));
-                    release(smem.K_empty(current.stage));
-                    release(smem.V_empty(previous.stage));
+                    release_KV(smem.K_empty(current.stage));
+                    release_KV(smem.V_empty(previous.stage));
                     release_Q_after(tile);
                     modify_and_mask(S, tile, masked, width);
                     softmax.template update<false>(S, O_acc, score_scale);
@@ -577,10 +675,12 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
             else
                 issue_last_PV(FullWidth{});
             fence_registers(flat(P));
-            release(smem.V_empty(previous.stage));
+            release_KV(smem.V_empty(previous.stage));
         } else if constexpr (Kernel::persistent) {
             release(smem.Q_empty(wg)); // nothing to compute: the next Q may load now
         }
+        if constexpr (cluster > 1)
+            pass_tiles(passed_after);
 
         softmax.normalize(O_acc);
         if (params.lse != nullptr)
@@ -626,6 +726,8 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
             named_barrier_sync(1, pair_threads);
     if (Kernel::persistent && threadIdx.x % WARPGROUP_THREADS == 0)
         tma_store_wait_read(); // the last store has read shared memory before the block exits
+    if constexpr (cluster > 1)
+        cluster_sync(); // the other blocks' arrivals on this one's barriers are done
 #endif
 }
 

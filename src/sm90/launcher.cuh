@@ -1,10 +1,14 @@
 // The Hopper family's launcher: the call's tensor maps, then the traits' threads and dynamic shared
 // memory per thread block, one block per work tile (B_r query rows of one (batch, head)), or, when
-// persistent, one per SM at most.
+// persistent, one per SM at most; with multicast, in clusters of two blocks.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <utility>
 
 #include <cuda_runtime.h>
 
@@ -20,6 +24,26 @@ namespace flash::sm90 {
 template <typename Kernel, ProblemVariant VARIANT>
 constexpr auto kernel_of = &hopper_forward_kernel<Kernel, VARIANT.mask, VARIANT.masked_tails, VARIANT.score_mods>;
 
+// How many clusters of `config`'s shape (its grid aside) can be resident at once on this device;
+// asked once per kernel and device.
+inline int resident_clusters(const void *kernel, cudaLaunchConfig_t config) {
+    static std::mutex mutex;
+    static std::map<std::pair<int, const void *>, int> counts;
+    int device = 0;
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+    const std::lock_guard<std::mutex> lock(mutex);
+    auto found = counts.find({device, kernel});
+    if (found == counts.end()) {
+        config.gridDim = dim3(config.attrs[0].val.clusterDim.x);
+        int count = 0;
+        check_cuda(cudaOccupancyMaxActiveClusters(&count, kernel, &config), "cudaOccupancyMaxActiveClusters");
+        if (count < 1)
+            throw std::runtime_error("no cluster of this kernel fits on the device");
+        found = counts.emplace(std::pair{device, kernel}, count).first;
+    }
+    return found->second;
+}
+
 template <typename Kernel, ProblemVariant VARIANT>
 void launch(const ForwardParams &params, cudaStream_t stream) {
     const auto kernel = kernel_of<Kernel, VARIANT>;
@@ -30,24 +54,40 @@ void launch(const ForwardParams &params, cudaStream_t stream) {
         make_tensor_map(dtype, params.q, params.q_strides, params.d_head, params.seqlen_q, params.heads_q, params.batch,
                         WGMMA_M, Kernel::Swizzle::bytes),
         make_tensor_map(dtype, params.k, params.k_strides, params.d_head, params.seqlen_k, params.heads_kv, params.batch,
-                        Kernel::B_c, Kernel::Swizzle::bytes),
+                        Kernel::KV_slice_rows, Kernel::Swizzle::bytes),
         make_tensor_map(dtype, params.v, params.v_strides, params.d_head, params.seqlen_k, params.heads_kv, params.batch,
-                        Kernel::B_c, Kernel::Swizzle::bytes),
+                        Kernel::KV_slice_rows, Kernel::Swizzle::bytes),
         make_tensor_map(dtype, params.o, params.o_strides, params.d_head, params.seqlen_q, params.heads_q, params.batch,
                         WGMMA_M, Kernel::Swizzle::bytes),
     };
-    const int64_t work_tiles =
-        static_cast<int64_t>((params.seqlen_q + Kernel::B_r - 1) / Kernel::B_r) * params.heads_q * params.batch;
-    const int64_t blocks = Kernel::persistent ? std::min<int64_t>(work_tiles, multiprocessor_count()) : work_tiles;
-    kernel<<<static_cast<unsigned>(blocks), Kernel::n_threads, Kernel::smem_bytes, stream>>>(kp);
-    check_cuda(cudaGetLastError(), "kernel launch");
+    constexpr int cluster = Kernel::cluster_size;
+    const int64_t Q_groups = ((params.seqlen_q + Kernel::B_r - 1) / Kernel::B_r + cluster - 1) / cluster;
+    const int64_t work_tiles = Q_groups * params.heads_q * params.batch;
+    cudaLaunchConfig_t config{};
+    config.blockDim = dim3(Kernel::n_threads);
+    config.dynamicSmemBytes = Kernel::smem_bytes;
+    config.stream = stream;
+    cudaLaunchAttribute cluster_shape{};
+    cluster_shape.id = cudaLaunchAttributeClusterDimension;
+    cluster_shape.val.clusterDim = {cluster, 1, 1};
+    config.attrs = &cluster_shape;
+    config.numAttrs = cluster > 1 ? 1 : 0;
+    // A persistent launch is as many clusters as fit at once: with clusters, the GPCs' SM counts
+    // may leave some SMs out.
+    int64_t clusters = work_tiles;
+    if constexpr (Kernel::persistent)
+        clusters = std::min<int64_t>(
+            clusters, cluster > 1 ? resident_clusters(reinterpret_cast<const void *>(kernel), config) : multiprocessor_count());
+    config.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
+    check_cuda(cudaLaunchKernelEx(&config, kernel, kp), "cudaLaunchKernelEx");
 }
 
 template <HopperForwardKernelConfig CFG, ProblemVariant VARIANT>
 ForwardLauncher launcher() {
     using Kernel = StaticHopperKernelConfig<CFG>;
-    return ForwardLauncher{reinterpret_cast<const void *>(kernel_of<Kernel, VARIANT>), Kernel::smem_bytes, Kernel::persistent,
-                           &launch<Kernel, VARIANT>};
+    // Persistent clusters take their work tiles in a fixed rotation, without the counter.
+    return ForwardLauncher{reinterpret_cast<const void *>(kernel_of<Kernel, VARIANT>), Kernel::smem_bytes,
+                           Kernel::persistent && !Kernel::multicast, &launch<Kernel, VARIANT>};
 }
 
 } // namespace flash::sm90

@@ -54,6 +54,40 @@ __device__ __forceinline__ void tma_load_4d(void *smem_dst, const CUtensorMap *m
                  : "memory");
 }
 
+// tma_load_4d into the same shared-memory offset of every block of the cluster in cta_mask,
+// completing the bytes on the barrier at the same offset in each.
+__device__ __forceinline__ void tma_load_4d_multicast(void *smem_dst, const CUtensorMap *map, uint64_t *barrier,
+                                                      uint16_t cta_mask, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
+                 "[%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(ptx::shared_address(smem_dst)),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                 "r"(ptx::shared_address(barrier)), "h"(cta_mask)
+                 : "memory");
+}
+
+// An arrival on the barrier at the same offset in the cluster's block `cta_rank` (this one
+// included). Release at the block's scope, as a local arrival: at cluster scope every arrival
+// waited until the thread's earlier memory accesses were visible to the whole cluster, which cost
+// a quarter of the throughput; the stages it releases have been read by products that are complete.
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t *barrier, uint32_t cta_rank) {
+    asm volatile("{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+                 "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(ptx::shared_address(barrier)),
+                 "r"(cta_rank)
+                 : "memory");
+}
+
+// This block's rank in its cluster.
+__device__ __forceinline__ uint32_t cluster_cta_rank() {
+    uint32_t rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    return rank;
+}
+
+// Every thread of every block of the cluster: a block barrier that spans the cluster.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
 // Copies a shared-memory box to coordinates (c0, c1, c2, c3) of a tensor map; elements outside
 // the tensor are not written. Part of this thread's current bulk group.
 __device__ __forceinline__ void tma_store_4d(const CUtensorMap *map, const void *smem_src, int c0, int c1, int c2,

@@ -27,6 +27,7 @@ struct StaticHopperKernelConfig {
     static constexpr bool intra_wg_overlap = CFG.intra_wg_overlap;
     static constexpr bool persistent = CFG.persistent;
     static constexpr bool Q_in_registers = CFG.Q_in_registers;
+    static constexpr bool multicast = CFG.multicast;
 
     static_assert(CFG.dtype == DType::FP16 || CFG.dtype == DType::BF16, "dtype must be FP16 or BF16");
     using Swizzle = SwizzleFor<d_head>;
@@ -41,6 +42,9 @@ struct StaticHopperKernelConfig {
     static_assert(!pingpong || (warp_specialized && consumer_warpgroups >= 2),
                   "pingpong needs warp specialization and two or more consumer warpgroups");
     static_assert(!persistent || warp_specialized, "a persistent block needs a producer warpgroup");
+    static_assert(!multicast || warp_specialized, "multicast needs a producer warpgroup");
+    // The blocks of a cluster: two with multicast, each loading half of every KV tile for both.
+    static constexpr int cluster_size = multicast ? 2 : 1;
     static constexpr int n_threads = WARPGROUP_THREADS * (consumer_warpgroups + (warp_specialized ? 1 : 0));
     static constexpr int consumer_warps = consumer_warpgroups * WARPGROUP_THREADS / WARP_SIZE;
 
@@ -61,8 +65,11 @@ struct StaticHopperKernelConfig {
     static constexpr int KV_tile_bytes = B_c * d_head * ELEMENT_BYTES;
     static constexpr int Q_col_block_bytes = WGMMA_M * Swizzle::bytes;
     static constexpr int KV_col_block_bytes = B_c * Swizzle::bytes;
-    static_assert(KV_col_block_bytes % Swizzle::atom_bytes == 0 && KV_tile_bytes % TILE_ALIGNMENT_BYTES == 0,
-                  "tiles must start on swizzle atoms");
+    // With a cluster, each block loads 1 / cluster_size of every KV tile's rows for all of them.
+    static constexpr int KV_slice_rows = B_c / cluster_size;
+    static constexpr int KV_slice_bytes = KV_slice_rows * Swizzle::bytes;
+    static_assert(KV_slice_bytes % Swizzle::atom_bytes == 0 && KV_tile_bytes % TILE_ALIGNMENT_BYTES == 0,
+                  "tiles and their slices must start on swizzle atoms");
 
     static constexpr int K_offset = Q_bytes;
     static constexpr int V_offset = K_offset + stages * KV_tile_bytes;
