@@ -362,18 +362,6 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
             release(empty);
         }
     };
-    // Waits for the next `count` KV tiles of the cluster's, which this block does not compute on,
-    // and releases them.
-    const auto pass_tiles = [&](int count) {
-        for (int i = 0; i < count; ++i) {
-            mbarrier_wait(smem.K_full(current.stage), current.phase);
-            mbarrier_wait(smem.V_full(current.stage), current.phase);
-            release_KV(smem.K_empty(current.stage));
-            release_KV(smem.V_empty(current.stage));
-            current.advance();
-        }
-    };
-
     // Pingpong: warpgroup wg issues its products after warpgroup wg - 1 (round robin) and then lets
     // warpgroup wg + 1 go, from a work tile's first S = Q K^T on. The turns run on across work
     // tiles, so a warpgroup's first turn in the next work tile waits for the others' last products,
@@ -394,6 +382,23 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
         if constexpr (Kernel::pingpong)
             named_barrier_arrive(next_turn, pair_threads);
     };
+    // Waits for the next `count` KV tiles, which this warpgroup does not compute on, and releases
+    // them once each has landed, so that its arrivals count towards that stage's round: tiles its
+    // cluster loads for the other block, or (taking its turns, as if it issued products) those of
+    // a work tile whose rows all lie past seqlen_q.
+    const auto pass_tiles = [&](int count, auto take_turns) {
+        for (int i = 0; i < count; ++i) {
+            mbarrier_wait(smem.K_full(current.stage), current.phase);
+            mbarrier_wait(smem.V_full(current.stage), current.phase);
+            if constexpr (decltype(take_turns)::value)
+                in_turn([] {});
+            release_KV(smem.K_empty(current.stage));
+            release_KV(smem.V_empty(current.stage));
+            current.advance();
+        }
+    };
+    using TakingTurns = std::true_type;
+    using WithoutTurns = std::false_type;
 
     // The n-th work tile: the block's own, then (persistent) those the producer hands out, until it
     // hands out the end.
@@ -425,27 +430,19 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
         const int own_end = computes ? tiles.end : end_loaded;
         const int passed_after = end_loaded - own_end;
         if constexpr (cluster > 1)
-            pass_tiles(own_first - first_loaded);
+            pass_tiles(own_first - first_loaded, WithoutTurns{});
 
         // A warpgroup whose rows all lie past seqlen_q (in a last query block that ends within an
-        // earlier warpgroup's rows) computes and stores nothing. The block's pipeline still counts
-        // on its warps: it takes its turns and releases each stage once that stage's round has
-        // landed, so that its arrivals count towards that round.
+        // earlier warpgroup's rows) computes and stores nothing, but the block's pipeline still
+        // counts on its warps.
         if ((MASKED_TAILS || cluster > 1) && Q_first_row + wg * WGMMA_M >= params.seqlen_q) {
             if constexpr (Kernel::persistent)
                 release(smem.Q_empty(wg));
             else
                 mbarrier_wait(smem.Q_full(wg), 0); // its Q has landed before the block exits
-            for (int tile = own_first; tile < own_end; ++tile) {
-                mbarrier_wait(smem.K_full(current.stage), current.phase);
-                mbarrier_wait(smem.V_full(current.stage), current.phase);
-                in_turn([] {});
-                release_KV(smem.K_empty(current.stage));
-                release_KV(smem.V_empty(current.stage));
-                current.advance();
-            }
+            pass_tiles(own_end - own_first, TakingTurns{});
             if constexpr (cluster > 1)
-                pass_tiles(passed_after);
+                pass_tiles(passed_after, WithoutTurns{});
             if constexpr (Kernel::persistent)
                 continue;
             else
@@ -680,7 +677,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
             release(smem.Q_empty(wg)); // nothing to compute: the next Q may load now
         }
         if constexpr (cluster > 1)
-            pass_tiles(passed_after);
+            pass_tiles(passed_after, WithoutTurns{});
 
         softmax.normalize(O_acc);
         if (params.lse != nullptr)
