@@ -711,12 +711,22 @@ def test_parse_hopper_spellings(text):
     assert parse_kernel_name_into_config(text) == HOPPER_FULL
 
 
+@pytest.mark.parametrize(
+    "field, short, struct_tail",
+    [("Q_in_registers", "qregs", "true, true, true, true, true, false}"), ("multicast", "mcast", "true, true, true, true, false, true}")],
+)
+def test_hopper_flag_spellings(field, short, struct_tail):
+    """A Hopper flag on a persistent block: its short form (any order parses back), file stem and
+    C++ struct."""
+    cfg = dataclasses.replace(HOPPER_FULL, persistent=True, **{field: True})
+    assert cfg.short_form() == f"sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap+persistent+{short}"
+    assert parse_kernel_name_into_config(f"sm90(FP16, 128, 128, 128, 2): {short}+persistent+ws+pingpong+overlap") == cfg
+    assert cfg.file_stem() == f"fp16_d128_br128_bc128_s2_ws_pingpong_overlap_persistent_{short}"
+    assert cfg.to_cpp_struct().endswith(struct_tail)
+
+
 def test_hopper_Q_in_registers_flag():
     cfg = dataclasses.replace(HOPPER_FULL, persistent=True, Q_in_registers=True)
-    assert cfg.short_form() == "sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap+persistent+qregs"
-    assert parse_kernel_name_into_config("sm90(FP16, 128, 128, 128, 2): qregs+persistent+ws+pingpong+overlap") == cfg
-    assert cfg.file_stem() == "fp16_d128_br128_bc128_s2_ws_pingpong_overlap_persistent_qregs"
-    assert cfg.to_cpp_struct().endswith("true, true, true, true, true, false}")
     # The sweep tries Q both ways wherever its registers fit.
     tune = of_family(get_autotuning_kernel_configs(), Hopper)
     assert cfg in tune and dataclasses.replace(cfg, Q_in_registers=False) in tune
@@ -726,10 +736,6 @@ def test_hopper_Q_in_registers_flag():
 
 def test_hopper_multicast_flag():
     cfg = dataclasses.replace(HOPPER_FULL, persistent=True, multicast=True)
-    assert cfg.short_form() == "sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap+persistent+mcast"
-    assert parse_kernel_name_into_config("sm90(FP16, 128, 128, 128, 2): mcast+persistent+ws+pingpong+overlap") == cfg
-    assert cfg.file_stem() == "fp16_d128_br128_bc128_s2_ws_pingpong_overlap_persistent_mcast"
-    assert cfg.to_cpp_struct().endswith("true, true, true, true, false, true}")
     assert cfg.mangled_kernel_name().endswith("ELb1ELb1ELb1ELb1ELb0ELb1EEEEELNS_8MaskKindE0ELb0ELb0EEEvNS0_12KernelParamsE")
     # Neither the shared memory nor the registers change: each block holds whole tiles.
     plain = dataclasses.replace(cfg, multicast=False)
