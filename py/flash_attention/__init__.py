@@ -18,6 +18,16 @@ Importing this module touches no GPU. `python -m flash_attention` describes the 
 
 from __future__ import annotations
 
+import importlib.util
+
+# Every submodule below needs the compiled extension; without it their imports fail in a way that
+# says nothing of the cause (a "circular import"), so say it here.
+if importlib.util.find_spec(f"{__name__}._C") is None:
+    raise ImportError(
+        f"{__name__}._C, the compiled extension, is not built: run `bash tools/test.sh` (builds, then tests) "
+        "or `pip install --no-build-isolation -e .` in the repository root; the first build takes minutes"
+    )
+
 from flash_helpers.dtypes import DType
 from flash_helpers.problem import MaskKind, ProblemVariant
 from flash_helpers.sm80_config import FlashForwardKernelConfig
