@@ -16,13 +16,13 @@ from setuptools import setup
 ROOT = Path(__file__).parent.resolve()
 sys.path[:0] = [str(ROOT / "py"), str(ROOT / "tools" / "build")]
 
-from flash_helpers.kernel_sets import (  # noqa: E402
+from flash_helpers.build_env import (  # noqa: E402
     ARCH_LIST_ENV,
     arch_list_for_build,
-    get_kernels_to_build,
     resolve_arch_list,
     resolve_build_kernels_key,
 )
+from flash_helpers.kernel_sets import get_kernels_to_build  # noqa: E402
 from generate_kernel_instantiations import generate  # noqa: E402
 
 # torch's extension builder takes the targets' -gencode flags from this variable.

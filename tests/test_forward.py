@@ -28,8 +28,9 @@ if not helpers.extension_is_built():
 import flash_attention  # noqa: E402
 from flash_attention import _C  # noqa: E402
 from flash_helpers.families import FAMILIES  # noqa: E402
-from flash_helpers.kernel_sets import get_all_kernel_configs, get_kernels_to_build, variants_to_build  # noqa: E402
+from flash_helpers.kernel_sets import get_kernels_to_build, variants_to_build  # noqa: E402
 from flash_helpers.problem import ALL_VARIANTS, MaskKind, ProblemVariant  # noqa: E402
+from flash_helpers.tuning_space import get_all_kernel_configs  # noqa: E402
 from helpers import Problem, as_layout, assert_matches_reference, nan_like, random_qkv  # noqa: E402
 
 gpu = pytest.mark.gpu
@@ -633,11 +634,11 @@ def test_binding_rejects_a_config_field_of_the_wrong_type(field, valid_call):
 @gpu
 def test_rejects_a_hopper_config_on_another_gpu(rng):
     capability = torch.cuda.get_device_capability()
-    hopper = [cfg for cfg in flash_attention.compiled_configs() if cfg.family == "sm90"]
-    if capability == (9, 0) or not hopper:
-        pytest.skip(f"this GPU is sm_{capability[0]}{capability[1]} and the build has {len(hopper)} Hopper "
+    sm90_configs = [cfg for cfg in flash_attention.compiled_configs() if cfg.family == "sm90"]
+    if capability == (9, 0) or not sm90_configs:
+        pytest.skip(f"this GPU is sm_{capability[0]}{capability[1]} and the build has {len(sm90_configs)} Hopper "
                     "configurations: rejecting them needs a build with some and a GPU other than sm_90")
-    call = make_call(hopper[0], rng)
+    call = make_call(sm90_configs[0], rng)
     assert_rejected(call.run, ValueError, ("q",), "sm_90")
     torch.ones(1, device="cuda").add_(1)
     torch.cuda.synchronize()

@@ -8,16 +8,10 @@ import sys
 import pytest
 
 import generate_kernel_instantiations as generator
+from flash_helpers.build_env import ARCH_LIST_ENV, BUILD_KERNELS_ENV, REBUILD_HINT
 from flash_helpers.dtypes import DType
 from flash_helpers.kernel_names import parse_kernel_name_into_config
-from flash_helpers.kernel_sets import (
-    ARCH_LIST_ENV,
-    BUILD_KERNELS_ENV,
-    REBUILD_HINT,
-    get_kernel_configs,
-    get_kernels_to_build,
-    variants_to_build,
-)
+from flash_helpers.kernel_sets import get_kernel_configs, get_kernels_to_build, variants_to_build
 from flash_helpers.problem import ALL_VARIANTS, BENCHMARK_LENGTH_UNIT, BENCHMARK_TAIL_VARIANTS, BENCHMARK_VARIANTS
 from flash_helpers.sm80_config import FlashForwardKernelConfig
 from flash_helpers.sm90_config import HopperForwardKernelConfig
@@ -224,24 +218,24 @@ def test_hopper_units_instantiate_the_sm90_launcher(tmp_path):
     )
     entries = [line for line in family_map(header_path(tmp_path).read_text(), "sm90") if line.startswith("    {{")]
     assert [parse_kernel_name_into_config(line) for line in entries] == [
-        hopper for hopper in SORTED_CONFIGS if hopper.family == "sm90" for _ in variants_to_build(hopper)
+        cfg for cfg in SORTED_CONFIGS if cfg.family == "sm90" for _ in variants_to_build(cfg)
     ]
 
 
 def test_hopper_defaults_get_every_variant_whatever_the_architectures(monkeypatch):
     monkeypatch.setenv(ARCH_LIST_ENV, "8.0")
-    hopper_defaults = [cfg for cfg in get_kernels_to_build("default", "9.0") if cfg.family == "sm90"]
-    assert hopper_defaults
-    assert all(variants_to_build(cfg) == ALL_VARIANTS for cfg in hopper_defaults)
+    sm90_defaults = [cfg for cfg in get_kernels_to_build("default", "9.0") if cfg.family == "sm90"]
+    assert sm90_defaults
+    assert all(variants_to_build(cfg) == ALL_VARIANTS for cfg in sm90_defaults)
 
 
-@pytest.mark.parametrize(("arch_list", "hopper"), [("8.0", False), ("9.0", True), ("8.0;9.0a", True), ("8.6+PTX", False)])
-def test_main_builds_hopper_only_for_sm90(tmp_path, capsys, arch_list, hopper):
+@pytest.mark.parametrize(("arch_list", "with_sm90"), [("8.0", False), ("9.0", True), ("8.0;9.0a", True), ("8.6+PTX", False)])
+def test_main_builds_hopper_only_for_sm90(tmp_path, capsys, arch_list, with_sm90):
     assert generator.main(["--kernels", "default", "--arch-list", arch_list, "--src-dir", str(tmp_path)]) == 0
     printed = capsys.readouterr().out.splitlines()
-    assert any(line.startswith("sm90(") for line in printed) is hopper
-    assert bool(list(instantiations_dir(tmp_path).glob("sm90_*.cu"))) is hopper
-    assert (len(family_map(header_path(tmp_path).read_text(), "sm90")) > 2) is hopper
+    assert any(line.startswith("sm90(") for line in printed) is with_sm90
+    assert bool(list(instantiations_dir(tmp_path).glob("sm90_*.cu"))) is with_sm90
+    assert (len(family_map(header_path(tmp_path).read_text(), "sm90")) > 2) is with_sm90
 
 
 def test_script_reads_the_arch_list_from_the_environment(tmp_path):

@@ -11,33 +11,31 @@ import sys
 
 import pytest
 
-from flash_helpers.dtypes import DType
-from flash_helpers.kernel_names import parse_kernel_name_into_config
 from flash_helpers import sm90_config
-from flash_helpers.kernel_sets import (
+from flash_helpers.build_env import (
     ARCH_LIST_ENV,
     BUILD_KERNELS_ENV,
     DEFAULT_ARCH_LIST,
-    DEFAULT_BUILD_KERNELS,
-    HOPPER_PROGRESSION_BLOCK,
-    HOPPER_PROGRESSION_STEPS,
-    KERNELS_ENV,
-    PROGRESSION_BLOCK_SIZE,
-    PROGRESSION_STEPS,
     REBUILD_HINT,
     arch_list_for_build,
-    get_all_kernel_configs,
-    get_autotuning_kernel_configs,
-    get_kernel_configs,
-    get_kernel_progression_configs,
-    get_kernels_to_build,
-    hopper_in_arch_list,
     resolve_arch_list,
-    should_autotune_config,
+    sm90_in_arch_list,
 )
+from flash_helpers.default_set import DEFAULT_BUILD_KERNELS
+from flash_helpers.dtypes import DType
+from flash_helpers.kernel_names import parse_kernel_name_into_config
+from flash_helpers.kernel_sets import KERNELS_ENV, get_kernel_configs, get_kernels_to_build
 from flash_helpers.problem import MaskKind, ProblemVariant, attention_flop, mask_kind, total_flop, visited_tiles
+from flash_helpers.progression_steps import (
+    SM80_PROGRESSION_BLOCK,
+    SM80_PROGRESSION_STEPS,
+    SM90_PROGRESSION_BLOCK,
+    SM90_PROGRESSION_STEPS,
+    get_kernel_progression_configs,
+)
 from flash_helpers.sm80_config import B_CS, B_RS, D_HEADS, MAX_SMEM_BYTES, N_WARPS, FlashForwardKernelConfig
 from flash_helpers.sm90_config import HopperForwardKernelConfig
+from flash_helpers.tuning_space import get_all_kernel_configs, get_autotuning_kernel_configs, should_autotune_config
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 FP16, BF16 = DType.FP16, DType.BF16
@@ -488,9 +486,9 @@ def test_tune_can_be_restricted_to_dtypes_and_head_sizes():
 
 
 def test_progression_steps_are_cumulative():
-    assert PROGRESSION_STEPS[0] == ("base", "")
+    assert SM80_PROGRESSION_STEPS[0] == ("base", "")
     previous = set()
-    for _, flags in PROGRESSION_STEPS:
+    for _, flags in SM80_PROGRESSION_STEPS:
         current = set(filter(None, flags.split("+")))
         assert previous < current or current == previous == set()
         previous = current
@@ -501,20 +499,20 @@ def step_config(dtype, d_head, block_size, flags):
     return parse_kernel_name_into_config(f"{head}: {flags}" if flags else head)
 
 
-@pytest.mark.parametrize(("step", "flags"), PROGRESSION_STEPS)
+@pytest.mark.parametrize(("step", "flags"), SM80_PROGRESSION_STEPS)
 def test_prog_holds_every_step(step, flags):
     prog = get_kernel_progression_configs()
     for dtype in (FP16, BF16):
-        assert step_config(dtype, 128, PROGRESSION_BLOCK_SIZE, flags) in prog
+        assert step_config(dtype, 128, SM80_PROGRESSION_BLOCK, flags) in prog
 
 
 def test_prog_is_at_one_block_size_and_each_step_adds_knobs():
     prog = of_family(get_kernel_progression_configs(), Config)
-    assert {(cfg.d_head, cfg.B_r, cfg.B_c, cfg.n_warps) for cfg in prog} == {(128, *PROGRESSION_BLOCK_SIZE)}
-    assert len(prog) == 2 * len(PROGRESSION_STEPS)
-    assert Config(FP16, 128, *PROGRESSION_BLOCK_SIZE) in prog
-    assert Config(BF16, 128, *PROGRESSION_BLOCK_SIZE, True) in prog
-    knobs = [set(flags.split("+")) - {""} for _, flags in PROGRESSION_STEPS]
+    assert {(cfg.d_head, cfg.B_r, cfg.B_c, cfg.n_warps) for cfg in prog} == {(128, *SM80_PROGRESSION_BLOCK)}
+    assert len(prog) == 2 * len(SM80_PROGRESSION_STEPS)
+    assert Config(FP16, 128, *SM80_PROGRESSION_BLOCK) in prog
+    assert Config(BF16, 128, *SM80_PROGRESSION_BLOCK, True) in prog
+    knobs = [set(flags.split("+")) - {""} for _, flags in SM80_PROGRESSION_STEPS]
     assert all(len(later) > len(earlier) for earlier, later in zip(knobs, knobs[1:]))
 
 
@@ -637,7 +635,7 @@ def test_keys_joined_by_plus_select_the_union():
 # ----------------------------------------------------------------------------------------------
 # The Hopper family
 
-HOPPER_FULL = Hopper(FP16, 128, 128, 128, 2, True, True, True)
+SM90_FULL = Hopper(FP16, 128, 128, 128, 2, True, True, True)
 
 
 @pytest.mark.parametrize("set_name", [name for name in SET_NAMES if name != "128,64"])
@@ -646,14 +644,14 @@ def test_sets_hold_both_families(set_name):
 
 
 def test_hopper_short_form_lists_flags_in_fixed_order():
-    assert HOPPER_FULL.short_form() == "sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap"
+    assert SM90_FULL.short_form() == "sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap"
     assert Hopper(BF16, 64, 64, 96, 3, intra_wg_overlap=True).short_form() == "sm90(BF16, 64, 64, 96, 3): overlap"
     assert Hopper(BF16, 64, 64, 96, 1).short_form() == "sm90(BF16, 64, 64, 96, 1)"
-    assert parse_kernel_name_into_config(sm90_config.SHORT_FORM_EXAMPLE) == HOPPER_FULL
+    assert parse_kernel_name_into_config(sm90_config.SHORT_FORM_EXAMPLE) == SM90_FULL
 
 
 def test_hopper_cpp_struct():
-    assert HOPPER_FULL.to_cpp_struct() == (
+    assert SM90_FULL.to_cpp_struct() == (
         "HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true, false, false, false}"
     )
     assert Hopper(BF16, 64, 192, 80, 4, True).to_cpp_struct() == (
@@ -663,19 +661,19 @@ def test_hopper_cpp_struct():
 
 def test_hopper_demangled_kernel_name():
     """c++filt of the first symbol of test_hopper_mangled_kernel_name."""
-    assert HOPPER_FULL.demangled_kernel_name() == (
+    assert SM90_FULL.demangled_kernel_name() == (
         "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
         "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true, false, false, false}>, "
         "(flash::MaskKind)0, false, false>(flash::sm90::KernelParams)"
     )
     causal_tails = ProblemVariant(MaskKind.CAUSAL, masked_tails=True)
     suffix = ", (flash::MaskKind)1, true, false>(flash::sm90::KernelParams)"
-    assert HOPPER_FULL.demangled_kernel_name(causal_tails).endswith(suffix)
+    assert SM90_FULL.demangled_kernel_name(causal_tails).endswith(suffix)
 
 
 def test_hopper_mangled_kernel_name():
     """Both symbols as read off an sm_90a cubin nvcc 13 compiled (readelf -s)."""
-    assert HOPPER_FULL.mangled_kernel_name() == (
+    assert SM90_FULL.mangled_kernel_name() == (
         "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
         "LNS_5DTypeE5ELi128ELi128ELi128ELi2ELb1ELb1ELb1ELb0ELb0ELb0EEEEELNS_8MaskKindE0ELb0ELb0EEEvNS0_12KernelParamsE"
     )
@@ -686,7 +684,7 @@ def test_hopper_mangled_kernel_name():
 
 
 def test_hopper_file_stem_example_and_uniqueness():
-    assert HOPPER_FULL.file_stem() == "fp16_d128_br128_bc128_s2_ws_pingpong_overlap"
+    assert SM90_FULL.file_stem() == "fp16_d128_br128_bc128_s2_ws_pingpong_overlap"
     assert Hopper(BF16, 64, 64, 96, 1).file_stem() == "bf16_d64_br64_bc96_s1"
     configs = get_all_kernel_configs()
     names = {f"{cfg.family}_{cfg.file_stem()}" for cfg in configs}  # the generator's file names
@@ -708,7 +706,7 @@ def test_hopper_file_stem_example_and_uniqueness():
     ],
 )
 def test_parse_hopper_spellings(text):
-    assert parse_kernel_name_into_config(text) == HOPPER_FULL
+    assert parse_kernel_name_into_config(text) == SM90_FULL
 
 
 @pytest.mark.parametrize(
@@ -718,7 +716,7 @@ def test_parse_hopper_spellings(text):
 def test_hopper_flag_spellings(field, short, struct_tail):
     """A Hopper flag on a persistent block: its short form (any order parses back), file stem and
     C++ struct."""
-    cfg = dataclasses.replace(HOPPER_FULL, persistent=True, **{field: True})
+    cfg = dataclasses.replace(SM90_FULL, persistent=True, **{field: True})
     assert cfg.short_form() == f"sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap+persistent+{short}"
     assert parse_kernel_name_into_config(f"sm90(FP16, 128, 128, 128, 2): {short}+persistent+ws+pingpong+overlap") == cfg
     assert cfg.file_stem() == f"fp16_d128_br128_bc128_s2_ws_pingpong_overlap_persistent_{short}"
@@ -726,7 +724,7 @@ def test_hopper_flag_spellings(field, short, struct_tail):
 
 
 def test_hopper_Q_in_registers_flag():
-    cfg = dataclasses.replace(HOPPER_FULL, persistent=True, Q_in_registers=True)
+    cfg = dataclasses.replace(SM90_FULL, persistent=True, Q_in_registers=True)
     # The sweep tries Q both ways wherever its registers fit.
     tune = of_family(get_autotuning_kernel_configs(), Hopper)
     assert cfg in tune and dataclasses.replace(cfg, Q_in_registers=False) in tune
@@ -735,7 +733,7 @@ def test_hopper_Q_in_registers_flag():
 
 
 def test_hopper_multicast_flag():
-    cfg = dataclasses.replace(HOPPER_FULL, persistent=True, multicast=True)
+    cfg = dataclasses.replace(SM90_FULL, persistent=True, multicast=True)
     assert cfg.mangled_kernel_name().endswith("ELb1ELb1ELb1ELb1ELb0ELb1EEEEELNS_8MaskKindE0ELb0ELb0EEEvNS0_12KernelParamsE")
     # Neither the shared memory nor the registers change: each block holds whole tiles.
     plain = dataclasses.replace(cfg, multicast=False)
@@ -798,14 +796,14 @@ def test_hopper_construction_checks_types(fields, error, field_name):
 
 def test_hopper_configs_are_immutable_hashable_and_never_equal_an_sm80_one():
     with pytest.raises(dataclasses.FrozenInstanceError):
-        HOPPER_FULL.stages = 3
-    assert len({HOPPER_FULL, dataclasses.replace(HOPPER_FULL), parse_kernel_name_into_config(HOPPER_FULL.short_form())}) == 1
+        SM90_FULL.stages = 3
+    assert len({SM90_FULL, dataclasses.replace(SM90_FULL), parse_kernel_name_into_config(SM90_FULL.short_form())}) == 1
     # Same field values, different families.
     assert Hopper(FP16, 128, 64, 64, 4) != Config(FP16, 128, 64, 64, 4)
 
 
 def test_hopper_threads_and_warpgroups():
-    assert (HOPPER_FULL.consumer_warpgroups, HOPPER_FULL.n_threads) == (2, 384)
+    assert (SM90_FULL.consumer_warpgroups, SM90_FULL.n_threads) == (2, 384)
     assert (Hopper(FP16, 64, 192, 64, 2).consumer_warpgroups, Hopper(FP16, 64, 192, 64, 2).n_threads) == (3, 384)
     assert Hopper(FP16, 64, 64, 64, 2, True).n_threads == 256
 
@@ -813,12 +811,12 @@ def test_hopper_threads_and_warpgroups():
 def test_hopper_smem_bytes():
     # Q, a K and a V tile per stage, 1024 bytes of alignment slack, then 8 bytes for each mbarrier
     # (Q full and empty per consumer warpgroup, 4 per stage) and each warpgroup's work-tile slot.
-    assert HOPPER_FULL.smem_bytes() == 128 * 128 * 2 + 2 * 2 * 128 * 128 * 2 + 1024 + 8 * (2 * 3 + 2 * 4) == 164976
+    assert SM90_FULL.smem_bytes() == 128 * 128 * 2 + 2 * 2 * 128 * 128 * 2 + 1024 + 8 * (2 * 3 + 2 * 4) == 164976
     assert Hopper(BF16, 64, 64, 80, 1).smem_bytes() == 64 * 64 * 2 + 1 * 2 * 80 * 64 * 2 + 1024 + 8 * (3 + 4)
     assert Hopper(FP16, 256, 128, 80, 2).smem_bytes() == 230512  # just fits
     # Persistent: an O tile of Q's size more.
     persistent = Hopper(FP16, 128, 128, 128, 2, True, True, True, True)
-    assert persistent.smem_bytes() == HOPPER_FULL.smem_bytes() + 128 * 128 * 2
+    assert persistent.smem_bytes() == SM90_FULL.smem_bytes() + 128 * 128 * 2
     assert all(cfg.smem_bytes() <= MAX_SMEM_BYTES for cfg in get_all_kernel_configs())
 
 
@@ -839,16 +837,16 @@ def test_hopper_consumer_registers(cfg, budget):
 
 
 def test_hopper_register_estimate():
-    assert HOPPER_FULL.register_estimate() == 128 // 2 + 128 // 2 + 128 // 4 + 32 == 192
+    assert SM90_FULL.register_estimate() == 128 // 2 + 128 // 2 + 128 // 4 + 32 == 192
     assert Hopper(FP16, 64, 192, 128, 2, True, True, True).register_estimate() == 160  # exactly the budget
     assert Hopper(FP16, 64, 192, 128, 2, True, True, True).is_valid()
     # Q in registers: d_head / 4 more, which d_head 128 with 144 keys still fits and 160 keys does not.
-    assert dataclasses.replace(HOPPER_FULL, Q_in_registers=True).register_estimate() == 192 + 128 // 4
+    assert dataclasses.replace(SM90_FULL, Q_in_registers=True).register_estimate() == 192 + 128 // 4
     assert Hopper(FP16, 128, 128, 144, 2, True, True, True, True, True).register_estimate() == 236
 
 
-GOOD_HOPPER_CONFIGS = [
-    HOPPER_FULL,
+GOOD_SM90_CONFIGS = [
+    SM90_FULL,
     Hopper(BF16, 64, 64, 192, 4),
     Hopper(FP16, 64, 192, 128, 2, True, True, True),
     Hopper(FP16, 256, 128, 80, 2, True, True, True),
@@ -860,7 +858,7 @@ GOOD_HOPPER_CONFIGS = [
 ]
 
 # (config, words its reason must contain): each config breaks exactly one rule.
-BAD_HOPPER_CONFIGS = [
+BAD_SM90_CONFIGS = [
     (Hopper(FP16, 80, 128, 128, 2), ["d_head", "32, 64, 96, 128, 192, 256"]),
     (Hopper(FP16, 128, 256, 128, 2), ["B_r"]),
     (Hopper(FP16, 128, 128, 72, 2), ["B_c"]),
@@ -878,13 +876,13 @@ BAD_HOPPER_CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("cfg", GOOD_HOPPER_CONFIGS, ids=Hopper.short_form)
+@pytest.mark.parametrize("cfg", GOOD_SM90_CONFIGS, ids=Hopper.short_form)
 def test_good_hopper_configs_are_valid(cfg):
     assert cfg.validity_error() is None
     cfg.validate()
 
 
-@pytest.mark.parametrize(("cfg", "words"), BAD_HOPPER_CONFIGS, ids=[cfg.short_form() for cfg, _ in BAD_HOPPER_CONFIGS])
+@pytest.mark.parametrize(("cfg", "words"), BAD_SM90_CONFIGS, ids=[cfg.short_form() for cfg, _ in BAD_SM90_CONFIGS])
 def test_bad_hopper_configs_are_rejected_with_a_reason(cfg, words):
     reason = cfg.validity_error()
     assert reason is not None and reason.endswith(".")
@@ -905,7 +903,7 @@ def test_hopper_registers_make_no_exception_for_producer_less_kernels():
     ("capability", "runs"), [((8, 0), False), ((8, 9), False), ((9, 0), True), ((10, 0), False), ((12, 0), False)]
 )
 def test_hopper_runs_on_sm90_only(capability, runs):
-    assert HOPPER_FULL.runs_on(capability) is runs
+    assert SM90_FULL.runs_on(capability) is runs
 
 
 @pytest.mark.parametrize(
@@ -913,17 +911,17 @@ def test_hopper_runs_on_sm90_only(capability, runs):
     [(256, 256, False), (128, 1024, False), (257, 256, True), (256, 200, True), (64, 128, True), (1, 1, True)],
 )
 def test_hopper_needs_masked_tails(seqlen_q, seqlen_k, tails):
-    assert HOPPER_FULL.needs_masked_tails(seqlen_q, seqlen_k) is tails
+    assert SM90_FULL.needs_masked_tails(seqlen_q, seqlen_k) is tails
 
 
 def test_hopper_all_is_every_valid_config():
-    hopper = of_family(get_all_kernel_configs(), Hopper)
+    sm90 = of_family(get_all_kernel_configs(), Hopper)
     space = itertools.product(
         (FP16, BF16), sm90_config.D_HEADS, sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, *[(False, True)] * 6
     )
-    assert hopper == sorted(cfg for cfg in itertools.starmap(Hopper, space) if cfg.is_valid())
-    for cfg in GOOD_HOPPER_CONFIGS:
-        assert cfg in hopper
+    assert sm90 == sorted(cfg for cfg in itertools.starmap(Hopper, space) if cfg.is_valid())
+    for cfg in GOOD_SM90_CONFIGS:
+        assert cfg in sm90
 
 
 def test_hopper_tune_overlaps_everything_at_two_stages():
@@ -939,26 +937,26 @@ def test_hopper_tune_overlaps_everything_at_two_stages():
     assert any(cfg.multicast for cfg in tune)
     assert {cfg.d_head for cfg in tune} == set(sm90_config.D_HEADS)
     assert {cfg.B_r for cfg in tune} == {128, 192}
-    assert not should_autotune_config(dataclasses.replace(HOPPER_FULL, stages=3))
-    assert not should_autotune_config(dataclasses.replace(HOPPER_FULL, intra_wg_overlap=False))
+    assert not should_autotune_config(dataclasses.replace(SM90_FULL, stages=3))
+    assert not should_autotune_config(dataclasses.replace(SM90_FULL, intra_wg_overlap=False))
     assert of_family(get_autotuning_kernel_configs(dtypes=(BF16,), d_heads=(256,)), Hopper) == [
         cfg for cfg in tune if (cfg.dtype, cfg.d_head) == (BF16, 256)
     ]
 
 
 def test_hopper_progression_steps_in_order():
-    names = [name for name, _ in HOPPER_PROGRESSION_STEPS]
+    names = [name for name, _ in SM90_PROGRESSION_STEPS]
     assert names == ["hopper_base", "hopper_ws", "hopper_pingpong", "hopper_overlap", "hopper_persistent", "hopper_qregs"]
     prog = of_family(get_kernel_progression_configs(), Hopper)
     for dtype in (FP16, BF16):
-        head = "sm90({}, 128, {}, {}, {})".format(dtype.name, *HOPPER_PROGRESSION_BLOCK)
+        head = "sm90({}, 128, {}, {}, {})".format(dtype.name, *SM90_PROGRESSION_BLOCK)
         steps = [
-            parse_kernel_name_into_config(f"{head}: {flags}" if flags else head) for _, flags in HOPPER_PROGRESSION_STEPS
+            parse_kernel_name_into_config(f"{head}: {flags}" if flags else head) for _, flags in SM90_PROGRESSION_STEPS
         ]
         assert [cfg for cfg in prog if cfg.dtype == dtype] == steps  # each step adds a flag: they sort in order
-    assert steps[0] == Hopper(BF16, 128, 128, 128, 2) and steps[-3] == dataclasses.replace(HOPPER_FULL, dtype=BF16)
-    assert steps[-2] == dataclasses.replace(HOPPER_FULL, dtype=BF16, persistent=True)
-    assert steps[-1] == dataclasses.replace(HOPPER_FULL, dtype=BF16, persistent=True, Q_in_registers=True)
+    assert steps[0] == Hopper(BF16, 128, 128, 128, 2) and steps[-3] == dataclasses.replace(SM90_FULL, dtype=BF16)
+    assert steps[-2] == dataclasses.replace(SM90_FULL, dtype=BF16, persistent=True)
+    assert steps[-1] == dataclasses.replace(SM90_FULL, dtype=BF16, persistent=True, Q_in_registers=True)
 
 
 def test_hopper_progall_covers_every_valid_block_at_two_stages():
@@ -972,16 +970,16 @@ def test_hopper_progall_covers_every_valid_block_at_two_stages():
 
 
 def test_default_set_has_the_hopper_configurations():
-    hopper = of_family(get_kernels_to_build("default"), Hopper)
-    assert {(cfg.dtype, cfg.d_head) for cfg in hopper} == {(dtype, d) for dtype in (FP16, BF16) for d in sm90_config.D_HEADS}
-    assert all(cfg.warp_specialized and cfg.pingpong and cfg.intra_wg_overlap for cfg in hopper)
-    assert hopper == sorted(parse_kernel_name_into_config(text) for text in DEFAULT_BUILD_KERNELS if text.startswith("sm90("))
+    sm90 = of_family(get_kernels_to_build("default"), Hopper)
+    assert {(cfg.dtype, cfg.d_head) for cfg in sm90} == {(dtype, d) for dtype in (FP16, BF16) for d in sm90_config.D_HEADS}
+    assert all(cfg.warp_specialized and cfg.pingpong and cfg.intra_wg_overlap for cfg in sm90)
+    assert sm90 == sorted(parse_kernel_name_into_config(text) for text in DEFAULT_BUILD_KERNELS if text.startswith("sm90("))
 
 
 def test_short_form_keys_may_mix_families():
-    sm80, hopper = "(FP16, 128, 64, 64, 4): async", "sm90(BF16, 64, 64, 96, 1)"
+    sm80, sm90 = "(FP16, 128, 64, 64, 4): async", "sm90(BF16, 64, 64, 96, 1)"
     expected = [Config(FP16, 128, 64, 64, 4, True), Hopper(BF16, 64, 64, 96, 1)]
-    assert get_kernel_configs(f"{hopper}; {sm80};{hopper}") == expected
+    assert get_kernel_configs(f"{sm90}; {sm80};{sm90}") == expected
     with pytest.raises(ValueError, match="not a valid configuration.*pingpong needs warp_specialized"):
         get_kernel_configs(f"{sm80}; sm90(FP16, 128, 128, 128, 2): pingpong")
 
@@ -991,7 +989,7 @@ def test_short_form_keys_may_mix_families():
 
 
 @pytest.mark.parametrize(
-    ("arch_list", "hopper"),
+    ("arch_list", "with_sm90"),
     [
         ("8.0", False),
         ("9.0", True),
@@ -1005,12 +1003,12 @@ def test_short_form_keys_may_mix_families():
         ("19.0;9.05", False),
     ],
 )
-def test_hopper_is_built_only_for_an_arch_list_with_sm90(arch_list, hopper):
-    assert hopper_in_arch_list(arch_list) is hopper
+def test_hopper_is_built_only_for_an_arch_list_with_sm90(arch_list, with_sm90):
+    assert sm90_in_arch_list(arch_list) is with_sm90
     for key in ("default", "tune", "prog", "default+prog"):
         everything = get_kernels_to_build(key, "9.0")
         built = get_kernels_to_build(key, arch_list)
-        assert built == (everything if hopper else of_family(everything, Config)), key
+        assert built == (everything if with_sm90 else of_family(everything, Config)), key
         assert of_family(built, Config) == of_family(everything, Config)
 
 
@@ -1062,7 +1060,7 @@ def test_sm80_short_forms_build_without_sm90():
 )
 def test_arch_list_for_build_compiles_sm90_as_sm90a(arch_list, for_build):
     assert arch_list_for_build(arch_list) == for_build
-    assert hopper_in_arch_list(for_build) == hopper_in_arch_list(arch_list)
+    assert sm90_in_arch_list(for_build) == sm90_in_arch_list(arch_list)
 
 
 def test_rebuild_hint_names_both_variables():

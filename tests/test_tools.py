@@ -30,18 +30,11 @@ import pt_bench  # noqa: E402
 import run_kernels  # noqa: E402
 import sass_counts  # noqa: E402
 import sass_diff  # noqa: E402
+from flash_helpers.build_env import BUILD_KERNELS_ENV  # noqa: E402
+from flash_helpers.default_set import DEFAULT_BUILD_KERNELS  # noqa: E402
 from flash_helpers.dtypes import DType  # noqa: E402
 from flash_helpers.kernel_names import parse_kernel_name_into_config  # noqa: E402
-from flash_helpers.kernel_sets import (  # noqa: E402
-    BUILD_KERNELS_ENV,
-    DEFAULT_BUILD_KERNELS,
-    HOPPER_PROGRESSION_BLOCK,
-    HOPPER_PROGRESSION_STEPS,
-    KERNELS_ENV,
-    get_all_kernel_configs,
-    get_autotuning_kernel_configs,
-    get_kernel_configs,
-)
+from flash_helpers.kernel_sets import KERNELS_ENV, get_kernel_configs  # noqa: E402
 from flash_helpers.problem import (  # noqa: E402
     ALL_VARIANTS,
     BENCHMARK_LENGTH_UNIT,
@@ -51,9 +44,11 @@ from flash_helpers.problem import (  # noqa: E402
     attention_flop,
     total_flop,
 )
+from flash_helpers.progression_steps import SM90_PROGRESSION_BLOCK, SM90_PROGRESSION_STEPS  # noqa: E402
 from flash_helpers.reference import ReferenceComparison  # noqa: E402
 from flash_helpers.sm80_config import D_HEADS, FlashForwardKernelConfig  # noqa: E402
 from flash_helpers.sm90_config import HopperForwardKernelConfig  # noqa: E402
+from flash_helpers.tuning_space import get_all_kernel_configs, get_autotuning_kernel_configs  # noqa: E402
 
 PYTHON_TOOLS = [
     BENCHMARK_DIR / "pt_bench.py",
@@ -74,8 +69,8 @@ TUNE = get_autotuning_kernel_configs()
 CFG_A = next(cfg for cfg in TUNE if cfg.d_head == 128)
 CFG_B = next(cfg for cfg in TUNE if cfg.d_head == 128 and (cfg.B_r, cfg.B_c) != (CFG_A.B_r, CFG_A.B_c))
 NOT_TUNED = next(cfg for cfg in get_all_kernel_configs() if cfg not in set(TUNE))
-HOPPER_128 = parse_kernel_name_into_config("sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap")
-HOPPER_WS = parse_kernel_name_into_config("sm90(FP16, 128, 128, 128, 2): ws")
+SM90_128 = parse_kernel_name_into_config("sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap")
+SM90_WS = parse_kernel_name_into_config("sm90(FP16, 128, 128, 128, 2): ws")
 CAUSAL = ProblemVariant(MaskKind.CAUSAL)
 CAUSAL_TAILS = ProblemVariant(MaskKind.CAUSAL, masked_tails=True)
 
@@ -372,11 +367,11 @@ class TestRunnableConfigs:
     )
 
     def test_sm90_runs_both_families(self, capsys):
-        assert common.select_runnable_configs([CFG_A, HOPPER_128], (9, 0), "H200") == [CFG_A, HOPPER_128]
+        assert common.select_runnable_configs([CFG_A, SM90_128], (9, 0), "H200") == [CFG_A, SM90_128]
         assert capsys.readouterr().err == ""
 
     def test_other_gpus_leave_the_hopper_family_out(self, capsys):
-        assert common.select_runnable_configs([HOPPER_WS, CFG_A, HOPPER_128], (8, 0), "A100") == [CFG_A]
+        assert common.select_runnable_configs([SM90_WS, CFG_A, SM90_128], (8, 0), "A100") == [CFG_A]
         err = capsys.readouterr().err
         assert err.startswith("note: 2 selected configuration(s) (2 of family sm90) do not run on A100 (sm_80)")
 
@@ -388,7 +383,7 @@ class TestRunnableConfigs:
 
     def test_nothing_runnable_is_an_error(self):
         with pytest.raises(common.ConfigSelectionError, match=r"none of the selected configurations runs on this GPU"):
-            common.select_runnable_configs([HOPPER_128], (8, 9), "L4")
+            common.select_runnable_configs([SM90_128], (8, 9), "L4")
 
 
 def test_timing_csv_round_trip(tmp_path):
@@ -764,8 +759,8 @@ def test_ncu_names_every_variant_of_a_configuration_by_the_configuration():
         assert (kernel.kind, kernel.config, kernel.label) == ("ours", CFG_B, CFG_B.short_form())
 
 
-# HOPPER_128's unmasked kernel as ncu prints it (c++filt of the symbol nvcc 13 writes for sm_90a).
-HOPPER_NAME = (
+# SM90_128's unmasked kernel as ncu prints it (c++filt of the symbol nvcc 13 writes for sm_90a).
+SM90_NAME = (
     "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
     "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true}>, "
     "(flash::MaskKind)0, false, false>(flash::sm90::KernelParams)"
@@ -773,23 +768,23 @@ HOPPER_NAME = (
 
 
 def test_ncu_names_hopper_kernels_by_their_configuration():
-    kernel = ncu_bench.classify_kernel(HOPPER_NAME)
-    assert (kernel.kind, kernel.config) == ("ours", HOPPER_128)
+    kernel = ncu_bench.classify_kernel(SM90_NAME)
+    assert (kernel.kind, kernel.config) == ("ours", SM90_128)
     assert kernel.label == "sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap"
     for variant in ALL_VARIANTS:
-        assert ncu_bench.classify_kernel(HOPPER_WS.demangled_kernel_name(variant)).config == HOPPER_WS
+        assert ncu_bench.classify_kernel(SM90_WS.demangled_kernel_name(variant)).config == SM90_WS
 
 
 def test_ncu_averages_hopper_and_sm80_kernels_of_one_run_apart():
-    hopper_rows = [
-        _raw_row(str(i), HOPPER_NAME, "9.0", time, "240", "197,632", "0", "70.0", "1,800,000", "0", "18.0")
+    sm90_rows = [
+        _raw_row(str(i), SM90_NAME, "9.0", time, "240", "197,632", "0", "70.0", "1,800,000", "0", "18.0")
         for i, time in ((5, "1,000,000"), (6, "1,200,000"))
     ]
-    summaries = ncu_bench.summarize(ncu_bench.parse_ncu_csv("\n".join([NCU_RAW_OUTPUT, *hopper_rows])))
+    summaries = ncu_bench.summarize(ncu_bench.parse_ncu_csv("\n".join([NCU_RAW_OUTPUT, *sm90_rows])))
     assert [(s.kernel.label, s.launches) for s in summaries] == [
-        (CFG_A.short_form(), 2), ("SDPA FLASH (FA2)", 2), (HOPPER_128.short_form(), 2)
+        (CFG_A.short_form(), 2), ("SDPA FLASH (FA2)", 2), (SM90_128.short_form(), 2)
     ]  # fmt: skip
-    assert summaries[2].kernel.config == HOPPER_128
+    assert summaries[2].kernel.config == SM90_128
     assert summaries[2].metrics[ncu_bench.TIME] == pytest.approx(1_100_000)
     assert summaries[2].metrics[ncu_bench.SMEM_DYNAMIC] == 197632
 
@@ -1176,7 +1171,7 @@ def test_sass_diff_compares_two_configurations_in_one_variant(tmp_path, capsys):
 
 # The Hopper family's kernels in an sm_90a listing, as cuobjdump prints them: warpgroup MMAs (their
 # shape in lower case), their fences and waits, TMA copies, mbarrier operations, named barriers.
-SASS_HOPPER = [
+SASS_SM90 = [
     "WARPGROUP.ARRIVE ;",
     "HGMMA.64x128x16.F32 R24, gdesc[UR12], RZ, !UPT ;",
     "@P0 HGMMA.64x128x16.F32 R24, gdesc[UR16], R24, gsb0 ;",
@@ -1190,45 +1185,45 @@ SASS_HOPPER = [
     "MUFU.EX2 R185, R184 ;",
     "EXIT ;",
 ]
-SASS_HOPPER_KERNELS = [(HOPPER_128, ProblemVariant()), (HOPPER_128, CAUSAL_TAILS), (HOPPER_WS, ProblemVariant())]
+SASS_SM90_KERNELS = [(SM90_128, ProblemVariant()), (SM90_128, CAUSAL_TAILS), (SM90_WS, ProblemVariant())]
 # The first symbol as nvcc 13 writes it for sm_90a (read off a cubin); the others written by the class.
-SASS_HOPPER_SYMBOLS = [
+SASS_SM90_SYMBOLS = [
     "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
     "LNS_5DTypeE5ELi128ELi128ELi128ELi2ELb1ELb1ELb1EEEEELNS_8MaskKindE0ELb0ELb0EEEvNS0_12KernelParamsE",
-    *(cfg.mangled_kernel_name(variant) for cfg, variant in SASS_HOPPER_KERNELS[1:]),
+    *(cfg.mangled_kernel_name(variant) for cfg, variant in SASS_SM90_KERNELS[1:]),
 ]
 # An sm_80 and sm_90a build: the SM80 kernels for both, the Hopper ones for sm_90a, where the SM80
 # kernels' HMMA count is that of SASS_LISTING's sm_90.
-SASS_HOPPER_LISTING = "\n\n".join(
+SASS_SM90_LISTING = "\n\n".join(
     [
         _sass_listing("sm_80", 0),
         _sass_listing("sm_90a", 3),
         *(
-            _sass_function(symbol, (2 * SASS_MASKING if variant.masked_tails else []) + SASS_HOPPER)
-            for symbol, (_, variant) in zip(SASS_HOPPER_SYMBOLS, SASS_HOPPER_KERNELS, strict=True)
+            _sass_function(symbol, (2 * SASS_MASKING if variant.masked_tails else []) + SASS_SM90)
+            for symbol, (_, variant) in zip(SASS_SM90_SYMBOLS, SASS_SM90_KERNELS, strict=True)
         ),
     ]
 )
 
 
 def test_sass_maps_and_counts_hopper_kernels():
-    kernels, others = sass_counts.map_to_configs(sass_counts.parse_sass(SASS_HOPPER_LISTING))
+    kernels, others = sass_counts.map_to_configs(sass_counts.parse_sass(SASS_SM90_LISTING))
     assert [f.symbol for f in others] == ["_Z12other_kernelPf"] * 2
     at_sm90a = [(k.config, k.variant) for k in kernels if k.arch == "sm_90a"]
-    assert at_sm90a == sorted(SASS_KERNELS + SASS_HOPPER_KERNELS)  # both families, SM80 first
+    assert at_sm90a == sorted(SASS_KERNELS + SASS_SM90_KERNELS)  # both families, SM80 first
     assert [(k.config, k.variant) for k in kernels if k.arch == "sm_80"] == sorted(SASS_KERNELS)
-    hopper = next(k for k in kernels if (k.config, k.variant) == SASS_HOPPER_KERNELS[0])
-    assert hopper.opcodes["HGMMA.64x128x16.F32"] == 2 and hopper.opcodes["UTMALDG.4D"] == 1
-    families = hopper.families
+    sm90_kernel = next(k for k in kernels if (k.config, k.variant) == SASS_SM90_KERNELS[0])
+    assert sm90_kernel.opcodes["HGMMA.64x128x16.F32"] == 2 and sm90_kernel.opcodes["UTMALDG.4D"] == 1
+    families = sm90_kernel.families
     assert (families["HGMMA"], families["WARPGROUP"], families["SYNCS"]) == (2, 2, 2)
     assert (families["UTMALDG"], families["UTMASTG"], families["BAR"], families["HMMA"]) == (1, 1, 1, 0)
-    assert families[sass_counts.TOTAL] == len(SASS_HOPPER)
-    assert sass_counts.shown_families([hopper]) == list(sass_counts.FAMILIES)
+    assert families[sass_counts.TOTAL] == len(SASS_SM90)
+    assert sass_counts.shown_families([sm90_kernel]) == list(sass_counts.FAMILIES)
 
 
 def test_sass_counts_shows_the_hopper_families_where_a_kernel_has_them(tmp_path, capsys):
     listing = tmp_path / "sass.txt"
-    listing.write_text(SASS_HOPPER_LISTING)
+    listing.write_text(SASS_SM90_LISTING)
     result = _run_sass_tool(sass_counts, capsys, "--sass-file", listing, "--variants", "all")
     assert result.returncode == 0, result.stderr
     sm80, sm90a = result.stdout.strip().split("\n\n")
@@ -1236,7 +1231,7 @@ def test_sass_counts_shows_the_hopper_families_where_a_kernel_has_them(tmp_path,
     assert sm90a.startswith("sm_90a: instructions per family (8 kernels)")
     header = sm90a.splitlines()[1].split()
     assert header == ["config", "variant", *sass_counts.FAMILIES, sass_counts.TOTAL]
-    name = HOPPER_128.short_form().split()
+    name = SM90_128.short_form().split()
     rows = [line.split()[len(name) :] for line in sm90a.splitlines() if line.split()[: len(name)] == name]
     row = next(row for row in rows if row[0] == "none")
     counts = dict(zip(header[2:], map(int, row[1:]), strict=True))
@@ -1244,11 +1239,11 @@ def test_sass_counts_shows_the_hopper_families_where_a_kernel_has_them(tmp_path,
 
     # sm_90 names the sm_90a code; --kernels takes Hopper short forms.
     result = _run_sass_tool(
-        sass_counts, capsys, "--sass-file", listing, "--arch", "sm_90", "--kernels", HOPPER_WS.short_form()
+        sass_counts, capsys, "--sass-file", listing, "--arch", "sm_90", "--kernels", SM90_WS.short_form()
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("sm_90a: instructions per family (1 kernels)")
-    assert HOPPER_WS.short_form() in result.stdout and "sm_80" not in result.stdout
+    assert SM90_WS.short_form() in result.stdout and "sm_80" not in result.stdout
 
 
 @pytest.mark.parametrize("arch, wanted, matches", [
@@ -1261,19 +1256,19 @@ def test_sass_arch_names_arch_specific_code_too(arch, wanted, matches):
 
 def test_sass_diff_compares_hopper_configurations(tmp_path, capsys):
     listing = tmp_path / "sass.txt"
-    listing.write_text(SASS_HOPPER_LISTING)
-    assert sass_diff.parse_config(HOPPER_WS.short_form()) == HOPPER_WS
-    assert sass_diff.parse_config(HOPPER_NAME) == HOPPER_128
+    listing.write_text(SASS_SM90_LISTING)
+    assert sass_diff.parse_config(SM90_WS.short_form()) == SM90_WS
+    assert sass_diff.parse_config(SM90_NAME) == SM90_128
     result = _run_sass_tool(
-        sass_diff, capsys, HOPPER_128.short_form(), HOPPER_WS.short_form(), "--sass-file", listing, "--arch", "sm_90"
+        sass_diff, capsys, SM90_128.short_form(), SM90_WS.short_form(), "--sass-file", listing, "--arch", "sm_90"
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[:3] == ["sm_90a, variant none", f"A = {HOPPER_128.short_form()}", f"B = {HOPPER_WS.short_form()}"]
+    assert lines[:3] == ["sm_90a, variant none", f"A = {SM90_128.short_form()}", f"B = {SM90_WS.short_form()}"]
     assert ["HGMMA", "2", "2", "0"] in [line.split() for line in lines]
 
     # Across families: the SM80 kernel against the Hopper one, the Hopper families shown.
-    result = _run_sass_tool(sass_diff, capsys, CFG_A.short_form(), HOPPER_128.short_form(), "--sass-file", listing)
+    result = _run_sass_tool(sass_diff, capsys, CFG_A.short_form(), SM90_128.short_form(), "--sass-file", listing)
     assert result.returncode == 0, result.stderr
     rows = {line.split()[0]: line.split()[1:] for line in result.stdout.split("\n\n")[1].splitlines()[2:]}
     assert rows["HMMA"] == ["6", "0", "-6"] and rows["HGMMA"] == ["0", "2", "2"]
@@ -1632,19 +1627,19 @@ def test_run_kernels_runs_and_checks_the_causal_problem(stand_in_gpu, honours_ca
 def test_timing_tools_run_hopper_kernels_on_sm90_only(stand_in_gpu, capability, capsys):
     """A build for sm_80 and sm_90 holds the Hopper family's kernels too: they run on sm_90, and are left
     out elsewhere with a note."""
-    kernels = STAND_IN_KERNELS + [(HOPPER_128, variant) for variant in ALL_VARIANTS]
+    kernels = STAND_IN_KERNELS + [(SM90_128, variant) for variant in ALL_VARIANTS]
     extension = stand_in_gpu(kernels=kernels, capability=capability)
     on_sm90 = capability == (9, 0)
     assert run_kernels.main(["256", "128", "--reference", "none"]) == 0
     out, err = capsys.readouterr()
     assert out.startswith(f"batch 16, seq 256, 16 heads, d_head 128, no mask, fp16: {3 if on_sm90 else 2} configuration")
-    assert {cfg for cfg, *_ in extension.calls} == {TUNED_128, DEFAULT_128, *([HOPPER_128] if on_sm90 else [])}
+    assert {cfg for cfg, *_ in extension.calls} == {TUNED_128, DEFAULT_128, *([SM90_128] if on_sm90 else [])}
     assert ("(1 of family sm90) do not run on stand-in GPU (sm_80)" in err) != on_sm90
 
     extension.calls.clear()
     sweep = ["--dtypes", "fp16", "--d-heads", "128", "--seq-lens", "256", "--causal", "on", "--csv", os.devnull]
     assert autotune.main(sweep) == 0
-    assert (HOPPER_128 in {cfg for cfg, *_ in extension.calls}) == on_sm90
+    assert (SM90_128 in {cfg for cfg, *_ in extension.calls}) == on_sm90
 
 
 def test_autotune_rounds_time_each_configuration_once_per_round_in_a_repeatable_order(stand_in_gpu, tmp_path):
@@ -1749,11 +1744,11 @@ def test_progression_arguments(flag):
 
 def test_progression_steps_end_with_the_hopper_steps_of_the_current_tree():
     tree = progression.tree_steps()
-    assert [step.name for step in tree] == [name for name, _ in HOPPER_PROGRESSION_STEPS]
+    assert [step.name for step in tree] == [name for name, _ in SM90_PROGRESSION_STEPS]
     assert list(progression.all_steps()) == [*progression.snapshots.all_steps(), *tree]
     assert progression.parse_args([]).steps == progression.all_steps()
-    assert [step.title for step in tree] == [progression.tree_step_title(name) for name, _ in HOPPER_PROGRESSION_STEPS]
-    for step, (_, flags) in zip(tree, HOPPER_PROGRESSION_STEPS, strict=True):
+    assert [step.title for step in tree] == [progression.tree_step_title(name) for name, _ in SM90_PROGRESSION_STEPS]
+    for step, (_, flags) in zip(tree, SM90_PROGRESSION_STEPS, strict=True):
         assert step.configs and all(isinstance(cfg, HopperForwardKernelConfig) for cfg in step.configs)
         assert {(cfg.d_head, cfg.stages) for cfg in step.configs} == {(progression.D_HEAD, 2)}
         assert {cfg.short_form().partition(": ")[2] for cfg in step.configs} == {flags}
@@ -1763,7 +1758,7 @@ def test_progression_steps_end_with_the_hopper_steps_of_the_current_tree():
 
 def test_each_hopper_step_has_its_step_md_numbered_after_the_trees_steps():
     directories = progression.tree_step_dirs()
-    assert list(directories) == [name for name, _ in HOPPER_PROGRESSION_STEPS]
+    assert list(directories) == [name for name, _ in SM90_PROGRESSION_STEPS]
     last_tree_step = progression.snapshots.all_steps()[-1].number
     for number, (name, directory) in enumerate(directories.items(), start=last_tree_step + 1):
         assert directory.name == f"{number:02d}_{name}"
@@ -1805,9 +1800,9 @@ def test_progression_runs_the_compiled_hopper_steps_on_sm90():
     build = StandInBuild(PROG)
     runs, skipped = progression.tree_runs(progression.tree_steps(), "bf16", (9, 0), "H200", build)
     assert skipped == []
-    head = "sm90(BF16, 128, {}, {}, {})".format(*HOPPER_PROGRESSION_BLOCK)
+    head = "sm90(BF16, 128, {}, {}, {})".format(*SM90_PROGRESSION_BLOCK)
     assert [(run.step, run.config.short_form()) for run in runs] == [
-        (name, f"{head}: {flags}" if flags else head) for name, flags in HOPPER_PROGRESSION_STEPS
+        (name, f"{head}: {flags}" if flags else head) for name, flags in SM90_PROGRESSION_STEPS
     ]
     assert all(run.module is build._C for run in runs)
 

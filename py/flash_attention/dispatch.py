@@ -25,10 +25,11 @@ import functools
 from pathlib import Path
 
 import torch
+from flash_helpers.build_env import REBUILD_HINT
+from flash_helpers.default_set import DEFAULT_BUILD_KERNELS
 from flash_helpers.dispatch_table import DispatchTable, arch_name
 from flash_helpers.dtypes import DType
 from flash_helpers.kernel_names import parse_kernel_name_into_config
-from flash_helpers.kernel_sets import DEFAULT_BUILD_KERNELS, REBUILD_HINT
 from flash_helpers.problem import MaskKind, ProblemVariant, mask_kind, needed_variant, visited_tiles
 
 from .kernels import compiled_configs, compiled_kernels, compiled_kernel_set

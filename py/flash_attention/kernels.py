@@ -10,9 +10,9 @@ from __future__ import annotations
 import functools
 
 import torch  # noqa: F401  (loads the libraries _C links against: libc10, libtorch)
+from flash_helpers.build_env import REBUILD_HINT
 from flash_helpers.families import FAMILIES
 from flash_helpers.kernel_names import parse_kernel_name_into_config
-from flash_helpers.kernel_sets import REBUILD_HINT
 from flash_helpers.problem import MaskKind, ProblemVariant
 from flash_helpers.sm80_config import FlashForwardKernelConfig
 

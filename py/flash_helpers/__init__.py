@@ -7,7 +7,12 @@ their textual forms, problem variants and the named configuration sets. Importab
 - ``sm80_config``: the SM80 family's configuration, its values and validity rules;
 - ``sm90_config``: the Hopper family's configuration, its values and validity rules;
 - ``kernel_names``: parsing short forms and demangled kernel names;
-- ``kernel_sets``: the named sets, and the build's selection for its target architectures;
+- ``build_env``: the build's environment variables, its architecture list and the rebuild hint;
+- ``tuning_space``: every family's configuration space, and what autotuning sweeps;
+- ``progression_steps``: every family's optimisation history, step by step;
+- ``default_set``: what a plain install compiles;
+- ``kernel_sets``: the named sets, their selection by key, and the build's selection for its
+  target architectures;
 - ``families``: every family's configuration type, by name;
 - ``reference``: the float32 reference and the correctness criterion (needs torch when called).
 """

@@ -41,8 +41,9 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmark"))
 import bench_common as common  # noqa: E402  (also makes flash_helpers importable from a bare checkout)
 from flash_helpers.kernel_config import KernelConfig  # noqa: E402
-from flash_helpers.kernel_sets import get_all_kernel_configs, get_kernel_configs  # noqa: E402
+from flash_helpers.kernel_sets import get_kernel_configs  # noqa: E402
 from flash_helpers.problem import ALL_VARIANTS, ProblemVariant  # noqa: E402
+from flash_helpers.tuning_space import get_all_kernel_configs  # noqa: E402
 
 # The families shown in the tables, in column order; "total" is every instruction but padding.
 FAMILIES = (

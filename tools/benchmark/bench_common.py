@@ -34,7 +34,8 @@ from flash_helpers import sm80_config, sm90_config  # noqa: E402
 from flash_helpers.dispatch_table import arch_name  # noqa: E402
 from flash_helpers.dtypes import DTYPES, DType  # noqa: E402
 from flash_helpers.kernel_config import KernelConfig  # noqa: E402
-from flash_helpers.kernel_sets import BUILD_KERNELS_ENV, KERNELS_ENV, get_kernel_configs  # noqa: E402
+from flash_helpers.build_env import BUILD_KERNELS_ENV  # noqa: E402
+from flash_helpers.kernel_sets import KERNELS_ENV, get_kernel_configs  # noqa: E402
 from flash_helpers.problem import ProblemVariant  # noqa: E402
 from flash_helpers.problem import needed_variant as problem_variant_for  # noqa: E402
 

@@ -10,7 +10,7 @@ in one run. A step's figure at a shape is its fastest configuration there; its o
 against FLASH's once per shape. A step's configurations are objects of its tree's own configuration
 class, parsed from its kernels.txt by the tree's own code, so today's py/ plays no part in them.
 
-The Hopper family's steps (kernel_sets.HOPPER_PROGRESSION_STEPS: hopper_base, hopper_ws, ...; their
+The Hopper family's steps (progression_steps.SM90_PROGRESSION_STEPS: hopper_base, hopper_ws, ...; their
 STEP.md files in previous_kernels/hopper/) have no tree: they follow the others, measured with today's build
 (flash_attention) in the same run, each with the configurations of that step the build compiled
 (d_head 128, any block size: build the prog or progall set with 9.0 in TORCH_CUDA_ARCH_LIST). On a
@@ -37,7 +37,8 @@ import sys
 
 import bench_common as common
 from flash_helpers.dispatch_table import arch_name
-from flash_helpers.kernel_sets import ARCH_LIST_ENV, BUILD_KERNELS_ENV, get_progression_steps
+from flash_helpers.build_env import ARCH_LIST_ENV, BUILD_KERNELS_ENV
+from flash_helpers.progression_steps import get_progression_steps
 from flash_helpers.sm90_config import HopperForwardKernelConfig
 
 SNAPSHOTS_DIR = pathlib.Path(__file__).resolve().parents[2] / "previous_kernels"
@@ -60,7 +61,7 @@ BUILD_LOG_TAIL_LINES = 25
 # The family whose progression previous_kernels/ does not hold: its steps are measured with today's
 # build.
 TREE_FAMILY = HopperForwardKernelConfig
-# Where each of its steps (kernel_sets.HOPPER_PROGRESSION_STEPS names them and gives their flags) has
+# Where each of its steps (progression_steps.SM90_PROGRESSION_STEPS names them and gives their flags) has
 # its STEP.md: NN_<step name>/. The heading, "# NN name: title", gives the step's title.
 TREE_STEPS_DIR = snapshots.HOPPER_STEPS_DIR
 

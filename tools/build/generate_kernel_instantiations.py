@@ -30,15 +30,14 @@ if str(REPO_ROOT / "py") not in sys.path:
     sys.path.insert(0, str(REPO_ROOT / "py"))
 
 from flash_helpers.families import FAMILIES  # noqa: E402
-from flash_helpers.kernel_sets import (  # noqa: E402
+from flash_helpers.build_env import (  # noqa: E402
     ARCH_LIST_ENV,
     BUILD_KERNELS_ENV,
     DEFAULT_ARCH_LIST,
     REBUILD_HINT,
-    get_kernels_to_build,
     resolve_build_kernels_key,
-    variants_to_build,
 )
+from flash_helpers.kernel_sets import get_kernels_to_build, variants_to_build  # noqa: E402
 
 GENERATOR = "tools/build/generate_kernel_instantiations.py"
 GENERATED_DIR = pathlib.Path("generated")

@@ -1,0 +1,79 @@
+"""The default set: what a plain install compiles, small enough for a build of minutes. Per dtype
+and head size, the configurations that measured fastest on the H200 (BENCHMARKS.md says how each
+was chosen). Every problem variant is compiled for them (``kernel_sets.variants_to_build``), and
+automatic configuration chooses among them (the dispatch table). Importable without torch.
+"""
+
+from __future__ import annotations
+
+__all__ = ["DEFAULT_BUILD_KERNELS"]
+
+DEFAULT_BUILD_KERNELS = (
+    # d_head 32: the tuning sweep's fastest at seq 4096.
+    "(FP16, 32, 128, 64, 4): async+eager+swizzled+load_0_1_2_tiles+buffer+opt_softmax",
+    "(BF16, 32, 128, 64, 4): async+eager+swizzled+load_0_1_2_tiles+buffer+opt_softmax",
+    # d_head 64: the tuning sweep's fastest over every benchmark length.
+    "(FP16, 64, 128, 64, 4): async+eager+swizzled+load_0_1_1_tiles+buffer+opt_softmax",
+    "(BF16, 64, 128, 64, 4): async+eager+swizzled+load_0_1_1_tiles+buffer+opt_softmax",
+    # d_head 96: the tuning sweep's fastest at seq 4096.
+    "(FP16, 96, 128, 32, 4): async+eager+swizzled+load_0_2_1_tiles+buffer+opt_softmax",
+    "(BF16, 96, 128, 32, 4): async+eager+swizzled+load_0_2_1_tiles+buffer+opt_softmax",
+    # d_head 128: the tuning sweep's fastest over every benchmark length.
+    "(FP16, 128, 128, 64, 4): async+eager+swizzled+load_1_1_2_tiles+buffer+opt_softmax",
+    "(BF16, 128, 128, 64, 4): async+eager+swizzled+load_1_1_2_tiles+buffer+opt_softmax",
+    # d_head 192: the tuning sweep's fastest at seq 4096, and the causal winner at long lengths.
+    "(FP16, 192, 128, 64, 8): async+eager+swizzled+load_0_1_1_tiles+buffer+opt_softmax",
+    "(BF16, 192, 128, 64, 8): async+eager+swizzled+load_0_1_1_tiles+buffer+opt_softmax",
+    # d_head 192: the causal winner at short lengths.
+    "(FP16, 192, 64, 32, 4): async+eager+swizzled+load_0_2_1_tiles+buffer+opt_softmax",
+    "(BF16, 192, 64, 32, 4): async+eager+swizzled+load_0_2_1_tiles+buffer+opt_softmax",
+    # d_head 256: the tuning sweep's fastest at seq 4096, and the causal winner at long lengths.
+    "(FP16, 256, 128, 32, 8): async+eager+swizzled+load_0_2_1_tiles+buffer+opt_softmax",
+    "(BF16, 256, 128, 32, 8): async+eager+swizzled+load_0_2_1_tiles+buffer+opt_softmax",
+    "(FP16, 256, 128, 64, 8): async+eager+swizzled+load_2_2_1_tiles+buffer+opt_softmax",
+    "(BF16, 256, 128, 64, 8): async+eager+swizzled+load_2_2_1_tiles+buffer+opt_softmax",
+    # d_head 256: the causal winner at short lengths, whose shared memory fits sm_86's and sm_89's 99 KiB.
+    "(FP16, 256, 64, 32, 4): async+eager+swizzled+load_2_2_1_tiles+buffer+opt_softmax",
+    "(BF16, 256, 64, 32, 4): async+eager+swizzled+load_2_2_1_tiles+buffer+opt_softmax",
+    # d_head 32: the H200 sweep's fastest; qregs is faster without a mask, slower with the causal one.
+    "sm90(FP16, 32, 192, 128, 2): ws+pingpong+overlap+persistent",
+    "sm90(BF16, 32, 192, 128, 2): ws+pingpong+overlap+persistent",
+    "sm90(FP16, 32, 192, 128, 2): ws+pingpong+overlap+persistent+qregs",
+    "sm90(BF16, 32, 192, 128, 2): ws+pingpong+overlap+persistent+qregs",
+    # d_head 64: two consumer warpgroups, faster at short lengths with the causal mask.
+    "sm90(FP16, 64, 128, 128, 2): ws+pingpong+overlap+persistent+qregs",
+    "sm90(BF16, 64, 128, 128, 2): ws+pingpong+overlap+persistent+qregs",
+    # d_head 64: the H200 sweep's fastest.
+    "sm90(FP16, 64, 192, 128, 2): ws+pingpong+overlap",
+    "sm90(BF16, 64, 192, 128, 2): ws+pingpong+overlap",
+    # d_head 64: persistent, faster at short lengths without a mask.
+    "sm90(FP16, 64, 192, 128, 2): ws+pingpong+overlap+persistent",
+    "sm90(BF16, 64, 192, 128, 2): ws+pingpong+overlap+persistent",
+    # d_head 96: the H200 sweep's winner with the causal mask.
+    "sm90(FP16, 96, 128, 128, 2): ws+pingpong+overlap+persistent+qregs",
+    "sm90(BF16, 96, 128, 128, 2): ws+pingpong+overlap+persistent+qregs",
+    # d_head 96: the H200 sweep's winner without a mask.
+    "sm90(FP16, 96, 128, 176, 2): ws+pingpong+overlap+persistent",
+    "sm90(BF16, 96, 128, 176, 2): ws+pingpong+overlap+persistent",
+    # d_head 128: the H200 sweep's fastest.
+    "sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap+qregs",
+    "sm90(BF16, 128, 128, 128, 2): ws+pingpong+overlap+qregs",
+    # d_head 128: persistent, faster at short lengths; without qregs, faster with the causal mask.
+    "sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap+persistent",
+    "sm90(BF16, 128, 128, 128, 2): ws+pingpong+overlap+persistent",
+    # d_head 128: persistent with qregs, faster without a mask.
+    "sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap+persistent+qregs",
+    "sm90(BF16, 128, 128, 128, 2): ws+pingpong+overlap+persistent+qregs",
+    # d_head 128: 144-key tiles waste less of the last tile at lengths such as 1000 keys.
+    "sm90(FP16, 128, 128, 144, 2): ws+pingpong+overlap+persistent",
+    "sm90(BF16, 128, 128, 144, 2): ws+pingpong+overlap+persistent",
+    # d_head 128: 160-key tiles cover lengths such as 4000 and 8000 keys whole.
+    "sm90(FP16, 128, 128, 160, 2): ws+pingpong+overlap+persistent",
+    "sm90(BF16, 128, 128, 160, 2): ws+pingpong+overlap+persistent",
+    # d_head 192: the H200 sweep's fastest.
+    "sm90(FP16, 192, 128, 112, 2): ws+pingpong+overlap",
+    "sm90(BF16, 192, 128, 112, 2): ws+pingpong+overlap",
+    # d_head 256: the H200 sweep's fastest.
+    "sm90(FP16, 256, 128, 64, 2): ws+pingpong+overlap",
+    "sm90(BF16, 256, 128, 64, 2): ws+pingpong+overlap",
+)
