@@ -72,6 +72,12 @@ class KernelConfig:
         if reason is not None:
             raise ValueError(reason)
 
+    def needs_masked_tails(self, seqlen_q: int, seqlen_k: int) -> bool:
+        """Whether these lengths leave a partial last query block or key/value tile (the binding's
+        ``Family::needs_masked_tails``): every family's blocks are B_r query rows and its K/V tiles
+        B_c keys."""
+        return seqlen_q % self.B_r != 0 or seqlen_k % self.B_c != 0
+
     def to_cpp_struct(self) -> str:
         """The C++ aggregate initializer with every field, as the generator writes it."""
         items = [_cpp_literal(value) for value in _field_values(type(self))(self)]

@@ -117,11 +117,6 @@ class FlashForwardKernelConfig(KernelConfig):
         parts += [flag.removesuffix("_tiles") for flag in self._flags()]
         return "_".join(parts)
 
-    def needs_masked_tails(self, seqlen_q: int, seqlen_k: int) -> bool:
-        """Whether these lengths leave a partial last query block or key/value tile (the binding's
-        ``Family::needs_masked_tails``)."""
-        return seqlen_q % self.B_r != 0 or seqlen_k % self.B_c != 0
-
     def smem_bytes(self) -> int:
         """Dynamic shared memory of one block: the Q tile, and a K and a V tile per pipeline stage
         (two with eager_load_blocks), of 2-byte elements; rows of d_head 32 or 96 are one 16-byte

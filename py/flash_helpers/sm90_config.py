@@ -137,11 +137,6 @@ class HopperForwardKernelConfig(KernelConfig):
         parts = [self.dtype.name.lower(), f"d{self.d_head}", f"br{self.B_r}", f"bc{self.B_c}", f"s{self.stages}"]
         return "_".join(parts + self._flags())
 
-    def needs_masked_tails(self, seqlen_q: int, seqlen_k: int) -> bool:
-        """Whether these lengths leave a partial last query block or key/value tile (the binding's
-        ``Family::needs_masked_tails``)."""
-        return seqlen_q % self.B_r != 0 or seqlen_k % self.B_c != 0
-
     def smem_bytes(self) -> int:
         """Dynamic shared memory of one block: the Q tile and, per pipeline stage, a K and a V tile,
         of 2-byte elements, and when persistent an O tile of Q's size; slack for aligning the tiles
