@@ -31,6 +31,7 @@ if importlib.util.find_spec(f"{__name__}._C") is None:
 from flash_helpers.dtypes import DType
 from flash_helpers.problem import MaskKind, ProblemVariant
 from flash_helpers.sm80_config import FlashForwardKernelConfig
+from flash_helpers.sm90_config import HopperForwardKernelConfig
 
 from . import ops  # noqa: F401  (registers torch.ops.flash_attention)
 from .dispatch import ConfigChoice, choose_config
@@ -55,6 +56,7 @@ __all__ = [
     "ConfigChoice",
     "DType",
     "FlashForwardKernelConfig",
+    "HopperForwardKernelConfig",
     "MaskKind",
     "ProblemVariant",
     "__version__",
