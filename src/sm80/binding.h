@@ -1,41 +1,28 @@
-// The SM80 family as the binding sees it: its configuration read from and written to Python, the
-// device it needs, and the problem variant a call selects. Binding code only (pybind11).
+// The SM80 family as the binding sees it: its name, the GPUs it needs, its field list's Python
+// conversions and its compiled kernels. Binding code only (pybind11); the rest of what the binding
+// knows of a family is binding/family.h's, written once for both.
 #pragma once
 
-#include <string>
-
-#include <pybind11/pybind11.h>
-
-#include "common/forward_params.h"
-#include "common/problem_variant.h"
-#include "common/python_fields.h"
+#include "binding/family.h"
+#include "binding/python_fields.h"
 #include "generated/kernel_registry.h"
 #include "sm80/config.h"
 
 namespace flash::sm80 {
 
-namespace py = pybind11;
-
-struct Family {
+struct FamilyInfo {
     using Config = FlashForwardKernelConfig;
     static constexpr const char *name = "sm80";
-    // The GPUs it runs on (compute capability major * 10 + minor), and how messages say it.
-    static constexpr bool runs_on(int capability) { return capability >= 80; }
+    // mma.sync with bf16 and cp.async exist from sm_80 on (compute capability major * 10 + minor).
+    static constexpr bool supports(int capability) { return capability >= 80; }
     static constexpr const char *requirement = "sm_80 or newer";
     static constexpr const char *instructions = "mma.sync.m16n8k16, ldmatrix, cp.async";
 
     FLASH_CONFIG_PYTHON_CONVERSIONS(FlashForwardKernelConfig, FLASH_SM80_CONFIG_FIELDS)
 
-    // Its compiled kernels, from the generated registry.
     static const auto &kernels() { return compiled_kernels; }
-
-    static DType dtype(const Config &c) { return c.dtype; }
-    static int d_head(const Config &c) { return c.d_head; }
-
-    // Whether a call needs the masked-tails variant: a partial last query block or key/value tile.
-    static bool needs_masked_tails(const Config &c, const ForwardParams &params) {
-        return params.seqlen_q % c.B_r != 0 || params.seqlen_k % c.B_c != 0;
-    }
 };
+
+using Family = binding::Family<FamilyInfo>;
 
 } // namespace flash::sm80
