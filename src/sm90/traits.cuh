@@ -4,11 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/common.h"
 #include "common/fragments.cuh"
+#include "common/problem_variant.h"
 #include "common/type_utils.cuh"
 #include "sm90/config.h"
+#include "sm90/tile_scheduler.cuh"
 #include "sm90/wgmma.cuh"
 
 namespace flash::sm90 {
@@ -45,6 +48,15 @@ struct StaticHopperKernelConfig {
     static_assert(!multicast || warp_specialized, "multicast needs a producer warpgroup");
     // The blocks of a cluster: two with multicast, each loading half of every KV tile for both.
     static constexpr int cluster_size = multicast ? 2 : 1;
+    // Which block computes which work tile (tile_scheduler.cuh): one block (or cluster) per work
+    // tile; persistent blocks that ask the work counter for their next; persistent clusters that take
+    // theirs in a fixed rotation. The mask kind decides the work tiles' order.
+    template <MaskKind MASK>
+    using TileScheduler =
+        std::conditional_t<!persistent, SinglePassScheduler<B_r, cluster_size, MASK>,
+                           std::conditional_t<(cluster_size > 1), ClusterRotationScheduler<B_r, cluster_size, MASK>,
+                                              AtomicCounterScheduler<B_r, MASK>>>;
+
     static constexpr int n_threads = WARPGROUP_THREADS * (consumer_warpgroups + (warp_specialized ? 1 : 0));
     static constexpr int consumer_warps = consumer_warpgroups * WARPGROUP_THREADS / WARP_SIZE;
 

@@ -1,0 +1,25 @@
+// The end of a query block's online softmax that both families share: O divided by its rows' sums,
+// and the rows' log-sum-exp where the call asks for it (float32, (batch, heads_q, seqlen_q)).
+#pragma once
+
+#include <cstdint>
+
+#include "common/forward_params.h"
+#include "common/online_softmax.cuh"
+
+namespace flash {
+
+// A warp's rows, from first_row + warp_first_row of (batch, head); the block's rows at or past
+// first_row + valid_rows do not exist.
+template <typename Softmax, typename OAccumulators>
+__device__ __forceinline__ void finish_softmax(const Softmax &softmax, OAccumulators &O_acc, float score_scale,
+                                               const ForwardParams &params, int batch, int head, int first_row,
+                                               int warp_first_row, int valid_rows) {
+    softmax.normalize(O_acc);
+    if (params.lse != nullptr)
+        store_log_sum_exp(softmax, score_scale,
+                          params.lse + (static_cast<int64_t>(batch) * params.heads_q + head) * params.seqlen_q + first_row,
+                          warp_first_row, valid_rows);
+}
+
+} // namespace flash

@@ -1,0 +1,62 @@
+// The Hopper epilogue of one work tile: the shared normalisation and log-sum-exp
+// (finish_softmax), then O through shared memory by TMA.
+#pragma once
+
+#include <cstdint>
+
+#include "common/common.h"
+#include "common/forward_params.h"
+#include "common/softmax_epilogue.cuh"
+#include "common/type_utils.cuh"
+#include "sm90/consumer_warpgroup.cuh"
+#include "sm90/kernel_params.h"
+#include "sm90/tma.cuh"
+#include "sm90/warpgroup.cuh"
+#include "sm90/wgmma.cuh"
+
+namespace flash::sm90 {
+
+// A consumer warpgroup's 64 rows of the work tile starting at Q_first_row of (batch, head).
+template <typename Kernel, typename Softmax>
+__device__ __forceinline__ void write_outputs(const KernelParams &kp, const ConsumerWarpgroup<Kernel> &consumer,
+                                              const Softmax &softmax, typename Kernel::O_accumulators &O_acc,
+                                              float score_scale, int Q_first_row, int head, int batch) {
+    using Swizzle = typename Kernel::Swizzle;
+    const ForwardParams &params = kp.params;
+    const int warp_first_row = consumer.warp_first_row;
+    finish_softmax(softmax, O_acc, score_scale, params, batch, head, Q_first_row, warp_first_row,
+                   params.seqlen_q - Q_first_row);
+
+    // O leaves through shared memory, in the swizzled layout TMA reads, once every warp
+    // of the warpgroup is done with Q (whose block O reuses unless persistent) and the previous
+    // work tile's store has read its O; TMA drops the rows past seqlen_q.
+    const bool stores = threadIdx.x % WARPGROUP_THREADS == 0;
+    if (Kernel::persistent && stores)
+        tma_store_wait_read();
+    named_barrier_sync(consumer.warpgroup_barrier, WARPGROUP_THREADS);
+    uint8_t *const O_smem = consumer.smem.O(consumer.wg);
+    constexpr int chunks_per_row = Swizzle::bytes / COPY_BYTES; // one 8-column accumulator tile each
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = warp_first_row % WGMMA_M + consumer.lane / QUAD_SIZE + 8 * h;
+#pragma unroll
+        for (int n = 0; n < Kernel::d_head / MMA_N; ++n) {
+            const int chunk = Swizzle::chunk_in_row(row, n % chunks_per_row);
+            const int offset = n / chunks_per_row * Kernel::Q_col_block_bytes + row * Swizzle::bytes +
+                               chunk * COPY_BYTES + consumer.lane % QUAD_SIZE * 2 * ELEMENT_BYTES;
+            *reinterpret_cast<uint32_t *>(O_smem + offset) =
+                pack_pair<typename Kernel::value_t>(O_acc.r[0][n][2 * h], O_acc.r[0][n][2 * h + 1]);
+        }
+    }
+    fence_async_shared();
+    named_barrier_sync(consumer.warpgroup_barrier, WARPGROUP_THREADS);
+    if (stores) {
+#pragma unroll
+        for (int c = 0; c < Kernel::col_blocks; ++c)
+            tma_store_4d(&kp.o, O_smem + c * Kernel::Q_col_block_bytes, c * Swizzle::cols,
+                         Q_first_row + consumer.wg * WGMMA_M, head, batch);
+        tma_store_commit();
+    }
+}
+
+} // namespace flash::sm90

@@ -1,0 +1,103 @@
+// The producer: the TMA loads of Q, K and V with their barriers (TileLoader), and the producer
+// warpgroup's loop over the work tiles the scheduler gives its block (produce).
+#pragma once
+
+#include <cstdint>
+
+#include "common/forward_params.h"
+#include "sm90/kernel_params.h"
+#include "sm90/shared_tiles.cuh"
+#include "sm90/tile_scheduler.cuh"
+#include "sm90/tma.cuh"
+#include "sm90/wgmma.cuh"
+
+namespace flash::sm90 {
+
+// Issues one work tile's TMA loads; run by a single thread. The KV tile at position n of the
+// block's stream of KV tiles goes to stage n % stages, in round n / stages, once the consumers
+// have released that stage's previous round; a warpgroup's Q block for the block's n-th work tile,
+// once that warpgroup has released the last one.
+template <typename Kernel, typename Scheduler>
+struct TileLoader {
+    const KernelParams &kp;
+    const SharedTiles<Kernel> &smem;
+    int head;
+    int kv_head;
+    int batch;
+    uint32_t rank; // in the cluster
+
+    // Q of the n-th work tile, numbered `index`; a persistent block's producer also tells each
+    // warpgroup that index. A work tile whose rows attend no key loads no Q.
+    __device__ __forceinline__ void load_Q(int first_row, int n, int index, bool loads) const {
+#pragma unroll
+        for (int wg = 0; wg < Kernel::consumer_warpgroups; ++wg) {
+            mbarrier_wait(smem.Q_empty(wg), (n & 1) ^ 1);
+            Scheduler::hand_off(smem.work_slot(wg), index); // the arrival below releases it to the waiters
+            if (!loads) {
+                mbarrier_arrive(smem.Q_full(wg));
+                continue;
+            }
+            mbarrier_arrive_expect_bytes(smem.Q_full(wg), Kernel::wg_Q_bytes);
+#pragma unroll
+            for (int c = 0; c < Kernel::col_blocks; ++c)
+                tma_load_4d(smem.Q(wg) + c * Kernel::Q_col_block_bytes, &kp.q, smem.Q_full(wg),
+                            c * Kernel::Swizzle::cols, first_row + wg * WGMMA_M, head, batch);
+        }
+    }
+
+    __device__ __forceinline__ void load_KV(int tile, int n) const {
+        const int round = n / Kernel::stages;
+        const int stage = n % Kernel::stages;
+        const uint32_t released_parity = (round & 1) ^ 1;
+        load_tile(&kp.k, smem.K(stage), smem.K_empty(stage), smem.K_full(stage), released_parity, tile);
+        load_tile(&kp.v, smem.V(stage), smem.V_empty(stage), smem.V_full(stage), released_parity, tile);
+    }
+
+  private:
+    __device__ __forceinline__ void load_tile(const CUtensorMap *map, uint8_t *dst, uint64_t *empty, uint64_t *full,
+                                              uint32_t released_parity, int tile) const {
+        // With multicast this block's slice goes to both blocks of the cluster, so the empty
+        // barrier counts both blocks' consumers, and each block's full barrier both slices' bytes.
+        mbarrier_wait(empty, released_parity);
+        mbarrier_arrive_expect_bytes(full, Kernel::KV_tile_bytes);
+#pragma unroll
+        for (int c = 0; c < Kernel::col_blocks; ++c) {
+            uint8_t *const slice = dst + c * Kernel::KV_col_block_bytes + rank * Kernel::KV_slice_bytes;
+            const int first_row = tile * Kernel::B_c + rank * Kernel::KV_slice_rows;
+            if constexpr (Kernel::multicast)
+                tma_load_4d_multicast(slice, map, full, CLUSTER_MASK, c * Kernel::Swizzle::cols, first_row, kv_head, batch);
+            else
+                tma_load_4d(slice, map, full, c * Kernel::Swizzle::cols, first_row, kv_head, batch);
+        }
+    }
+
+    static constexpr uint16_t CLUSTER_MASK = (1u << Kernel::cluster_size) - 1;
+};
+
+// The producer warpgroup's thread, with warp specialization: each work tile's Q and the KV tiles
+// the block loads for it, running ahead of the consumers as far as the stages allow. A persistent
+// block asks for its next work tile as it starts loading this one.
+template <typename Kernel, typename Tiles, typename Scheduler>
+__device__ __forceinline__ void produce(const KernelParams &kp, const SharedTiles<Kernel> &smem,
+                                        const Scheduler &scheduler, int group_size, uint32_t rank) {
+    const ForwardParams &params = kp.params;
+    using Loader = TileLoader<Kernel, Scheduler>;
+    int n = 0;        // work tiles loaded so far
+    int KV_loads = 0; // KV tiles loaded so far: the position in the pipeline
+    for (int index = scheduler.first(); !scheduler.is_done(index); ++n) {
+        const int next = scheduler.next(index);
+        const WorkTile work = scheduler.work_tile(index);
+        const Tiles tiles(params, work.Q_block * Kernel::B_r);
+        const auto [first_tile, end_tile] = loaded_tiles<Kernel::cluster_size>(params, work, tiles, Kernel::B_r);
+        const Loader loader{kp, smem, work.head, work.head / group_size, work.batch, rank};
+        loader.load_Q(work.Q_block * Kernel::B_r, n, index, !tiles.empty() && work.Q_block < scheduler.Q_blocks);
+        for (int tile = first_tile; tile < end_tile; ++tile)
+            loader.load_KV(tile, KV_loads++);
+        index = next;
+    }
+    // The end, as a work tile past the last that loads nothing.
+    if constexpr (Kernel::persistent)
+        Loader{kp, smem, 0, 0, 0, rank}.load_Q(0, n, scheduler.end(), false);
+}
+
+} // namespace flash::sm90
