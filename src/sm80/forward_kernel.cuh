@@ -13,8 +13,11 @@
 #include "sm80/gemm.cuh"
 #include "sm80/layout.cuh"
 #include "sm80/load_store.cuh"
+#include "common/kv_tile_walk.cuh"
 #include "common/masking.cuh"
 #include "common/online_softmax.cuh"
+#include "common/softmax_epilogue.cuh"
+#include "sm80/epilogue.cuh"
 #include "sm80/traits.cuh"
 
 namespace flash::sm80 {
@@ -189,50 +192,30 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
                 next_stage_shift = -next_stage_shift;
             }
         };
-        using Masked = std::true_type;
-        using Unmasked = std::false_type;
         const auto process_range = [&](int first, int last, auto masked, auto copies_whole) {
             for (int KV_block = first; KV_block < last; ++KV_block)
                 process_KV_tile(KV_block, std::false_type{}, masked, copies_whole);
         };
-
         // The optimized softmax peels the first KV tile, whose update needs no rescaling.
-        int next_tile = tiles.begin;
-        if constexpr (Kernel::optimized_softmax) {
-            if (tiles.is_masked(next_tile))
-                process_KV_tile(next_tile, std::true_type{}, Masked{}, MayBePartial{});
-            else
-                process_KV_tile(next_tile, std::true_type{}, Unmasked{}, MayBePartial{});
-            ++next_tile;
-        }
-        using Tiles = decltype(tiles);
-        if constexpr (Tiles::has_masked_prefix) {
-            process_range(next_tile, tiles.unmasked_begin, Masked{}, MayBePartial{});
-            next_tile = max(next_tile, tiles.unmasked_begin);
-        }
-        if constexpr (Tiles::has_masked_suffix) {
-            // Unmasked tiles are whole, so only the last unmasked iteration, which copies the first
-            // masked tile when eager, needs predicated copies: it is peeled, keeping the loop's
-            // code that of an aligned problem.
-            const int last_whole_copy = eager && MASKED_TAILS ? tiles.unmasked_end - 1 : tiles.unmasked_end;
-            process_range(next_tile, last_whole_copy, Unmasked{}, Whole{});
-            process_range(max(next_tile, last_whole_copy), tiles.unmasked_end, Unmasked{}, MayBePartial{});
-            process_range(max(next_tile, tiles.unmasked_end), tiles.end, Masked{}, MayBePartial{});
-        } else {
-            process_range(next_tile, tiles.end, Unmasked{}, Whole{});
-        }
+        walk_kv_tiles<Kernel::optimized_softmax>(
+            tiles, [&](int tile, auto masked) { process_KV_tile(tile, std::true_type{}, masked, MayBePartial{}); },
+            [&](int first, int last, auto masked) {
+                if constexpr (decltype(masked)::value) {
+                    process_range(first, last, masked, MayBePartial{});
+                } else if constexpr (eager && MASKED_TAILS) {
+                    // Unmasked tiles are whole, so only the last unmasked iteration, which copies the
+                    // first masked tile, needs predicated copies: it is peeled, keeping the loop's
+                    // code that of an aligned problem.
+                    process_range(first, last - 1, masked, Whole{});
+                    process_range(max(first, last - 1), last, masked, MayBePartial{});
+                } else {
+                    process_range(first, last, masked, Whole{});
+                }
+            });
     }
 
-    softmax.normalize(O_acc);
-    if (params.lse != nullptr)
-        store_log_sum_exp(softmax, score_scale, params.lse + (static_cast<int64_t>(batch) * params.heads_q + head) *
-                                                                  params.seqlen_q + Q_first_row,
-                          warp_first_row, Q_rows);
-    // O is staged through the Q tile so the global stores are full 16-byte, coalesced rows.
-    __syncthreads();
-    store_accumulators(Q_smem, O_acc, warp_first_row);
-    __syncthreads();
-    copy_shared_to_global<n_threads, MASKED_TAILS>(O, params.o_strides.seq, Q_smem, Q_rows);
+    finish_softmax(softmax, O_acc, score_scale, params, batch, head, Q_first_row, warp_first_row, Q_rows);
+    store_O<Kernel, MASKED_TAILS>(O, params.o_strides.seq, Q_smem, O_acc, warp_first_row, Q_rows);
 }
 
 } // namespace flash::sm80
