@@ -8,12 +8,15 @@ carry the ``gpu`` marker and skip, with the reason, without a GPU or a build.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: these tests need it")
 
 import helpers  # noqa: E402
 from flash_helpers.dispatch_table import DispatchTable, TableEntry, arch_name  # noqa: E402
+from flash_helpers.problem import MaskKind, mask_kind  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not helpers.extension_is_built(), reason="flash_attention._C is not built")
 
@@ -90,19 +93,56 @@ def _parse(short_form):
     return parse_kernel_name_into_config(short_form)
 
 
-def _with_table(monkeypatch, table: DispatchTable | None):
-    dispatch._choose.cache_clear()
-    monkeypatch.setattr(dispatch, "dispatch_table", lambda arch: table)
-
-
 @pytest.fixture
-def clear_choice_cache():
-    dispatch._choose.cache_clear()
-    yield
-    dispatch._choose.cache_clear()
+def with_table():
+    """Installs a dispatch table made by the test (None: no table at all) for its duration, then the
+    shipped tables again."""
+    dispatch.load_dispatch_tables()
+    yield lambda table: dispatch.install_dispatch_tables([] if table is None else [table])
+    dispatch.load_dispatch_tables.cache_clear()
+    dispatch.load_dispatch_tables()
 
 
-def test_choice_follows_the_table_skipping_what_is_not_compiled(monkeypatch, clear_choice_cache):
+def _visited_tiles_by_brute_force(B_r, B_c, seqlen_q, seqlen_k, causal, window_size):
+    """The tiles holding at least one key that some row of a query block may attend, the block's
+    rows past seqlen_q included (the kernels' blocks reach as far as their B_r rows would)."""
+    left, right = window_size
+    if causal:
+        right = 0
+    if mask_kind(seqlen_q, seqlen_k, causal, window_size) == MaskKind.NONE:
+        left = right = -1
+    total = 0
+    for block in range(-(-seqlen_q // B_r)):
+        tiles = set()
+        for row in range(block * B_r, (block + 1) * B_r):
+            diagonal = row + seqlen_k - seqlen_q
+            lo = 0 if left < 0 else max(0, diagonal - left)
+            hi = seqlen_k - 1 if right < 0 else min(seqlen_k - 1, diagonal + right)
+            tiles.update(range(lo // B_c, hi // B_c + 1) if lo <= hi else ())
+        total += len(tiles)
+    return total
+
+
+def test_visited_tiles_are_the_tiles_some_row_of_a_block_attends():
+    rng = random.Random(7)
+    for _ in range(400):
+        B_r, B_c = rng.choice((64, 128, 192)), rng.choice((32, 64, 112, 128, 144, 176))
+        seqlen_q, seqlen_k = rng.randint(1, 700), rng.randint(1, 700)
+        causal = rng.random() < 0.4
+        window = (rng.choice((-1, rng.randint(0, 300))), rng.choice((-1, rng.randint(0, 300))))
+        expected = _visited_tiles_by_brute_force(B_r, B_c, seqlen_q, seqlen_k, causal, window)
+        args = (B_r, B_c, seqlen_q, seqlen_k, causal, window)
+        assert flash_attention._C.visited_tiles(*args) == expected, args
+
+
+def test_visited_tiles_of_whole_and_partial_blocks():
+    assert flash_attention._C.visited_tiles(128, 128, 1024, 1024) == 64
+    assert flash_attention._C.visited_tiles(128, 128, 1024, 1024, True) == 36  # 8 blocks visit 1 .. 8 tiles
+    assert flash_attention._C.visited_tiles(128, 144, 1000, 1000) == 8 * 7  # 1008 keys in 144-key tiles
+    assert flash_attention._C.visited_tiles(128, 128, 1, 4096, True) == 32  # one query row attends every key
+
+
+def test_choice_follows_the_table_skipping_what_is_not_compiled(with_table):
     compiled = [
         c
         for c in flash_attention.compiled_configs()
@@ -112,14 +152,14 @@ def test_choice_follows_the_table_skipping_what_is_not_compiled(monkeypatch, cle
         pytest.skip("no FP16 d_head 128 configuration for whole blocks of 4096 compiled")
     missing = "(FP16, 128, 64, 32, 4): load_0_1_1_tiles"
     assert _parse(missing) not in flash_attention.compiled_configs()
-    _with_table(monkeypatch, _table((4096, [missing, compiled[-1].short_form()])))
+    with_table(_table((4096, [missing, compiled[-1].short_form()])))
     q = _meta((2, 4096, 8, 128))
     choice = flash_attention.choose_config(q, q, arch="sm_90")
     assert choice.config == compiled[-1]
     assert "dispatch table" in choice.reason and "place 2 of 2" in choice.reason
 
 
-def test_choice_scales_the_tables_times_by_the_tiles_each_configuration_visits(monkeypatch, clear_choice_cache):
+def test_choice_scales_the_tables_times_by_the_tiles_each_configuration_visits(with_table):
     # 1000 keys fill 8 tiles of 128 (1024 keys) but 7 of 144 (1008): measured 5% slower at 1024, the
     # 144-key configuration does 7/8 of its work there at 1000.
     wide, narrow = (
@@ -128,7 +168,7 @@ def test_choice_scales_the_tables_times_by_the_tiles_each_configuration_visits(m
     compiled = flash_attention.compiled_configs()
     if wide not in compiled or narrow not in compiled:
         pytest.skip(f"needs {wide.short_form()} and {narrow.short_form()} compiled (the default set with 9.0)")
-    _with_table(monkeypatch, _table((1024, [wide.short_form(), narrow.short_form()], [1.0, 1.05])))
+    with_table(_table((1024, [wide.short_form(), narrow.short_form()], [1.0, 1.05])))
     at = lambda seqlen_q, seqlen_k=None, **kw: flash_attention.choose_config(  # noqa: E731
         _meta((2, seqlen_q, 8, 128)), _meta((2, seqlen_k or seqlen_q, 8, 128)), arch="sm_90", **kw
     )
@@ -140,8 +180,8 @@ def test_choice_scales_the_tables_times_by_the_tiles_each_configuration_visits(m
     assert at(4096, 4000).config == narrow  # 28 tiles of 144 against 32 of 128: 0.92 against 1.0
 
 
-def test_choice_falls_back_to_the_default_set(monkeypatch, clear_choice_cache):
-    _with_table(monkeypatch, None)
+def test_choice_falls_back_to_the_default_set(with_table):
+    with_table(None)
     q = _meta((2, 1000, 8, 128))
     choice = flash_attention.choose_config(q, q, causal=True, arch="sm_86")
     assert "no dispatch table for sm_86" in choice.reason
@@ -149,7 +189,7 @@ def test_choice_falls_back_to_the_default_set(monkeypatch, clear_choice_cache):
     assert choice.variant in flash_attention.compiled_variants(choice.config)
 
 
-def test_choice_respects_the_architectures_shared_memory(clear_choice_cache):
+def test_choice_respects_the_architectures_shared_memory():
     big = [c for c in flash_attention.compiled_configs() if c.smem_bytes() > 101376]
     if not big:
         pytest.skip("every compiled configuration fits in sm_86's shared memory")
@@ -163,7 +203,7 @@ def test_choice_respects_the_architectures_shared_memory(clear_choice_cache):
         assert choice.config.smem_bytes() <= 101376
 
 
-def test_choice_rejects_what_no_kernel_runs(clear_choice_cache):
+def test_choice_rejects_what_no_kernel_runs():
     with pytest.raises(TypeError, match="q: dtype must be float16 or bfloat16"):
         flash_attention.choose_config(_meta((1, 8, 1, 64), torch.float32), _meta((1, 8, 1, 64)), arch="sm_90")
     with pytest.raises(ValueError, match="d_head 80"):
@@ -326,17 +366,17 @@ class _StandInExtension:
     def __getattr__(self, name):
         return getattr(self._extension, name)
 
-    def forward(self, cfg, q, k, v, o, benchmark, **kwargs):
+    def forward(self, cfg, q, k, v, o, *args):
         self.calls += 1
         return (torch.empty_like(q) if o is None else o), None, None
 
 
 @pytest.fixture
 def stand_in(monkeypatch):
-    from flash_attention import kernels
+    from flash_attention import ops
 
-    extension = _StandInExtension(kernels._C)
-    monkeypatch.setattr(kernels, "_C", extension)
+    extension = _StandInExtension(ops._C)
+    monkeypatch.setattr(ops, "_C", extension)
     return extension
 
 
@@ -409,7 +449,7 @@ def test_missing_backward_raises_instead_of_detaching(rng):
 def _op_args(rng, config="", return_lse=True, alibi=False):
     q, k, v = _inputs(rng, 2, 150, 170)
     slopes = torch.rand(8, generator=rng, device="cuda") * 0.3 if alibi else None
-    return (q, k, v, config, True, None, -1, 0, 0.0, slopes, return_lse)
+    return (q, k, v, config, True, None, [-1, 0], 0.0, slopes, return_lse)
 
 
 @pytest.mark.gpu

@@ -25,7 +25,7 @@ from flash_helpers.default_set import DEFAULT_BUILD_KERNELS
 from flash_helpers.dtypes import DType
 from flash_helpers.kernel_names import parse_kernel_name_into_config
 from flash_helpers.kernel_sets import KERNELS_ENV, get_kernel_configs, get_kernels_to_build
-from flash_helpers.problem import MaskKind, ProblemVariant, attention_flop, mask_kind, total_flop, visited_tiles
+from flash_helpers.problem import MaskKind, ProblemVariant, attention_flop, total_flop
 from flash_helpers.progression_steps import (
     SM80_PROGRESSION_BLOCK,
     SM80_PROGRESSION_STEPS,
@@ -1065,42 +1065,3 @@ def test_arch_list_for_build_compiles_sm90_as_sm90a(arch_list, for_build):
 
 def test_rebuild_hint_names_both_variables():
     assert BUILD_KERNELS_ENV in REBUILD_HINT and ARCH_LIST_ENV in REBUILD_HINT and "9.0" in REBUILD_HINT
-
-
-def _visited_tiles_by_brute_force(B_r, B_c, seqlen_q, seqlen_k, causal, window_size):
-    """The tiles holding at least one key that some row of a query block may attend, the block's
-    rows past seqlen_q included (the kernels' blocks reach as far as their B_r rows would)."""
-    left, right = window_size
-    if causal:
-        right = 0
-    if mask_kind(seqlen_q, seqlen_k, causal, window_size) == MaskKind.NONE:
-        left = right = -1
-    total = 0
-    for block in range(-(-seqlen_q // B_r)):
-        tiles = set()
-        for row in range(block * B_r, (block + 1) * B_r):
-            diagonal = row + seqlen_k - seqlen_q
-            lo = 0 if left < 0 else max(0, diagonal - left)
-            hi = seqlen_k - 1 if right < 0 else min(seqlen_k - 1, diagonal + right)
-            tiles.update(range(lo // B_c, hi // B_c + 1) if lo <= hi else ())
-        total += len(tiles)
-    return total
-
-
-def test_visited_tiles_are_the_tiles_some_row_of_a_block_attends():
-    rng = random.Random(7)
-    for _ in range(400):
-        B_r, B_c = rng.choice((64, 128, 192)), rng.choice((32, 64, 112, 128, 144, 176))
-        seqlen_q, seqlen_k = rng.randint(1, 700), rng.randint(1, 700)
-        causal = rng.random() < 0.4
-        window = (rng.choice((-1, rng.randint(0, 300))), rng.choice((-1, rng.randint(0, 300))))
-        expected = _visited_tiles_by_brute_force(B_r, B_c, seqlen_q, seqlen_k, causal, window)
-        args = (B_r, B_c, seqlen_q, seqlen_k, causal, window)
-        assert visited_tiles(*args) == expected, args
-
-
-def test_visited_tiles_of_whole_and_partial_blocks():
-    assert visited_tiles(128, 128, 1024, 1024) == 64
-    assert visited_tiles(128, 128, 1024, 1024, causal=True) == 36  # 8 blocks visit 1 .. 8 tiles
-    assert visited_tiles(128, 144, 1000, 1000) == 8 * 7  # 1008 keys in 144-key tiles
-    assert visited_tiles(128, 128, 1, 4096, causal=True) == 32  # one query row attends every key

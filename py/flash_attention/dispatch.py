@@ -1,21 +1,24 @@
 """Automatic configuration: which compiled configuration serves a problem, and why.
 
-``choose_config`` looks the problem up in the dispatch table of its GPU's architecture (see
-flash_helpers.dispatch_table; the tables ship in dispatch_tables/): the entry measured at the
-problem's dtype, head size and mask, at the next measured length up. Among the configurations
-ranked there that this build compiled with the kernel variant the problem needs, it takes the one
-whose measured time, scaled to the problem's lengths, is shortest: a configuration's time grows
-with the (query block, key tile) pairs it visits (``flash_helpers.problem.visited_tiles``), and at
-lengths that are not multiples of its blocks those counts differ between block sizes (1000 keys
-fill 7 tiles of 144 keys, 1008 in all, but 8 tiles of 128, 1024 in all). At the measured length
-itself that is the table's own order. Local windows use the causal rankings: both skip tiles along
-the diagonal.
+The choice is made in the extension (src/binding/dispatch.h), on every call that names no
+configuration, from the dispatch table of the GPU's architecture (see flash_helpers.dispatch_table;
+the tables ship in dispatch_tables/ and are handed to the extension once, on the first automatic
+call). The entry measured at the problem's dtype, head size and mask, at the next measured length
+up, speaks for the problem. Among the configurations ranked there that this build compiled with the
+kernel variant the problem needs, it takes the one whose measured time, scaled to the problem's
+lengths, is shortest: a configuration's time grows with the (query block, key tile) pairs it visits
+(``flash_attention._C.visited_tiles`` counts them), and at lengths that are not multiples of its blocks
+those counts differ between block sizes (1000 keys fill 7 tiles of 144 keys, 1008 in all, but 8
+tiles of 128, 1024 in all). At the measured length itself that is the table's own order. Local
+windows use the causal rankings: both skip tiles along the diagonal.
 
 Where the table has no answer (no table for the architecture, no entry for the shape, or none of
 the ranked configurations compiled with the variant), a rule chooses among the compiled
 configurations of the problem's dtype and head size that have the variant: first the default build
 set's configuration (the autotuned winner on the H200, and the one a plain install has), then the
 largest tiles, which load K and V least often per FLOP.
+
+``choose_config`` asks the extension for its choice without running the problem, and says why.
 """
 
 from __future__ import annotations
@@ -25,20 +28,34 @@ import functools
 from pathlib import Path
 
 import torch
-from flash_helpers.build_env import REBUILD_HINT
 from flash_helpers.default_set import DEFAULT_BUILD_KERNELS
 from flash_helpers.dispatch_table import DispatchTable, arch_name
 from flash_helpers.dtypes import DType
+from flash_helpers.families import FAMILIES
 from flash_helpers.kernel_names import parse_kernel_name_into_config
-from flash_helpers.problem import MaskKind, ProblemVariant, mask_kind, needed_variant, visited_tiles
+from flash_helpers.problem import MaskKind, ProblemVariant
+from flash_helpers.sm80_config import smem_limit
 
-from .kernels import compiled_configs, compiled_kernels, compiled_kernel_set
+from . import _C
 
-__all__ = ["ConfigChoice", "TABLES_DIR", "choose_config", "dispatch_table", "device_arch"]
+__all__ = [
+    "ConfigChoice",
+    "TABLES_DIR",
+    "choose_config",
+    "device_arch",
+    "dispatch_table",
+    "install_dispatch_tables",
+    "load_dispatch_tables",
+]
 
 TABLES_DIR = Path(__file__).with_name("dispatch_tables")
 
-_DTYPES = {torch.float16: DType.FP16, torch.bfloat16: DType.BF16}
+# Why the rule chose where the table did not: the extension's RuleReason codes.
+_RULE_REASONS = {
+    1: "no dispatch table for {arch}",
+    2: "the dispatch table for {arch} has no entry for {dtype}, d_head {d_head}",
+    3: "the dispatch table for {arch} ranks no configuration this build compiled with this variant",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,101 +83,75 @@ def dispatch_table(arch: str) -> DispatchTable | None:
     return DispatchTable.load(path) if path.is_file() else None
 
 
+def install_dispatch_tables(tables) -> None:
+    """Hands these dispatch tables (one per architecture, replacing any handed before) and the
+    default build set to the extension, whose calls that name no configuration choose from them."""
+    config_of = functools.cache(parse_kernel_name_into_config)
+    _installed.clear()
+    converted = []
+    for table in tables:
+        _installed[table.arch] = table
+        entries = [
+            (int(DType[e.dtype]), e.d_head, e.causal, e.seq_len, [(config_of(c), t) for c, t in zip(e.ranked, e.times_ms, strict=True)])
+            for e in table.entries
+        ]
+        converted.append((_capability_number(table.arch), entries))
+    _C.load_dispatch_tables(converted, [config_of(text) for text in DEFAULT_BUILD_KERNELS])
+
+
+@functools.cache
+def load_dispatch_tables() -> None:
+    """Installs the shipped dispatch tables, once (the first call that needs them)."""
+    install_dispatch_tables(dispatch_table(path.stem) for path in sorted(TABLES_DIR.glob("sm_*.json")))
+
+
+_installed: dict[str, DispatchTable] = {}  # the tables the extension holds, by architecture
+
+
 def choose_config(
     q, k, *, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, arch: str | None = None
 ) -> ConfigChoice:
     """The configuration that flash_attn_func and the operators use for this call when none is given.
 
     q and k are the call's tensors (or any tensors of the same shapes and dtype, e.g. on the meta
-    device), in the (batch, seqlen, heads, d_head) layout; the keywords are the call's. arch names
-    the GPU architecture (``sm_90``); by default, that of q's device.
+    device), in the (batch, seqlen, heads, d_head) layout; the keywords are the call's, checked as
+    the call checks them. arch names the GPU architecture (``sm_90``); by default, that of q's device.
     """
-    dtype = _dtype_of(q)
-    if k.dim() != 4 or q.dim() != 4:
-        raise ValueError(f"q, k: expected 4-dimensional (batch, seqlen, heads, d_head) tensors, got {q.dim()} and {k.dim()} dimensions")
     if arch is None:
-        if q.device.type != "cuda":
-            raise ValueError(f"q: must be a CUDA tensor (or pass arch), got a {q.device.type} tensor")
+        if not isinstance(q, torch.Tensor) or q.device.type != "cuda":
+            where = f"a {q.device.type} tensor" if isinstance(q, torch.Tensor) else type(q).__name__
+            raise ValueError(f"q: must be a CUDA tensor, or name the GPU with arch (e.g. arch='sm_90'); got {where}")
         arch = device_arch(q.device)
-    score_mods = softcap != 0.0 or alibi_slopes is not None
-    return _choose(dtype, q.shape[-1], q.shape[1], k.shape[1], causal, tuple(window_size), score_mods, arch)
-
-
-def _dtype_of(q) -> DType:
-    if not isinstance(q, torch.Tensor):
-        raise TypeError(f"q: expected a torch.Tensor, got {type(q).__name__}")
-    if q.dtype not in _DTYPES:
-        raise TypeError(f"q: dtype must be float16 or bfloat16, got {q.dtype}")
-    return _DTYPES[q.dtype]
-
-
-@functools.lru_cache(maxsize=4096)
-def _choose(dtype, d_head, seqlen_q, seqlen_k, causal, window_size, score_mods, arch) -> ConfigChoice:
-    capability = _capability(arch)
-
-    def variant_if_compiled(cfg) -> ProblemVariant | None:
-        if not cfg.runs_on(capability):
-            return None
-        variant = needed_variant(cfg, seqlen_q, seqlen_k, causal, window_size, score_mods)
-        return variant if variant in _variants_by_config().get(cfg, ()) else None
-
-    table = dispatch_table(arch)
-    masked = mask_kind(seqlen_q, seqlen_k, causal, window_size) != MaskKind.NONE
-    entry = table.entry_for(dtype.name, d_head, masked, seqlen_q) if table else None
-    if entry is not None:
-        estimates = []  # (estimated time at this problem, place in the entry, configuration, variant)
-        for place, (short_form, time_ms) in enumerate(zip(entry.ranked, entry.times_ms, strict=True), start=1):
-            cfg = parse_kernel_name_into_config(short_form)
-            variant = variant_if_compiled(cfg)
-            if variant is not None:
-                measured = visited_tiles(cfg.B_r, cfg.B_c, entry.seq_len, entry.seq_len, entry.causal)
-                here = visited_tiles(cfg.B_r, cfg.B_c, seqlen_q, seqlen_k, causal, window_size)
-                estimates.append((time_ms * here / measured, place, cfg, variant))
-        if estimates:
-            _, place, cfg, variant = min(estimates, key=lambda e: e[:2])
-            where = f"{dtype.name}, d_head {d_head}, {'causal' if masked else 'no mask'}, seq {entry.seq_len}"
-            reason = (
-                f"dispatch table {arch} ({table.gpu}, {table.date}) at {where}: place {place} of "
-                f"{len(entry.ranked)}; of what this build compiled, the fastest at seqlen_q {seqlen_q}, "
-                f"seqlen_k {seqlen_k} by the table's times scaled by the tiles each configuration visits"
-            )
-            return ConfigChoice(cfg, variant, arch, reason)
-        why_rule = f"the dispatch table for {arch} ranks no configuration this build compiled with this variant"
-    elif table is None:
-        why_rule = f"no dispatch table for {arch}"
-    else:
-        why_rule = f"the dispatch table for {arch} has no entry for {dtype.name}, d_head {d_head}"
-
-    candidates = [cfg for cfg in compiled_configs() if cfg.dtype == dtype and cfg.d_head == d_head]
-    defaults = _default_configs()
-    candidates.sort(key=lambda cfg: (cfg not in defaults, -cfg.B_r * cfg.B_c, cfg))
-    for cfg in candidates:
-        variant = variant_if_compiled(cfg)
-        if variant is not None:
-            kind = "the default set's configuration" if cfg in defaults else "the largest tiles compiled"
-            return ConfigChoice(cfg, variant, arch, f"rule ({why_rule}): {kind} for {dtype.name}, d_head {d_head}")
-    raise ValueError(
-        f"q: no configuration compiled into this build (kernel set '{compiled_kernel_set()}') runs {dtype.name} "
-        f"attention with d_head {d_head} on {arch} (seqlen_q {seqlen_q}, seqlen_k {seqlen_k}, causal {causal}, "
-        f"window_size {window_size}, softcap/ALiBi {score_mods}); {REBUILD_HINT}"
+    load_dispatch_tables()
+    (family, fields), variant, place, seq_len, ranked, rule, is_default = _C.choose(
+        q, k, causal, window_size, softcap, alibi_slopes, _capability_number(arch), smem_limit(_capability(arch))
     )
+    cfg = FAMILIES[family](*fields)
+    variant = ProblemVariant(MaskKind(variant[0]), *variant[1:])
+    dtype = cfg.dtype.name
+    if place:
+        table = _installed[arch]
+        where = f"{dtype}, d_head {cfg.d_head}, {'causal' if variant.mask != MaskKind.NONE else 'no mask'}, seq {seq_len}"
+        reason = (
+            f"dispatch table {arch} ({table.gpu}, {table.date}) at {where}: place {place} of {ranked}; of what this "
+            f"build compiled, the fastest at seqlen_q {q.shape[1]}, seqlen_k {k.shape[1]} by the table's times scaled "
+            "by the tiles each configuration visits"
+        )
+    else:
+        why = _RULE_REASONS[rule].format(arch=arch, dtype=dtype, d_head=cfg.d_head)
+        kind = "the default set's configuration" if is_default else "the largest tiles compiled"
+        reason = f"rule ({why}): {kind} for {dtype}, d_head {cfg.d_head}"
+    return ConfigChoice(cfg, variant, arch, reason)
+
+
+def _capability_number(arch: str) -> int:
+    """The extension's number for an architecture: major * 10 + minor."""
+    major, minor = _capability(arch)
+    return major * 10 + minor
 
 
 def _capability(arch: str) -> tuple[int, int]:
-    digits = arch.removeprefix("sm_")
-    if not (arch.startswith("sm_") and len(digits) >= 2 and digits.isdigit()):
+    digits = arch.removeprefix("sm_") if isinstance(arch, str) else ""
+    if not (isinstance(arch, str) and arch.startswith("sm_") and len(digits) >= 2 and digits.isdigit()):
         raise ValueError(f"arch: expected an architecture name such as 'sm_90', got {arch!r}")
     return int(digits[:-1]), int(digits[-1])
-
-
-@functools.cache
-def _variants_by_config() -> dict:
-    variants: dict = {}
-    for cfg, variant in compiled_kernels():
-        variants.setdefault(cfg, set()).add(variant)
-    return variants
-
-
-@functools.cache
-def _default_configs() -> frozenset:
-    return frozenset(parse_kernel_name_into_config(text) for text in DEFAULT_BUILD_KERNELS)

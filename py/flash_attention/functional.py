@@ -14,7 +14,7 @@ import torch
 from flash_helpers.families import FAMILIES
 
 from . import ops
-from .kernels import window_pair
+from .kernels import cached_config
 from .ops import check_no_grad
 
 __all__ = [
@@ -25,7 +25,7 @@ __all__ = [
     "scaled_dot_product_attention",
 ]
 
-_AUTOMATIC = ""  # the operators' config argument that asks for choose_config
+_AUTOMATIC = ""  # the operators' config argument that asks for the automatic choice
 
 
 def forward(
@@ -56,25 +56,25 @@ def forward(
     outputs 0, and its lse is +inf. lse is float32, (batch, heads_q, seqlen_q), natural log. With o
     given, the output is written there. Runs on the current CUDA stream.
     """
-    # The operator takes the short form, and checks it when the call runs.
-    if isinstance(cfg, tuple(FAMILIES.values())):
-        cfg = cfg.short_form()
-    if not isinstance(cfg, str):
+    if not isinstance(cfg, (str, *FAMILIES.values())):
         raise TypeError(f"kernel_cfg: expected a kernel configuration or its short form, got {type(cfg).__name__}")
-    return _attention(cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse)
+    return _attention(cached_config(cfg), q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse)
 
 
-def _attention(config, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse):
-    _check_types(q, k, v, o, softmax_scale, softcap, alibi_slopes)
-    left, right = window_pair(window_size)
-    softmax_scale = None if softmax_scale is None else float(softmax_scale)
-    args = (q, k, v, config, bool(causal), softmax_scale, left, right, float(softcap), alibi_slopes, bool(return_lse))
+def _attention(cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse):
+    """Runs a checked configuration (None: the automatic choice). A plain eager call goes straight to
+    the extension, which checks every argument; anything else goes through the operators."""
     if _plain_eager(q, k, v, o, alibi_slopes):
         check_no_grad(q, k, v, alibi_slopes)
-        out, lse = ops.run(q, k, v, o, *args[3:])
+        out, lse = ops.launch(cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse)
         if o is not None:
             torch.autograd.graph.increment_version(o)  # as forward_out's dispatch marks o written
-    elif o is None:
+        return (out, lse) if return_lse else out
+    _check_operator_arguments(q, k, v, o, softmax_scale, window_size, softcap, alibi_slopes)
+    config = _AUTOMATIC if cfg is None else cfg.short_form()
+    softmax_scale = None if softmax_scale is None else float(softmax_scale)
+    args = (q, k, v, config, bool(causal), softmax_scale, list(window_size), float(softcap), alibi_slopes, bool(return_lse))
+    if o is None:
         out, lse = torch.ops.flash_attention.forward(*args)
     else:
         check_no_grad(q, k, v, alibi_slopes)
@@ -82,14 +82,18 @@ def _attention(config, q, k, v, o, causal, softmax_scale, window_size, softcap, 
     return (out, lse) if return_lse else out
 
 
-def _plain_eager(*tensors) -> bool:
+def _plain_eager(q, k, v, o, alibi_slopes) -> bool:
     """Whether a call may skip the operators' dispatch (tens of microseconds on the host): eager mode
     on plain tensors (or None), with no torch.compile tracing, no dispatch or torch-function mode
     (fake tensors, functionalization, export, a device context), no functorch transform and no
     profiler (whose traces name the operator). Everything else goes through the operators."""
     return (
-        not torch.compiler.is_compiling()
-        and all(t is None or type(t) is torch.Tensor for t in tensors)
+        type(q) is torch.Tensor
+        and type(k) is torch.Tensor
+        and type(v) is torch.Tensor
+        and (o is None or type(o) is torch.Tensor)
+        and (alibi_slopes is None or type(alibi_slopes) is torch.Tensor)
+        and not torch.compiler.is_compiling()
         and torch._C._len_torch_dispatch_stack() == 0
         and not torch._C._is_torch_function_mode_enabled()
         and not torch._C._are_functorch_transforms_active()
@@ -97,9 +101,9 @@ def _plain_eager(*tensors) -> bool:
     )
 
 
-def _check_types(q, k, v, o, softmax_scale, softcap, alibi_slopes) -> None:
+def _check_operator_arguments(q, k, v, o, softmax_scale, window_size, softcap, alibi_slopes) -> None:
     """The operators' schema converts arguments with messages that name none of them: their types
-    are checked here first, in the binding's words (the binding checks the values)."""
+    are checked here first, in the extension's words (the extension checks the values)."""
     tensors = {"q": q, "k": k, "v": v, "o": o, "alibi_slopes": alibi_slopes}
     for name, tensor in tensors.items():
         optional = name in ("o", "alibi_slopes")
@@ -109,6 +113,9 @@ def _check_types(q, k, v, o, softmax_scale, softcap, alibi_slopes) -> None:
     for name, value in numbers.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"{name}: expected a float, got {type(value).__name__}")
+    is_int = lambda side: isinstance(side, int) and not isinstance(side, bool)  # noqa: E731
+    if not (isinstance(window_size, (tuple, list)) and len(window_size) == 2 and all(map(is_int, window_size))):
+        raise TypeError(f"window_size: expected a pair (left, right) of ints, got {window_size!r}")
 
 
 def flash_attn_func(
@@ -133,9 +140,7 @@ def flash_attn_func(
     """
     _check_no_dropout(dropout_p, "dropout_p")
     del deterministic  # every call is deterministic
-    result = _attention(
-        _AUTOMATIC, q, k, v, None, causal, softmax_scale, window_size, softcap, alibi_slopes, return_attn_probs
-    )
+    result = _attention(None, q, k, v, None, causal, softmax_scale, window_size, softcap, alibi_slopes, return_attn_probs)
     return (*result, None) if return_attn_probs else result
 
 
@@ -215,7 +220,7 @@ def scaled_dot_product_attention(
             # The bottom-right window reaching seqlen_q - seqlen_k keys past the diagonal is j <= i.
             window_size = (-1, seqlen_q - seqlen_k)
     causal = is_causal and seqlen_q <= seqlen_k
-    out = _attention(_AUTOMATIC, q, k, v, None, causal, scale, window_size, 0.0, None, False)
+    out = _attention(None, q, k, v, None, causal, scale, window_size, 0.0, None, False)
     return out.transpose(1, 2)
 
 

@@ -20,14 +20,13 @@ from . import _C
 
 __all__ = [
     "as_config",
-    "call_kernel",
+    "cached_config",
     "compiled_configs",
     "compiled_kernels",
     "compiled_variants",
     "compiled_kernel_set",
     "forward_timed",
     "kernel_attributes",
-    "window_pair",
 ]
 
 
@@ -74,6 +73,11 @@ def as_config(cfg: FlashForwardKernelConfig | str) -> FlashForwardKernelConfig:
     return cfg
 
 
+# Parsing and checking a configuration costs more than a small problem's kernel: each is done once.
+# Only for configurations and strings (hashable); as_config names any other type.
+cached_config = functools.lru_cache(maxsize=256)(as_config)
+
+
 @functools.cache
 def _compiled_set() -> frozenset:
     return frozenset(compiled_configs())
@@ -95,41 +99,10 @@ def forward_timed(
 ):
     """As flash_attention.forward, calling the extension directly, and also the kernel's run time in
     milliseconds (CUDA events; synchronizes): (o, runtime_ms), or (o, lse, runtime_ms) with return_lse."""
-    left, right = window_pair(window_size)
-    out, lse, runtime_ms = call_kernel(
-        as_config(cfg), q, k, v, o, True, causal, softmax_scale, left, right, softcap, alibi_slopes, return_lse
+    out, lse, runtime_ms = _C.forward(
+        as_config(cfg), q, k, v, o, True, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse
     )
     return (out, lse, runtime_ms) if return_lse else (out, runtime_ms)
-
-
-def call_kernel(cfg, q, k, v, o, benchmark, causal, softmax_scale, window_left, window_right, softcap, alibi_slopes, return_lse):
-    """The extension's forward: (o, lse or None, runtime_ms or None). The binding checks every argument."""
-    return _C.forward(
-        cfg,
-        q,
-        k,
-        v,
-        o,
-        benchmark,
-        causal=causal,
-        softmax_scale=softmax_scale,
-        window_left=window_left,
-        window_right=window_right,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        return_lse=return_lse,
-    )
-
-
-def window_pair(window_size) -> tuple[int, int]:
-    """The (left, right) pair of window_size, each an int; their values are checked by the binding."""
-    try:
-        left, right = window_size
-    except (TypeError, ValueError):
-        left = right = None
-    if not all(isinstance(side, int) and not isinstance(side, bool) for side in (left, right)):
-        raise TypeError(f"window_size: expected a pair (left, right) of ints, got {window_size!r}")
-    return left, right
 
 
 def kernel_attributes(cfg) -> dict:

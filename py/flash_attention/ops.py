@@ -1,27 +1,26 @@
 """The attention forward as PyTorch operators, so torch.compile traces it without a graph break:
 
-    torch.ops.flash_attention.forward(q, k, v, config, causal, softmax_scale, window_left,
-                                      window_right, softcap, alibi_slopes, return_lse) -> (o, lse)
+    torch.ops.flash_attention.forward(q, k, v, config, causal, softmax_scale, window_size, softcap,
+                                      alibi_slopes, return_lse) -> (o, lse)
     torch.ops.flash_attention.forward_out(...same..., o) -> lse        (writes o in place)
 
-``config`` is a configuration's short form, or "" to let ``choose_config`` pick one when the call
-runs. Without ``return_lse``, ``lse`` is an empty float32 tensor (an operator's outputs cannot be
-optional). The fake implementations give the outputs' shapes and dtypes for tracing.
+``config`` is a configuration's short form, or "" to let the automatic choice (``choose_config``'s)
+pick one when the call runs. ``window_size`` is the pair (left, right). Without ``return_lse``,
+``lse`` is an empty float32 tensor (an operator's outputs cannot be optional). The fake implementations give the outputs' shapes and dtypes for tracing.
 
 There is no backward pass yet. Calling forward with an input that requires grad while grad mode is
 on raises, rather than return an output detached from the graph; callers of forward_out check
 first (check_no_grad).
 """
 
-import functools
-
 import torch
 from torch import Tensor
 
-from .dispatch import choose_config
-from .kernels import as_config, call_kernel
+from . import _C
+from .dispatch import load_dispatch_tables
+from .kernels import cached_config
 
-__all__ = ["MISSING_BACKWARD", "check_no_grad", "forward", "forward_out", "run"]
+__all__ = ["MISSING_BACKWARD", "check_no_grad", "forward", "forward_out", "launch", "run"]
 
 MISSING_BACKWARD = (
     "flash_attention has no backward pass yet, and q, k or v requires grad with grad mode on: "
@@ -29,22 +28,22 @@ MISSING_BACKWARD = (
 )
 
 
-def run(q, k, v, o, config, causal, softmax_scale, window_left, window_right, softcap, alibi_slopes, return_lse):
-    """What both operators run: the kernel of config (or of choose_config's choice, for ""), writing
-    into o (a new tensor for None); returns (o, lse), lse empty without return_lse. It checks no
+def launch(cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse):
+    """The extension's forward with a checked configuration (kernels.cached_config's), or None for
+    the automatic choice: (o, lse or None). The extension checks every other argument. It checks no
     grad: callers outside the operators do (check_no_grad)."""
-    if config:
-        cfg = _parse_config(config)
-    else:
-        window = (window_left, window_right)
-        cfg = choose_config(q, k, causal=causal, window_size=window, softcap=softcap, alibi_slopes=alibi_slopes).config
-    args = (causal, softmax_scale, window_left, window_right, softcap, alibi_slopes, return_lse)
-    out, lse, _ = call_kernel(cfg, q, k, v, o, False, *args)
+    if cfg is None:
+        load_dispatch_tables()
+    out, lse, _ = _C.forward(cfg, q, k, v, o, False, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse)
+    return out, lse
+
+
+def run(q, k, v, o, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse):
+    """What both operators run: launch with the configuration of a short form, or "" for the
+    automatic choice; lse is an empty tensor without return_lse."""
+    cfg = cached_config(config) if config else None
+    out, lse = launch(cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse)
     return out, (lse if return_lse else _no_lse(q))
-
-
-# Parsing a short form costs more than a small problem's kernel: parse each one once.
-_parse_config = functools.lru_cache(maxsize=256)(as_config)
 
 
 def _no_lse(q: Tensor) -> Tensor:
@@ -64,18 +63,17 @@ def forward(
     config: str,
     causal: bool,
     softmax_scale: float | None,
-    window_left: int,
-    window_right: int,
+    window_size: list[int],
     softcap: float,
     alibi_slopes: Tensor | None,
     return_lse: bool,
 ) -> tuple[Tensor, Tensor]:
     """Attention with FlashAttention-2's semantics (see flash_attention.forward); returns (o, lse)."""
-    return run(q, k, v, None, config, causal, softmax_scale, window_left, window_right, softcap, alibi_slopes, return_lse)
+    return run(q, k, v, None, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse)
 
 
 @forward.register_fake
-def _forward_fake(q, k, v, config, causal, softmax_scale, window_left, window_right, softcap, alibi_slopes, return_lse):
+def _forward_fake(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse):
     return q.new_empty(q.shape), _fake_lse(q, return_lse)
 
 
@@ -87,19 +85,18 @@ def forward_out(
     config: str,
     causal: bool,
     softmax_scale: float | None,
-    window_left: int,
-    window_right: int,
+    window_size: list[int],
     softcap: float,
     alibi_slopes: Tensor | None,
     return_lse: bool,
     o: Tensor,
 ) -> Tensor:
     """As forward, writing the output into o; returns lse."""
-    return run(q, k, v, o, config, causal, softmax_scale, window_left, window_right, softcap, alibi_slopes, return_lse)[1]
+    return run(q, k, v, o, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse)[1]
 
 
 @forward_out.register_fake
-def _forward_out_fake(q, k, v, config, causal, softmax_scale, window_left, window_right, softcap, alibi_slopes, return_lse, o):
+def _forward_out_fake(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, o):
     return _fake_lse(q, return_lse)
 
 

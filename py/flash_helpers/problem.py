@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-__all__ = ["ALL_VARIANTS", "BENCHMARK_LENGTH_UNIT", "BENCHMARK_TAIL_VARIANTS", "BENCHMARK_VARIANTS", "MaskKind", "ProblemVariant", "attention_flop", "mask_kind", "needed_variant", "total_flop", "visited_tiles"]
+__all__ = ["ALL_VARIANTS", "BENCHMARK_LENGTH_UNIT", "BENCHMARK_TAIL_VARIANTS", "BENCHMARK_VARIANTS", "MaskKind", "ProblemVariant", "attention_flop", "mask_kind", "needed_variant", "total_flop"]
 
 
 class MaskKind(enum.IntEnum):
@@ -88,30 +88,6 @@ def mask_kind(seqlen_q: int, seqlen_k: int, causal: bool = False, window_size=(-
     if not left_bounded and right == 0:
         return MaskKind.CAUSAL
     return MaskKind.LOCAL
-
-
-def visited_tiles(
-    B_r: int, B_c: int, seqlen_q: int, seqlen_k: int, causal: bool = False, window_size=(-1, -1)
-) -> int:
-    """How many (query block, key/value tile) pairs a kernel of B_r x B_c blocks computes for one
-    (batch, head): what its time grows with. Mirrors the kernels' ``KVTileRange``: a query block
-    visits every tile that any of its B_r rows (those past seqlen_q included, as in the kernels)
-    may attend; tiles wholly outside the mask are skipped."""
-    left, right = window_size
-    if causal:
-        right = 0
-    kind = mask_kind(seqlen_q, seqlen_k, causal, window_size)
-    key_tiles = -(-seqlen_k // B_c)
-    query_blocks = -(-seqlen_q // B_r)
-    if kind == MaskKind.NONE:
-        return query_blocks * key_tiles
-    total = 0
-    for block in range(query_blocks):
-        diagonal = block * B_r + seqlen_k - seqlen_q  # the block's first row's diagonal key
-        end = min(key_tiles, max(0, (diagonal + right + B_r - 1) // B_c + 1)) if right >= 0 else key_tiles
-        begin = max(0, (diagonal - left) // B_c) if kind == MaskKind.LOCAL and left >= 0 else 0
-        total += max(0, end - begin)
-    return total
 
 
 def attention_flop(batch: int, heads: int, seq_len: int, d_head: int) -> int:

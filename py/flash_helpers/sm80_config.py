@@ -16,7 +16,7 @@ from flash_helpers.dtypes import DType
 from flash_helpers.kernel_config import KernelConfig, demangled_variant, mangled_variant
 from flash_helpers.problem import ProblemVariant
 
-__all__ = ["B_CS", "B_RS", "D_HEADS", "FlashForwardKernelConfig", "LOAD_TILES", "MAX_SMEM_BYTES", "N_WARPS", "SHORT_FORM_EXAMPLE"]
+__all__ = ["B_CS", "B_RS", "D_HEADS", "FlashForwardKernelConfig", "LOAD_TILES", "MAX_SMEM_BYTES", "N_WARPS", "SHORT_FORM_EXAMPLE", "smem_limit"]
 
 # The values each dimension of the configuration space can take. The first four are also what the
 # kernel supports (validity rule 1); the load-tile counts and booleans are further constrained by
@@ -37,7 +37,7 @@ _MMA_M = 16
 MAX_SMEM_BYTES = 232448
 
 
-def _smem_limit(capability: tuple[int, int]) -> int:
+def smem_limit(capability: tuple[int, int]) -> int:
     """A block's opt-in dynamic shared memory on a GPU of this compute capability (the CUDA
     programming guide's table): 163 KiB on sm_80 and sm_87, 99 KiB on the other sm_8x, 227 KiB from
     sm_90 on."""
@@ -135,7 +135,7 @@ class FlashForwardKernelConfig(KernelConfig):
     def runs_on(self, capability: tuple[int, int]) -> bool:
         """Whether a GPU of this compute capability runs the kernel: sm_80 or newer, with room for
         its shared memory."""
-        return capability >= (8, 0) and self.smem_bytes() <= _smem_limit(capability)
+        return capability >= (8, 0) and self.smem_bytes() <= smem_limit(capability)
 
     def validity_error(self) -> str | None:
         """Why the kernel cannot run this configuration (the first failing rule), or None if it can."""
