@@ -18,6 +18,7 @@
 #include "common/online_softmax.cuh"
 #include "common/softmax_epilogue.cuh"
 #include "sm80/epilogue.cuh"
+#include "sm80/kv_copies.cuh"
 #include "sm80/traits.cuh"
 
 namespace flash::sm80 {
@@ -60,7 +61,6 @@ struct QKChunkFragments {
 template <typename Kernel, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS>
 __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const __grid_constant__ ForwardParams params) {
     using value_t = typename Kernel::value_t;
-    using KV_tile = typename Kernel::KV_tile;
     constexpr bool async_copy = Kernel::async_copy;
     constexpr bool eager = Kernel::eager_load_blocks;
     constexpr int n_threads = Kernel::n_threads;
@@ -70,9 +70,6 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     // Shared memory: Q, then per stage a K and a V tile.
     extern __shared__ __align__(COPY_BYTES) unsigned char smem[];
     const typename Kernel::Q_tile Q_smem{reinterpret_cast<value_t *>(smem)};
-    value_t *const KV_smem = Q_smem.data + Kernel::Q_tile::size;
-    const auto K_smem = [&](int stage) { return KV_tile{KV_smem + stage * Kernel::KV_stage_elems}; };
-    const auto V_smem = [&](int stage) { return KV_tile{KV_smem + stage * Kernel::KV_stage_elems + KV_tile::size}; };
     constexpr int KV_stage_bytes = Kernel::KV_stage_elems * static_cast<int>(sizeof(value_t));
 
     const int Q_block = blockIdx.x;
@@ -86,26 +83,11 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     const KVTileRange<B_r, B_c, MASK, MASKED_TAILS> tiles(params, Q_first_row);
 
     const value_t *Q = tensor_rows<const value_t>(params.q, params.q_strides, batch, head, Q_first_row);
-    const value_t *K = tensor_rows<const value_t>(params.k, params.k_strides, batch, kv_head, 0);
-    const value_t *V = tensor_rows<const value_t>(params.v, params.v_strides, batch, kv_head, 0);
     value_t *O = tensor_rows<value_t>(params.o, params.o_strides, batch, head, Q_first_row);
-    const int64_t K_tile_stride = B_c * params.k_strides.seq;
-    const int64_t V_tile_stride = B_c * params.v_strides.seq;
-    // Issues the copies of KV tile KV_block into a stage: K's as one cp.async group, then V's. A tile
-    // that may be the partial last one is copied with predicates: rows past the last key arrive as
-    // zeros, so they add nothing to P V.
-    const auto copy_KV_tiles = [&](int KV_block, int stage, auto whole) {
-        const value_t *K_tile = K + KV_block * K_tile_stride;
-        const value_t *V_tile = V + KV_block * V_tile_stride;
-        if constexpr (MASKED_TAILS && !decltype(whole)::value) {
-            const int rows = params.seqlen_k - KV_block * B_c;
-            copy_global_to_shared<async_copy, n_threads, true>(K_smem(stage), K_tile, params.k_strides.seq, rows);
-            copy_global_to_shared<async_copy, n_threads, true>(V_smem(stage), V_tile, params.v_strides.seq, rows);
-        } else {
-            copy_global_to_shared<async_copy, n_threads>(K_smem(stage), K_tile, params.k_strides.seq);
-            copy_global_to_shared<async_copy, n_threads>(V_smem(stage), V_tile, params.v_strides.seq);
-        }
-    };
+    const KVTileCopies<Kernel, MASKED_TAILS> KV_copies{params, Q_smem.data + Kernel::Q_tile::size,
+                                                       tensor_rows<const value_t>(params.k, params.k_strides, batch, kv_head, 0),
+                                                       tensor_rows<const value_t>(params.v, params.v_strides, batch, kv_head, 0),
+                                                       B_c * params.k_strides.seq, B_c * params.v_strides.seq};
 
     constexpr bool rows_may_be_empty = MASK != MaskKind::NONE;
     OnlineSoftmax<Kernel::M_tiles, Kernel::optimized_softmax, rows_may_be_empty> softmax;
@@ -120,8 +102,8 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
         // Per-lane ldmatrix addresses, computed once: each fragment load adds a compile-time
         // offset. K's and V's move between the two stages in place, so no second set stays live.
         const auto Q_addresses = A_addresses(Q_smem, warp_first_row);
-        auto K_addresses = B_from_rows_n_addresses(K_smem(0));
-        auto V_addresses = B_from_rows_k_addresses(V_smem(0));
+        auto K_addresses = B_from_rows_n_addresses(KV_copies.K_smem(0));
+        auto V_addresses = B_from_rows_k_addresses(KV_copies.V_smem(0));
         int next_stage_shift = KV_stage_bytes;
 
         if constexpr (MASKED_TAILS)
@@ -131,7 +113,7 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
         using Whole = std::true_type;
         using MayBePartial = std::false_type;
         if constexpr (eager)
-            copy_KV_tiles(tiles.begin, 0, MayBePartial{});
+            KV_copies.copy(tiles.begin, 0, MayBePartial{});
         typename Kernel::Q_fragments Q_frags;
         if constexpr (Kernel::Q_in_registers) {
             wait_for_copies<Kernel, eager ? 2 : 0>(); // Q has landed; K_0 and V_0 may be in flight
@@ -146,10 +128,10 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
                 // Tile j (and Q) have landed, and every warp is done with the other stage.
                 wait_for_copies<Kernel, 0>();
                 if (KV_block + 1 < tiles.end)
-                    copy_KV_tiles(KV_block + 1, 1 - stage, copies_whole);
+                    KV_copies.copy(KV_block + 1, 1 - stage, copies_whole);
             } else {
                 __syncthreads(); // every warp is done with the previous K and V tiles
-                copy_KV_tiles(KV_block, 0, copies_whole);
+                KV_copies.copy(KV_block, 0, copies_whole);
                 wait_for_copies<Kernel, 1>(); // K_j (and Q) have landed; V_j may still be in flight
             }
 
