@@ -42,7 +42,7 @@ std::string arch_of(int capability) { return "sm_" + std::to_string(capability);
 
 // The kernel of a configuration named by the caller, for this problem on this GPU.
 const ForwardLauncher &named_kernel(const AnyConfig &config, const at::Tensor &q, const ForwardParams &params,
-                                    const Problem &problem, int capability) {
+                                    const Problem &problem, const Gpu &gpu) {
     return visit_config(config, [&](auto family, const auto &cfg) -> const ForwardLauncher & {
         using Family = decltype(family);
         const at::ScalarType cfg_dtype = cfg.dtype == DType::FP16 ? at::kHalf : at::kBFloat16;
@@ -60,39 +60,44 @@ const ForwardLauncher &named_kernel(const AnyConfig &config, const at::Tensor &q
                                   describe(variant) + ")" + build);
         if (launcher == nullptr)
             throw py::value_error("kernel_cfg: " + Family::describe(cfg) + " is not compiled" + build);
-        if (!Family::runs_on(capability))
-            throw py::value_error("q: " + q.device().str() + " is " + arch_of(capability) + "; " +
-                                  Family::cannot_run_reason(capability));
+        if (!Family::runs_on(gpu.capability))
+            throw py::value_error("q: " + q.device().str() + " is " + arch_of(gpu.capability) + "; " +
+                                  Family::cannot_run_reason(gpu.capability));
+        if (launcher->smem_bytes > gpu.smem_per_block)
+            throw py::value_error("kernel_cfg: needs " + std::to_string(launcher->smem_bytes) +
+                                  " bytes of shared memory per block; " + q.device().str() + " allows " +
+                                  std::to_string(gpu.smem_per_block));
         return *launcher;
     });
 }
 
-// The message of a problem that no compiled kernel runs on this architecture.
-std::string no_kernel_message(DType dtype, const ForwardParams &params, const Problem &problem, int capability) {
+// The message of a problem that no compiled kernel runs on this GPU.
+std::string no_kernel_message(DType dtype, const ForwardParams &params, const Problem &problem, const Gpu &gpu) {
     std::string reasons;
     bool any_family_runs = false;
     for_each_family([&](auto family) {
         using Family = decltype(family);
-        any_family_runs = any_family_runs || Family::runs_on(capability);
-        if (!Family::runs_on(capability))
-            reasons += "; " + Family::cannot_run_reason(capability);
+        any_family_runs = any_family_runs || Family::runs_on(gpu.capability);
+        if (!Family::runs_on(gpu.capability))
+            reasons += "; " + Family::cannot_run_reason(gpu.capability);
     });
     std::string text = "q: no configuration compiled into this build (kernel set '" + std::string(compiled_kernel_set) +
                        "') runs " + dtype_name(dtype) + " attention with d_head " + std::to_string(params.d_head) + " and " +
-                       describe(ProblemVariant{problem.mask, false, problem.score_mods}) + " on " + arch_of(capability);
+                       describe(ProblemVariant{problem.mask, false, problem.score_mods}) + " on " + arch_of(gpu.capability) +
+                       " (" + std::to_string(gpu.smem_per_block) + " bytes of shared memory per block)";
     return any_family_runs ? text + reasons + "; " + rebuild_hint : text + reasons;
 }
 
-Choice automatic_kernel(DType dtype, const ForwardParams &params, const Problem &problem, int capability) {
-    std::optional<Choice> choice = choose(dtype, params, problem.mask, problem.score_mods, capability);
+Choice automatic_kernel(DType dtype, const ForwardParams &params, const Problem &problem, const Gpu &gpu) {
+    std::optional<Choice> choice = choose(dtype, params, problem.mask, problem.score_mods, gpu);
     if (!choice)
-        throw py::value_error(no_kernel_message(dtype, params, problem, capability));
+        throw py::value_error(no_kernel_message(dtype, params, problem, gpu));
     return *choice;
 }
 
-int capability_of(const at::Tensor &q) {
+Gpu gpu_of(const at::Tensor &q) {
     const cudaDeviceProp *props = at::cuda::getDeviceProperties(q.device().index());
-    return props->major * 10 + props->minor;
+    return Gpu{props->major * 10 + props->minor, static_cast<int64_t>(props->sharedMemPerBlockOptin)};
 }
 
 // q, k and v checked, and the parameter block's problem side decoded from them and the arguments.
@@ -120,14 +125,9 @@ py::tuple forward(py::handle kernel_cfg, py::handle q_obj, py::handle k_obj, py:
     ForwardParams params{};
     const Problem problem =
         checked_problem(q, k, v, ProblemArguments{causal, softmax_scale, window_size, softcap, alibi_slopes}, true, params);
-    const int capability = capability_of(q);
+    const Gpu gpu = gpu_of(q);
     const ForwardLauncher &launcher =
-        named ? named_kernel(*named, q, params, problem, capability) : *automatic_kernel(dtype_of(q), params, problem, capability).launcher;
-    const cudaDeviceProp *props = at::cuda::getDeviceProperties(q.device().index());
-    if (static_cast<size_t>(launcher.smem_bytes) > props->sharedMemPerBlockOptin)
-        throw py::value_error("kernel_cfg: needs " + std::to_string(launcher.smem_bytes) +
-                              " bytes of shared memory per block; " + q.device().str() + " allows " +
-                              std::to_string(props->sharedMemPerBlockOptin));
+        named ? named_kernel(*named, q, params, problem, gpu) : *automatic_kernel(dtype_of(q), params, problem, gpu).launcher;
 
     const c10::cuda::CUDAGuard guard(q.device());
     at::Tensor o;
@@ -186,15 +186,16 @@ py::tuple forward(py::handle kernel_cfg, py::handle q_obj, py::handle k_obj, py:
 // The automatic choice for a problem, without running it: (family, configuration fields, (mask
 // kind, masked tails, score mods), place in the table entry or 0, the entry's length or 0, the
 // entry's ranked count or 0, why the rule chose (RuleReason), whether it is in the default set).
-// q and k may be on any device (the meta device too); `capability` names the GPU.
+// q and k may be on any device (the meta device too); the GPU is named by its compute capability
+// (major * 10 + minor) and a block's opt-in shared memory.
 py::tuple choose_kernel(py::handle q_obj, py::handle k_obj, bool causal, py::handle window_size, py::handle softcap,
-                        py::handle alibi_slopes, int capability) {
+                        py::handle alibi_slopes, int capability, int64_t smem_per_block) {
     const at::Tensor q = tensor_argument(q_obj, "q");
     const at::Tensor k = tensor_argument(k_obj, "k");
     ForwardParams params{};
     const Problem problem =
         checked_problem(q, k, k, ProblemArguments{causal, py::none(), window_size, softcap, alibi_slopes}, false, params);
-    const Choice choice = automatic_kernel(dtype_of(q), params, problem, capability);
+    const Choice choice = automatic_kernel(dtype_of(q), params, problem, Gpu{capability, smem_per_block});
     const TableEntry *entry = choice.entry;
     return py::make_tuple(config_to_python(choice.config),
                           py::make_tuple(static_cast<int>(choice.variant.mask), choice.variant.masked_tails,
@@ -288,9 +289,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "dispatch tables) and the problem's variant, launched on the current stream; with benchmark=True also "
           "returns its run time in milliseconds.");
     m.def("choose", &binding::choose_kernel, py::arg("q"), py::arg("k"), py::arg("causal"), py::arg("window_size"),
-          py::arg("softcap"), py::arg("alibi_slopes"), py::arg("capability"),
-          "The automatic choice for a problem on a GPU of this compute capability (major * 10 + minor), without "
-          "running it.");
+          py::arg("softcap"), py::arg("alibi_slopes"), py::arg("capability"), py::arg("smem_per_block"),
+          "The automatic choice for a problem on a GPU of this compute capability (major * 10 + minor) and shared "
+          "memory per block, without running it.");
     m.def("load_dispatch_tables", &binding::load_dispatch_tables, py::arg("tables"), py::arg("defaults"),
           "Takes the dispatch tables and the default set that the automatic choice reads.");
     m.def("visited_tiles", &binding::visited_tiles_of, py::arg("B_r"), py::arg("B_c"), py::arg("seqlen_q"),

@@ -214,6 +214,35 @@ def test_choice_rejects_what_no_kernel_runs():
         flash_attention.choose_config(torch.empty(1, 8, 1, 64, dtype=torch.float16), _meta((1, 8, 1, 64)))
 
 
+def test_choice_checks_the_problem_as_a_call_does():
+    q = _meta((1, 8, 6, 64))
+    with pytest.raises(ValueError, match="k: heads_q"):
+        flash_attention.choose_config(q, _meta((1, 8, 4, 64)), arch="sm_90")
+    with pytest.raises(ValueError, match="window_size: left"):
+        flash_attention.choose_config(q, q, window_size=(-3, 0), arch="sm_90")
+    with pytest.raises(ValueError, match="softcap"):
+        flash_attention.choose_config(q, q, softcap=-1.0, arch="sm_90")
+    with pytest.raises(ValueError, match="alibi_slopes: shape"):
+        flash_attention.choose_config(q, q, alibi_slopes=torch.ones(5), arch="sm_90")
+
+
+def test_choice_says_what_an_architecture_lacks():
+    q = _meta((1, 8, 1, 64))
+    with pytest.raises(ValueError, match="need sm_80 or newer") as older:
+        flash_attention.choose_config(q, q, arch="sm_75")
+    assert "FLASH_BUILD_KERNELS" not in str(older.value), "no build helps a GPU older than every family"
+    newest = max(flash_attention._C.compiled_architectures()) // 10
+    newer = f"sm_{newest // 10 + 1}0"
+    with pytest.raises(ValueError, match=f"machine code for .* only; rebuild with {newer} in TORCH_CUDA_ARCH_LIST"):
+        flash_attention.choose_config(q, q, arch=newer)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where no GPU is visible")
+def test_kernel_attributes_without_a_gpu_says_so():
+    with pytest.raises(ValueError, match="needs a CUDA GPU, and none is visible"):
+        flash_attention.kernel_attributes(flash_attention.compiled_configs()[0])
+
+
 # ----------------------------------------------------------------------------------------------
 # Arguments rejected before anything runs
 

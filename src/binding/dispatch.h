@@ -5,9 +5,9 @@
 //
 // The rule: the entry measured at the problem's dtype, head size and mask kind (masked or not), at
 // the smallest measured length >= seqlen_q (else the longest). Among its configurations that run
-// on the GPU and were compiled with the variant the problem needs, the one whose measured time,
-// scaled by the tiles it visits at the problem's lengths against those at the measured length, is
-// shortest (ties: the better place). Where the table has no answer, the compiled configurations of
+// on the GPU (its architecture, and its shared memory) and were compiled with the variant the
+// problem needs, the one whose measured time, scaled by the tiles it visits at the problem's
+// lengths against those at the measured length, is shortest (ties: the better place). Where the table has no answer, the compiled configurations of
 // the dtype and head size that have the variant: the default set's first, then the largest tiles,
 // which load K and V least often per FLOP.
 #pragma once
@@ -76,6 +76,13 @@ struct DispatchTables {
     }
 };
 
+// The GPU a choice is for: its compute capability (major * 10 + minor) and a block's opt-in dynamic
+// shared memory.
+struct Gpu {
+    int capability;
+    int64_t smem_per_block;
+};
+
 // Why the rule chose, where the table did not.
 enum class RuleReason : int { NONE = 0, NO_TABLE = 1, NO_ENTRY = 2, NONE_COMPILED = 3 };
 
@@ -89,16 +96,16 @@ struct Choice {
     bool is_default;
 };
 
-// The launcher of `config` for this problem, with its variant, if it runs on the GPU and is compiled.
+// The launcher of `config` for this problem, with its variant, if it is compiled and runs on the GPU.
 inline std::optional<std::pair<ProblemVariant, const ForwardLauncher *>>
-runnable(const AnyConfig &config, const ForwardParams &params, MaskKind mask, bool score_mods, int capability) {
+runnable(const AnyConfig &config, const ForwardParams &params, MaskKind mask, bool score_mods, const Gpu &gpu) {
     return visit_config(config, [&](auto family, const auto &cfg) -> std::optional<std::pair<ProblemVariant, const ForwardLauncher *>> {
         using Family = decltype(family);
-        if (!Family::runs_on(capability))
+        if (!Family::runs_on(gpu.capability))
             return std::nullopt;
         const ProblemVariant variant = Family::variant_for(cfg, params, mask, score_mods);
         const ForwardLauncher *launcher = Family::find(cfg, variant);
-        if (launcher == nullptr)
+        if (launcher == nullptr || launcher->smem_bytes > gpu.smem_per_block)
             return std::nullopt;
         return std::pair{variant, launcher};
     });
@@ -124,14 +131,14 @@ inline const TableEntry *entry_for(const std::vector<TableEntry> &entries, DType
 }
 
 inline std::optional<Choice> choose_from_table(const TableEntry &entry, const ForwardParams &params, MaskKind mask,
-                                               bool score_mods, int capability) {
+                                               bool score_mods, const Gpu &gpu) {
     MaskParams measured_mask{};
     set_window(measured_mask, entry.causal, Window{-1, -1}, entry.seq_len, entry.seq_len);
     std::optional<Choice> best;
     double best_estimate = 0.0;
     for (size_t i = 0; i < entry.ranked.size(); ++i) {
         const auto &[config, time_ms] = entry.ranked[i];
-        const auto found = runnable(config, params, mask, score_mods, capability);
+        const auto found = runnable(config, params, mask, score_mods, gpu);
         if (!found)
             continue;
         const auto [B_r, B_c] = blocks_of(config);
@@ -146,7 +153,7 @@ inline std::optional<Choice> choose_from_table(const TableEntry &entry, const Fo
 }
 
 inline std::optional<Choice> choose_by_rule(DType dtype, const ForwardParams &params, MaskKind mask, bool score_mods,
-                                            int capability, RuleReason why) {
+                                            const Gpu &gpu, RuleReason why) {
     const auto &defaults = DispatchTables::instance().defaults;
     std::optional<Choice> best;
     std::tuple<bool, int, AnyConfig> best_key{};
@@ -157,7 +164,7 @@ inline std::optional<Choice> choose_by_rule(DType dtype, const ForwardParams &pa
             if (cfg.dtype != dtype || cfg.d_head != params.d_head)
                 continue;
             const AnyConfig config = cfg;
-            const auto found = runnable(config, params, mask, score_mods, capability);
+            const auto found = runnable(config, params, mask, score_mods, gpu);
             if (!found)
                 continue;
             const bool is_default = defaults.count(config) > 0;
@@ -172,20 +179,20 @@ inline std::optional<Choice> choose_by_rule(DType dtype, const ForwardParams &pa
 }
 
 // The kernel for a problem, or nullopt where this build has none that runs it on this GPU.
-inline std::optional<Choice> choose(DType dtype, const ForwardParams &params, MaskKind mask, bool score_mods, int capability) {
+inline std::optional<Choice> choose(DType dtype, const ForwardParams &params, MaskKind mask, bool score_mods, const Gpu &gpu) {
     const auto &tables = DispatchTables::instance().entries;
-    const auto table = tables.find(capability);
+    const auto table = tables.find(gpu.capability);
     RuleReason why = RuleReason::NO_TABLE;
     if (table != tables.end()) {
         const TableEntry *entry = entry_for(table->second, dtype, params.d_head, mask != MaskKind::NONE, params.seqlen_q);
         why = RuleReason::NO_ENTRY;
         if (entry != nullptr) {
-            if (auto choice = choose_from_table(*entry, params, mask, score_mods, capability))
+            if (auto choice = choose_from_table(*entry, params, mask, score_mods, gpu))
                 return choice;
             why = RuleReason::NONE_COMPILED;
         }
     }
-    return choose_by_rule(dtype, params, mask, score_mods, capability, why);
+    return choose_by_rule(dtype, params, mask, score_mods, gpu, why);
 }
 
 } // namespace flash::binding
