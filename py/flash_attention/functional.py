@@ -58,20 +58,22 @@ def forward(
     """
     if not isinstance(cfg, (str, *FAMILIES.values())):
         raise TypeError(f"kernel_cfg: expected a kernel configuration or its short form, got {type(cfg).__name__}")
-    return _attention(cached_config(cfg), q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse)
+    return _attention(cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse)
 
 
 def _attention(cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse):
-    """Runs a checked configuration (None: the automatic choice). A plain eager call goes straight to
-    the extension, which checks every argument; anything else goes through the operators."""
+    """Runs a configuration or its short form (None: the automatic choice). A plain eager call goes
+    straight to the extension, which checks every argument; anything else goes through the
+    operators, which take the short form (and check it when the call runs)."""
     if _plain_eager(q, k, v, o, alibi_slopes):
         check_no_grad(q, k, v, alibi_slopes)
+        cfg = None if cfg is None else cached_config(cfg)
         out, lse = ops.launch(cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse)
         if o is not None:
             torch.autograd.graph.increment_version(o)  # as forward_out's dispatch marks o written
         return (out, lse) if return_lse else out
     _check_operator_arguments(q, k, v, o, softmax_scale, window_size, softcap, alibi_slopes)
-    config = _AUTOMATIC if cfg is None else cfg.short_form()
+    config = _AUTOMATIC if cfg is None else cfg if isinstance(cfg, str) else cfg.short_form()
     softmax_scale = None if softmax_scale is None else float(softmax_scale)
     args = (q, k, v, config, bool(causal), softmax_scale, list(window_size), float(softcap), alibi_slopes, bool(return_lse))
     if o is None:
