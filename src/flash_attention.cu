@@ -114,24 +114,34 @@ Problem checked_problem(const at::Tensor &q, const at::Tensor &k, const at::Tens
 
 py::object optional(bool present, py::object value) { return present ? std::move(value) : py::none(); }
 
+// With heads_first, q, k, v and the output o are (batch, heads, seq, d_head) (SDPA's layout): the
+// kernels read them through their strides as (batch, seq, heads, d_head) views.
 py::tuple forward(py::handle kernel_cfg, py::handle q_obj, py::handle k_obj, py::handle v_obj, py::handle o_obj,
                   bool benchmark, bool causal, py::handle softmax_scale, py::handle window_size, py::handle softcap,
-                  py::handle alibi_slopes, bool return_lse) {
-    // The configuration first: a bad one is named whatever the tensors are.
+                  py::handle alibi_slopes, bool return_lse, bool heads_first) {
+    // The configuration and the other arguments first: a bad one is named whatever the tensors are.
     const std::optional<AnyConfig> named = kernel_cfg.is_none() ? std::nullopt : std::optional(config_from_python(kernel_cfg));
-    const at::Tensor q = tensor_argument(q_obj, "q");
-    const at::Tensor k = tensor_argument(k_obj, "k");
-    const at::Tensor v = tensor_argument(v_obj, "v");
+    const ProblemArguments args = problem_arguments(causal, softmax_scale, window_size, softcap, alibi_slopes);
+    const auto as_sequence_first = [&](py::handle obj, const char *name) {
+        const at::Tensor t = tensor_argument(obj, name);
+        return heads_first && t.dim() == 4 ? t.transpose(1, 2) : t;
+    };
+    if (heads_first && !o_obj.is_none())
+        throw py::value_error("o: must be None with heads_first (the output is allocated in that layout)");
+    const at::Tensor q = as_sequence_first(q_obj, "q");
+    const at::Tensor k = as_sequence_first(k_obj, "k");
+    const at::Tensor v = as_sequence_first(v_obj, "v");
     ForwardParams params{};
-    const Problem problem =
-        checked_problem(q, k, v, ProblemArguments{causal, softmax_scale, window_size, softcap, alibi_slopes}, true, params);
+    const Problem problem = checked_problem(q, k, v, args, true, params);
     const Gpu gpu = gpu_of(q);
     const ForwardLauncher &launcher =
         named ? named_kernel(*named, q, params, problem, gpu) : *automatic_kernel(dtype_of(q), params, problem, gpu).launcher;
 
     const c10::cuda::CUDAGuard guard(q.device());
     at::Tensor o;
-    if (o_obj.is_none()) {
+    if (o_obj.is_none() && heads_first) {
+        o = at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2);
+    } else if (o_obj.is_none()) {
         o = at::empty(q.sizes(), q.options());
     } else {
         o = tensor_argument(o_obj, "o");
@@ -143,7 +153,7 @@ py::tuple forward(py::handle kernel_cfg, py::handle q_obj, py::handle k_obj, py:
         params.lse = lse.data_ptr<float>();
     }
     const auto result = [&](std::optional<float> runtime_ms) {
-        return py::make_tuple(o, optional(return_lse, py::cast(lse)),
+        return py::make_tuple(heads_first ? o.transpose(1, 2) : o, optional(return_lse, py::cast(lse)),
                               optional(benchmark, py::float_(runtime_ms.value_or(0.0f))));
     };
     if (params.batch == 0 || params.seqlen_q == 0 || params.heads_q == 0)
@@ -190,11 +200,11 @@ py::tuple forward(py::handle kernel_cfg, py::handle q_obj, py::handle k_obj, py:
 // (major * 10 + minor) and a block's opt-in shared memory.
 py::tuple choose_kernel(py::handle q_obj, py::handle k_obj, bool causal, py::handle window_size, py::handle softcap,
                         py::handle alibi_slopes, int capability, int64_t smem_per_block) {
+    const ProblemArguments args = problem_arguments(causal, py::none(), window_size, softcap, alibi_slopes);
     const at::Tensor q = tensor_argument(q_obj, "q");
     const at::Tensor k = tensor_argument(k_obj, "k");
     ForwardParams params{};
-    const Problem problem =
-        checked_problem(q, k, k, ProblemArguments{causal, py::none(), window_size, softcap, alibi_slopes}, false, params);
+    const Problem problem = checked_problem(q, k, k, args, false, params);
     const Choice choice = automatic_kernel(dtype_of(q), params, problem, Gpu{capability, smem_per_block});
     const TableEntry *entry = choice.entry;
     return py::make_tuple(config_to_python(choice.config),
@@ -282,12 +292,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("o") = py::none(), py::arg("benchmark") = false, py::arg("causal") = false,
           py::arg("softmax_scale") = py::none(), py::arg("window_size") = py::make_tuple(-1, -1),
           py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(), py::arg("return_lse") = false,
+          py::arg("heads_first") = false,
           "forward(kernel_cfg, q, k, v, o=None, benchmark=False, causal=False, softmax_scale=None, "
-          "window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_lse=False) "
+          "window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_lse=False, heads_first=False) "
           "-> (o, lse or None, runtime_ms or None)\n\n"
           "Attention (FlashAttention-2's semantics) with the kernel compiled for kernel_cfg (None: chosen from the "
           "dispatch tables) and the problem's variant, launched on the current stream; with benchmark=True also "
-          "returns its run time in milliseconds.");
+          "returns its run time in milliseconds. q, k, v and o are (batch, seq, heads, d_head), or with "
+          "heads_first (batch, heads, seq, d_head), o then allocated here.");
     m.def("choose", &binding::choose_kernel, py::arg("q"), py::arg("k"), py::arg("causal"), py::arg("window_size"),
           py::arg("softcap"), py::arg("alibi_slopes"), py::arg("capability"), py::arg("smem_per_block"),
           "The automatic choice for a problem on a GPU of this compute capability (major * 10 + minor) and shared "

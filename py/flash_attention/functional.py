@@ -61,17 +61,24 @@ def forward(
     return _attention(cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse)
 
 
-def _attention(cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse):
+def _attention(cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, heads_first=False):
     """Runs a configuration or its short form (None: the automatic choice). A plain eager call goes
     straight to the extension, which checks every argument; anything else goes through the
-    operators, which take the short form (and check it when the call runs)."""
+    operators, which take the short form (and check it when the call runs). With heads_first, q, k,
+    v and the output are (batch, heads, seq, d) (SDPA's layout; o must be None)."""
     if _plain_eager(q, k, v, o, alibi_slopes):
         check_no_grad(q, k, v, alibi_slopes)
         cfg = None if cfg is None else cached_config(cfg)
-        out, lse = ops.launch(cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse)
+        args = (causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, heads_first)
+        out, lse = ops.launch(cfg, q, k, v, o, *args)
         if o is not None:
             torch.autograd.graph.increment_version(o)  # as forward_out's dispatch marks o written
         return (out, lse) if return_lse else out
+    if heads_first:
+        # The operators take our layout, (batch, seq, heads, d): the transposes are views.
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        out = _attention(cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse)
+        return out.transpose(1, 2)
     _check_operator_arguments(q, k, v, o, softmax_scale, window_size, softcap, alibi_slopes)
     config = _AUTOMATIC if cfg is None else cfg if isinstance(cfg, str) else cfg.short_form()
     softmax_scale = None if softmax_scale is None else float(softmax_scale)
@@ -196,9 +203,10 @@ def scaled_dot_product_attention(
     (batch, heads_q, seqlen_q, d).
     """
     _check_no_dropout(dropout_p, "dropout_p")
-    for name, tensor in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4:
-            raise ValueError(f"{name}: expected a 4-dimensional (batch, heads, seqlen, d) tensor")
+    tensors = (query, key, value)
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors):
+        name = next(n for n, t in zip(("query", "key", "value"), tensors) if not isinstance(t, torch.Tensor) or t.dim() != 4)
+        raise ValueError(f"{name}: expected a 4-dimensional (batch, heads, seqlen, d) tensor")
     if query.shape[1] != key.shape[1] and not enable_gqa:
         raise ValueError(
             f"enable_gqa: query has {query.shape[1]} heads and key {key.shape[1]}; pass enable_gqa=True "
@@ -208,22 +216,18 @@ def scaled_dot_product_attention(
         if is_causal:
             raise ValueError("attn_mask: must be None when is_causal is set, as in PyTorch")
         _check_mask_changes_nothing(attn_mask)
-    # Our layout is (batch, seqlen, heads, d): the transposes are views, and the kernels need only
-    # the last dimension contiguous.
-    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
-    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    seqlen_q, seqlen_k = query.shape[2], key.shape[2]
     window_size = (-1, -1)
     if is_causal:
-        if seqlen_q <= seqlen_k:
+        if seqlen_q < seqlen_k:
             # Query i attends keys j <= i < seqlen_q: the first seqlen_q keys under the bottom-right
             # mask, which then coincides with the top-left one.
-            k, v = k[:, :seqlen_q], v[:, :seqlen_q]
-        else:
+            key, value = key[:, :, :seqlen_q], value[:, :, :seqlen_q]
+        elif seqlen_q > seqlen_k:
             # The bottom-right window reaching seqlen_q - seqlen_k keys past the diagonal is j <= i.
             window_size = (-1, seqlen_q - seqlen_k)
     causal = is_causal and seqlen_q <= seqlen_k
-    out = _attention(None, q, k, v, None, causal, scale, window_size, 0.0, None, False)
-    return out.transpose(1, 2)
+    return _attention(None, query, key, value, None, causal, scale, window_size, 0.0, None, False, heads_first=True)
 
 
 def _check_no_dropout(dropout_p, name: str) -> None:

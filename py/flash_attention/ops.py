@@ -28,13 +28,15 @@ MISSING_BACKWARD = (
 )
 
 
-def launch(cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse):
+def launch(cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, heads_first=False):
     """The extension's forward with a checked configuration (kernels.cached_config's), or None for
     the automatic choice: (o, lse or None). The extension checks every other argument. It checks no
     grad: callers outside the operators do (check_no_grad)."""
     if cfg is None:
         load_dispatch_tables()
-    out, lse, _ = _C.forward(cfg, q, k, v, o, False, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse)
+    out, lse, _ = _C.forward(
+        cfg, q, k, v, o, False, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, heads_first
+    )
     return out, lse
 
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include <torch/extension.h>
@@ -14,14 +15,31 @@
 
 namespace flash::binding {
 
-// The problem-side arguments of one call, as Python gave them.
+// The problem-side arguments of one call, their types and their own values checked.
 struct ProblemArguments {
     bool causal;
-    py::handle softmax_scale; // None: 1 / sqrt(d_head)
-    py::handle window_size;   // (left, right)
-    py::handle softcap;
-    py::handle alibi_slopes; // None or a tensor
+    std::optional<float> softmax_scale; // none: 1 / sqrt(d_head)
+    Window window;
+    float softcap;
+    std::optional<at::Tensor> alibi_slopes;
 };
+
+// Decodes them from Python, before any tensor is looked at: a bad argument is named whatever the
+// tensors are.
+inline ProblemArguments problem_arguments(bool causal, py::handle softmax_scale, py::handle window_size, py::handle softcap,
+                                          py::handle alibi_slopes) {
+    ProblemArguments args{causal, std::nullopt, window_argument(window_size), finite_float(softcap, "softcap"), std::nullopt};
+    if (!softmax_scale.is_none()) {
+        args.softmax_scale = finite_float(softmax_scale, "softmax_scale");
+        if (!(*args.softmax_scale > 0.0f))
+            throw py::value_error("softmax_scale: must be a finite positive number, got " + std::to_string(*args.softmax_scale));
+    }
+    if (args.softcap < 0.0f)
+        throw py::value_error("softcap: must be >= 0 (0 turns it off), got " + std::to_string(args.softcap));
+    if (!alibi_slopes.is_none())
+        args.alibi_slopes = tensor_argument(alibi_slopes, "alibi_slopes");
+    return args;
+}
 
 // What a call asks for beyond its tensors: the mask kind and whether the scores are modified; the
 // rest is in the parameter block.
@@ -58,23 +76,14 @@ inline Problem decode_problem(const ProblemArguments &args, const at::Tensor &q,
     params.heads_kv = static_cast<int>(k.size(2));
     params.d_head = static_cast<int>(q.size(3));
 
-    params.softmax_scale = 1.0f / std::sqrt(static_cast<float>(params.d_head));
-    if (!args.softmax_scale.is_none()) {
-        params.softmax_scale = finite_float(args.softmax_scale, "softmax_scale");
-        if (!(params.softmax_scale > 0.0f))
-            throw py::value_error("softmax_scale: must be a finite positive number, got " + std::to_string(params.softmax_scale));
-    }
-    const float softcap = finite_float(args.softcap, "softcap");
-    if (softcap < 0.0f)
-        throw py::value_error("softcap: must be >= 0 (0 turns it off), got " + std::to_string(softcap));
-    params.mask.softcap = softcap;
-
-    set_window(params.mask, args.causal, window_argument(args.window_size), params.seqlen_q, params.seqlen_k);
+    params.softmax_scale = args.softmax_scale.value_or(1.0f / std::sqrt(static_cast<float>(params.d_head)));
+    params.mask.softcap = args.softcap;
+    set_window(params.mask, args.causal, args.window, params.seqlen_q, params.seqlen_k);
 
     params.mask.alibi_slopes = nullptr;
     params.mask.alibi_batch_stride = 0;
-    if (!args.alibi_slopes.is_none()) {
-        const at::Tensor slopes = tensor_argument(args.alibi_slopes, "alibi_slopes");
+    if (args.alibi_slopes) {
+        const at::Tensor &slopes = *args.alibi_slopes;
         if (slopes.scalar_type() != at::kFloat)
             throw py::type_error("alibi_slopes: dtype must be float32, got " + dtype_str(slopes));
         if (q.is_cuda() && slopes.device() != q.device())
@@ -91,7 +100,7 @@ inline Problem decode_problem(const ProblemArguments &args, const at::Tensor &q,
         params.mask.alibi_slopes = q.is_cuda() ? slopes.data_ptr<float>() : nullptr;
         params.mask.alibi_batch_stride = per_batch ? slopes.stride(0) : 0;
     }
-    return Problem{mask_kind(params.mask), softcap > 0.0f || !args.alibi_slopes.is_none()};
+    return Problem{mask_kind(params.mask), args.softcap > 0.0f || args.alibi_slopes.has_value()};
 }
 
 } // namespace flash::binding
