@@ -182,8 +182,10 @@ def test_choice_scales_the_tables_times_by_the_tiles_each_configuration_visits(w
 
 def test_choice_falls_back_to_the_default_set(with_table):
     with_table(None)
-    arch = f"sm_{min(flash_attention._C.compiled_architectures()) // 10}"  # one this build has machine code for
-    q = _meta((2, 1000, 8, 128))
+    cfg = flash_attention.compiled_configs()[0]
+    # An architecture this build has machine code for, that the configuration's family runs on.
+    arch = "sm_90" if cfg.family == "sm90" else f"sm_{min(flash_attention._C.compiled_architectures()) // 10}"
+    q = _meta((2, 1000, 8, cfg.d_head), cfg.dtype.to_torch_dtype())
     choice = flash_attention.choose_config(q, q, causal=True, arch=arch)
     assert f"no dispatch table for {arch}" in choice.reason
     assert choice.variant == flash_attention.ProblemVariant(flash_attention.MaskKind.CAUSAL, True, False)
