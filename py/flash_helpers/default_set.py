@@ -1,7 +1,8 @@
 """The default set: what a plain install compiles, small enough for a build of minutes. Per dtype
-and head size, the configurations that measured fastest on the H200 (BENCHMARKS.md says how each
-was chosen). Every problem variant is compiled for them (``kernel_sets.variants_to_build``), and
-automatic configuration chooses among them (the dispatch table). Importable without torch.
+and head size, the configurations that measured fastest on the H200 (benchmarks/HISTORY.md,
+section "default-set", says how each was chosen). Every problem variant is compiled for them
+(``kernel_sets.variants_to_build``), and automatic configuration chooses among them (the dispatch
+table). Importable without torch.
 """
 
 from __future__ import annotations
