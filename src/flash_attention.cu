@@ -1,25 +1,27 @@
-// The Python module: one forward call (the configuration named, or chosen here from the dispatch
-// tables), the choice alone (choose_config's), and what the build compiled. A call validates its
-// arguments (src/binding/), builds the parameter block once, looks the kernel up in the registry by
-// (family configuration, problem variant) and has its launcher run it on the current torch stream.
-// It holds no kernel code and no launch geometry: those are the families'.
+// The entry points: the Python module (one forward call, the configuration named or chosen from the
+// dispatch tables; the choice alone, choose_config's; what the build compiled) and the torch
+// operators flash_attention::forward and forward_out, registered here with the dispatcher so that
+// traced and compiled code calls them without Python. Each decodes its arguments and runs
+// binding/forward.h's call. They hold no kernel code and no launch geometry: those are the families'.
 #include <cstdint>
-#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
 
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
+
+#include <mutex>
+#include <unordered_map>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
 
 #include "binding/arguments.h"
 #include "binding/dispatch.h"
 #include "binding/families.h"
+#include "binding/forward.h"
 #include "binding/problem.h"
-#include "binding/tensor_checks.h"
 #include "common/cuda_utils.cuh"
-#include "common/forward_params.h"
 #include "generated/kernel_registry.h"
 
 namespace py = pybind11;
@@ -27,170 +29,20 @@ namespace py = pybind11;
 namespace flash::binding {
 namespace {
 
-DType dtype_of(const at::Tensor &t) { return t.scalar_type() == at::kHalf ? DType::FP16 : DType::BF16; }
-
-const char *dtype_name(DType dtype) { return dtype == DType::FP16 ? "float16" : "bfloat16"; }
-
-std::string describe(const ProblemVariant &variant) {
-    const char *masks[] = {"no mask", "a causal mask", "a local window"};
-    return std::string(masks[static_cast<int>(variant.mask)]) +
-           (variant.masked_tails ? ", lengths that are not multiples of the block sizes" : "") +
-           (variant.score_mods ? ", softcap or ALiBi" : "");
-}
-
-std::string arch_of(int capability) { return "sm_" + std::to_string(capability); }
-
-// The kernel of a configuration named by the caller, for this problem on this GPU.
-const ForwardLauncher &named_kernel(const AnyConfig &config, const at::Tensor &q, const ForwardParams &params,
-                                    const Problem &problem, const Gpu &gpu) {
-    return visit_config(config, [&](auto family, const auto &cfg) -> const ForwardLauncher & {
-        using Family = decltype(family);
-        const at::ScalarType cfg_dtype = cfg.dtype == DType::FP16 ? at::kHalf : at::kBFloat16;
-        if (q.scalar_type() != cfg_dtype)
-            throw py::type_error("q: dtype " + dtype_str(q) + " does not match kernel_cfg.dtype (" +
-                                 std::string(c10::toString(cfg_dtype)) + ")");
-        if (params.d_head != cfg.d_head)
-            throw py::value_error("q: d_head (last dimension) is " + std::to_string(params.d_head) +
-                                  " but kernel_cfg.d_head is " + std::to_string(cfg.d_head));
-        const ProblemVariant variant = Family::variant_for(cfg, params, problem.mask, problem.score_mods);
-        const ForwardLauncher *launcher = Family::find(cfg, variant);
-        const std::string build = " in this build (kernel set '" + std::string(compiled_kernel_set) + "'); " + rebuild_hint;
-        if (launcher == nullptr && Family::is_compiled(cfg))
-            throw py::value_error("kernel_cfg: " + Family::describe(cfg) + " has no kernel for this problem (" +
-                                  describe(variant) + ")" + build);
-        if (launcher == nullptr)
-            throw py::value_error("kernel_cfg: " + Family::describe(cfg) + " is not compiled" + build);
-        if (!Family::runs_on(gpu.capability))
-            throw py::value_error("q: " + q.device().str() + " is " + arch_of(gpu.capability) + "; " +
-                                  Family::cannot_run_reason(gpu.capability));
-        if (launcher->smem_bytes > gpu.smem_per_block)
-            throw py::value_error("kernel_cfg: needs " + std::to_string(launcher->smem_bytes) +
-                                  " bytes of shared memory per block; " + q.device().str() + " allows " +
-                                  std::to_string(gpu.smem_per_block));
-        return *launcher;
-    });
-}
-
-// The message of a problem that no compiled kernel runs on this GPU.
-std::string no_kernel_message(DType dtype, const ForwardParams &params, const Problem &problem, const Gpu &gpu) {
-    std::string reasons;
-    bool any_family_runs = false;
-    for_each_family([&](auto family) {
-        using Family = decltype(family);
-        any_family_runs = any_family_runs || Family::runs_on(gpu.capability);
-        if (!Family::runs_on(gpu.capability))
-            reasons += "; " + Family::cannot_run_reason(gpu.capability);
-    });
-    std::string text = "q: no configuration compiled into this build (kernel set '" + std::string(compiled_kernel_set) +
-                       "') runs " + dtype_name(dtype) + " attention with d_head " + std::to_string(params.d_head) + " and " +
-                       describe(ProblemVariant{problem.mask, false, problem.score_mods}) + " on " + arch_of(gpu.capability) +
-                       " (" + std::to_string(gpu.smem_per_block) + " bytes of shared memory per block)";
-    return any_family_runs ? text + reasons + "; " + rebuild_hint : text + reasons;
-}
-
-Choice automatic_kernel(DType dtype, const ForwardParams &params, const Problem &problem, const Gpu &gpu) {
-    std::optional<Choice> choice = choose(dtype, params, problem.mask, problem.score_mods, gpu);
-    if (!choice)
-        throw py::value_error(no_kernel_message(dtype, params, problem, gpu));
-    return *choice;
-}
-
-Gpu gpu_of(const at::Tensor &q) {
-    const cudaDeviceProp *props = at::cuda::getDeviceProperties(q.device().index());
-    return Gpu{props->major * 10 + props->minor, static_cast<int64_t>(props->sharedMemPerBlockOptin)};
-}
-
-// q, k and v checked, and the parameter block's problem side decoded from them and the arguments.
-Problem checked_problem(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const ProblemArguments &args,
-                        bool on_device, ForwardParams &params) {
-    check_tensor(q, "q", on_device);
-    check_tensor(k, "k", on_device);
-    check_tensor(v, "v", on_device);
-    check_device_and_dtype(k, "k", q);
-    check_device_and_dtype(v, "v", q);
-    check_shapes(q, k, v);
-    return decode_problem(args, q, k, params);
-}
-
 py::object optional(bool present, py::object value) { return present ? std::move(value) : py::none(); }
 
-// With heads_first, q, k, v and the output o are (batch, heads, seq, d_head) (SDPA's layout): the
-// kernels read them through their strides as (batch, seq, heads, d_head) views.
-py::tuple forward(py::handle kernel_cfg, py::handle q_obj, py::handle k_obj, py::handle v_obj, py::handle o_obj,
-                  bool benchmark, bool causal, py::handle softmax_scale, py::handle window_size, py::handle softcap,
+// The Python function: (o, lse or None, runtime_ms or None).
+py::tuple forward(py::handle kernel_cfg, py::handle q, py::handle k, py::handle v, py::handle o, bool benchmark,
+                  bool causal, py::handle softmax_scale, py::handle window_size, py::handle softcap,
                   py::handle alibi_slopes, bool return_lse, bool heads_first) {
     // The configuration and the other arguments first: a bad one is named whatever the tensors are.
     const std::optional<AnyConfig> named = kernel_cfg.is_none() ? std::nullopt : std::optional(config_from_python(kernel_cfg));
     const ProblemArguments args = problem_arguments(causal, softmax_scale, window_size, softcap, alibi_slopes);
-    const auto as_sequence_first = [&](py::handle obj, const char *name) {
-        const at::Tensor t = tensor_argument(obj, name);
-        return heads_first && t.dim() == 4 ? t.transpose(1, 2) : t;
-    };
-    if (heads_first && !o_obj.is_none())
-        throw py::value_error("o: must be None with heads_first (the output is allocated in that layout)");
-    const at::Tensor q = as_sequence_first(q_obj, "q");
-    const at::Tensor k = as_sequence_first(k_obj, "k");
-    const at::Tensor v = as_sequence_first(v_obj, "v");
-    ForwardParams params{};
-    const Problem problem = checked_problem(q, k, v, args, true, params);
-    const Gpu gpu = gpu_of(q);
-    const ForwardLauncher &launcher =
-        named ? named_kernel(*named, q, params, problem, gpu) : *automatic_kernel(dtype_of(q), params, problem, gpu).launcher;
-
-    const c10::cuda::CUDAGuard guard(q.device());
-    at::Tensor o;
-    if (o_obj.is_none() && heads_first) {
-        o = at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2);
-    } else if (o_obj.is_none()) {
-        o = at::empty(q.sizes(), q.options());
-    } else {
-        o = tensor_argument(o_obj, "o");
-        check_output(o, q, k, v);
-    }
-    at::Tensor lse;
-    if (return_lse) {
-        lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
-        params.lse = lse.data_ptr<float>();
-    }
-    const auto result = [&](std::optional<float> runtime_ms) {
-        return py::make_tuple(heads_first ? o.transpose(1, 2) : o, optional(return_lse, py::cast(lse)),
-                              optional(benchmark, py::float_(runtime_ms.value_or(0.0f))));
-    };
-    if (params.batch == 0 || params.seqlen_q == 0 || params.heads_q == 0)
-        return result(std::nullopt);
-    if (params.seqlen_k == 0) {
-        // No key at all: every row attends nothing.
-        o.zero_();
-        if (return_lse)
-            lse.fill_(std::numeric_limits<float>::infinity());
-        return result(std::nullopt);
-    }
-
-    params.q = q.data_ptr();
-    params.k = k.data_ptr();
-    params.v = v.data_ptr();
-    params.o = o.data_ptr();
-    const auto strides_of = [](const at::Tensor &t) { return TensorStrides{t.stride(0), t.stride(1), t.stride(2)}; };
-    params.q_strides = strides_of(q);
-    params.k_strides = strides_of(k);
-    params.v_strides = strides_of(v);
-    params.o_strides = strides_of(o);
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
-    at::Tensor work_counter; // zeroed on the kernel's stream, by a memset that compute-sanitizer's initcheck sees
-    if (launcher.needs_work_counter) {
-        work_counter = at::empty({1}, q.options().dtype(at::kInt));
-        params.work_counter = work_counter.data_ptr<int>();
-        check_cuda(cudaMemsetAsync(params.work_counter, 0, sizeof(int), stream), "zeroing the work counter");
-    }
-    if (!benchmark) {
-        launcher.launch(params, stream);
-        return result(std::nullopt);
-    }
-    EventTimer timer(stream);
-    timer.start();
-    launcher.launch(params, stream);
-    timer.stop();
-    return result(timer.elapsed_ms());
+    const std::optional<at::Tensor> o_given = o.is_none() ? std::nullopt : std::optional(tensor_argument(o, "o"));
+    const ForwardResult result = run_forward(named, tensor_argument(q, "q"), tensor_argument(k, "k"), tensor_argument(v, "v"),
+                                             o_given, args, return_lse, benchmark, heads_first);
+    return py::make_tuple(result.o, optional(return_lse, py::cast(result.lse)),
+                          optional(benchmark, py::float_(result.runtime_ms.value_or(0.0f))));
 }
 
 // The automatic choice for a problem, without running it: (family, configuration fields, (mask
@@ -282,8 +134,143 @@ py::dict kernel_attributes(py::handle kernel_cfg) {
     return result;
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// The torch operators. Their schema types the arguments; config is a configuration's short form,
+// or "" for the automatic choice; without return_lse, lse is an empty tensor (an operator's outputs
+// cannot be optional). The fake implementations (for tracing) are Python's, in flash_attention.ops.
+
+// Raised where autograd would need the backward pass there is not yet.
+constexpr const char *MISSING_BACKWARD =
+    "flash_attention has no backward pass yet, and q, k or v requires grad with grad mode on: "
+    "run the forward under torch.no_grad() or torch.inference_mode(), or pass detached tensors";
+
+// The configuration of a short form: parsed and checked once per string by Python
+// (flash_attention.kernels.cached_config, whose messages name what is wrong), then kept here.
+std::optional<AnyConfig> config_of_short_form(c10::string_view text) {
+    if (text.empty())
+        return std::nullopt;
+    static std::mutex mutex;
+    static std::unordered_map<std::string, AnyConfig> parsed;
+    const std::string key(text);
+    {
+        const std::lock_guard<std::mutex> lock(mutex);
+        if (const auto found = parsed.find(key); found != parsed.end())
+            return found->second;
+    }
+    AnyConfig config;
+    {
+        const py::gil_scoped_acquire gil;
+        config = config_from_python(py::module_::import("flash_attention.kernels").attr("cached_config")(key));
+    }
+    const std::lock_guard<std::mutex> lock(mutex);
+    return parsed.emplace(key, config).first->second;
+}
+
+// The automatic choice reads the dispatch tables that Python hands over on the first automatic call;
+// an operator may be that call.
+void ensure_dispatch_tables() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        const py::gil_scoped_acquire gil;
+        py::module_::import("flash_attention.dispatch").attr("load_dispatch_tables")();
+    });
+}
+
+ForwardResult run_operator(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, c10::string_view config,
+                           bool causal, std::optional<double> softmax_scale, at::IntArrayRef window_size, double softcap,
+                           const std::optional<at::Tensor> &alibi_slopes, bool return_lse, const std::optional<at::Tensor> &o) {
+    if (window_size.size() != 2)
+        throw py::type_error("window_size: expected a pair (left, right) of ints, got " + std::to_string(window_size.size()) +
+                             " values");
+    const ProblemArguments args =
+        problem_arguments(causal, softmax_scale, make_window(window_size[0], window_size[1]), softcap, alibi_slopes);
+    const std::optional<AnyConfig> named = config_of_short_form(config);
+    if (!named)
+        ensure_dispatch_tables();
+    ForwardResult result = run_forward(named, q, k, v, o, args, return_lse, false, false);
+    if (!return_lse)
+        result.lse = at::empty({0}, q.options().dtype(at::kFloat));
+    return result;
+}
+
+std::tuple<at::Tensor, at::Tensor> forward_operator(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                                                    c10::string_view config, bool causal, std::optional<double> softmax_scale,
+                                                    at::IntArrayRef window_size, double softcap,
+                                                    const std::optional<at::Tensor> &alibi_slopes, bool return_lse) {
+    ForwardResult result =
+        run_operator(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, std::nullopt);
+    return {std::move(result.o), std::move(result.lse)};
+}
+
+at::Tensor forward_out_operator(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, c10::string_view config,
+                                bool causal, std::optional<double> softmax_scale, at::IntArrayRef window_size,
+                                double softcap, const std::optional<at::Tensor> &alibi_slopes, bool return_lse,
+                                at::Tensor &o) {
+    return run_operator(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, o).lse;
+}
+
+void check_no_grad(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const std::optional<at::Tensor> &alibi_slopes) {
+    const bool needs_grad = q.requires_grad() || k.requires_grad() || v.requires_grad() ||
+                            (alibi_slopes && alibi_slopes->requires_grad());
+    TORCH_CHECK_NOT_IMPLEMENTED(!(at::GradMode::is_enabled() && needs_grad), MISSING_BACKWARD);
+}
+
+// The operators' autograd kernels: raise where a backward pass would be needed, rather than return
+// an output cut off from the graph; otherwise run the operator below autograd (forward_out marking
+// o written, as autograd's in-place kernels do).
+std::tuple<at::Tensor, at::Tensor> forward_autograd(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                                                    c10::string_view config, bool causal, std::optional<double> softmax_scale,
+                                                    at::IntArrayRef window_size, double softcap,
+                                                    const std::optional<at::Tensor> &alibi_slopes, bool return_lse) {
+    check_no_grad(q, k, v, alibi_slopes);
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("flash_attention::forward", "")
+                               .typed<decltype(forward_operator)>();
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return op.call(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse);
+}
+
+at::Tensor forward_out_autograd(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, c10::string_view config,
+                                bool causal, std::optional<double> softmax_scale, at::IntArrayRef window_size,
+                                double softcap, const std::optional<at::Tensor> &alibi_slopes, bool return_lse,
+                                at::Tensor &o) {
+    check_no_grad(q, k, v, alibi_slopes);
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("flash_attention::forward_out", "")
+                               .typed<decltype(forward_out_operator)>();
+    at::Tensor lse;
+    {
+        const at::AutoDispatchBelowADInplaceOrView below_autograd;
+        lse = op.call(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, o);
+    }
+    torch::autograd::increment_version(o);
+    return lse;
+}
+
 } // namespace
 } // namespace flash::binding
+
+TORCH_LIBRARY(flash_attention, m) {
+    m.def("forward(Tensor q, Tensor k, Tensor v, str config, bool causal, float? softmax_scale, int[] window_size, "
+          "float softcap, Tensor? alibi_slopes, bool return_lse) -> (Tensor, Tensor)");
+    m.def("forward_out(Tensor q, Tensor k, Tensor v, str config, bool causal, float? softmax_scale, int[] window_size, "
+          "float softcap, Tensor? alibi_slopes, bool return_lse, Tensor(a!) o) -> Tensor");
+}
+
+// CPU too, so that CPU tensors get the call's own message (q: expected a CUDA tensor).
+TORCH_LIBRARY_IMPL(flash_attention, CUDA, m) {
+    m.impl("forward", &flash::binding::forward_operator);
+    m.impl("forward_out", &flash::binding::forward_out_operator);
+}
+TORCH_LIBRARY_IMPL(flash_attention, CPU, m) {
+    m.impl("forward", &flash::binding::forward_operator);
+    m.impl("forward_out", &flash::binding::forward_out_operator);
+}
+TORCH_LIBRARY_IMPL(flash_attention, Autograd, m) {
+    m.impl("forward", &flash::binding::forward_autograd);
+    m.impl("forward_out", &flash::binding::forward_out_autograd);
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     namespace binding = flash::binding;
@@ -316,6 +303,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "The name of the kernel set this module was built with (FLASH_BUILD_KERNELS).");
     m.def("compiled_architectures", [] { return binding::compiled_architectures(); },
           "The GPU architectures this module has machine code for, as nvcc numbers them (800, 900, ...).");
+    m.attr("MISSING_BACKWARD") = binding::MISSING_BACKWARD;
     m.def("kernel_attributes", &binding::kernel_attributes, py::arg("kernel_cfg"),
           "Registers, local (spill) bytes, static and dynamic shared memory of a compiled kernel.");
 }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include <torch/extension.h>
@@ -32,10 +33,14 @@ inline at::Tensor tensor_argument(py::handle obj, const char *name) {
     return THPVariable_Unpack(obj.ptr());
 }
 
-inline float finite_float(py::handle value, const char *name) {
+// A Python float or int (not a bool), as a double; its value is checked where it is used.
+inline double number_argument(py::handle value, const char *name) {
     if (py::isinstance<py::bool_>(value) || !(py::isinstance<py::float_>(value) || py::isinstance<py::int_>(value)))
         throw py::type_error(std::string(name) + ": expected a float, got " + type_name(value));
-    const double v = value.cast<double>();
+    return value.cast<double>();
+}
+
+inline float finite_value(double v, const char *name) {
     if (!std::isfinite(v))
         throw py::value_error(std::string(name) + ": must be finite, got " + std::to_string(v));
     return static_cast<float>(v);
@@ -47,20 +52,23 @@ struct Window {
     int right;
 };
 
+inline Window make_window(int64_t left, int64_t right) {
+    const auto side = [](int64_t v, const char *which) {
+        if (v < -1)
+            throw py::value_error(std::string("window_size: ") + which + " must be -1 (unbounded) or >= 0, got " +
+                                  std::to_string(v));
+        return static_cast<int>(std::min<int64_t>(v, UNBOUNDED_WINDOW));
+    };
+    return Window{side(left, "left"), side(right, "right")};
+}
+
 inline Window window_argument(py::handle value) {
     const auto is_int = [](py::handle side) { return py::isinstance<py::int_>(side) && !py::isinstance<py::bool_>(side); };
     const bool pair = (py::isinstance<py::tuple>(value) || py::isinstance<py::list>(value)) && py::len(value) == 2;
     if (!pair || !is_int(value[py::int_(0)]) || !is_int(value[py::int_(1)]))
         throw py::type_error("window_size: expected a pair (left, right) of ints, got " +
                              std::string(py::str(py::repr(value))));
-    const auto side = [&](int index, const char *which) {
-        const long long v = value[py::int_(index)].cast<long long>();
-        if (v < -1)
-            throw py::value_error(std::string("window_size: ") + which + " must be -1 (unbounded) or >= 0, got " +
-                                  std::to_string(v));
-        return static_cast<int>(std::min<long long>(v, UNBOUNDED_WINDOW));
-    };
-    return Window{side(0, "left"), side(1, "right")};
+    return make_window(value[py::int_(0)].cast<int64_t>(), value[py::int_(1)].cast<int64_t>());
 }
 
 } // namespace flash::binding

@@ -24,21 +24,31 @@ struct ProblemArguments {
     std::optional<at::Tensor> alibi_slopes;
 };
 
-// Decodes them from Python, before any tensor is looked at: a bad argument is named whatever the
-// tensors are.
-inline ProblemArguments problem_arguments(bool causal, py::handle softmax_scale, py::handle window_size, py::handle softcap,
-                                          py::handle alibi_slopes) {
-    ProblemArguments args{causal, std::nullopt, window_argument(window_size), finite_float(softcap, "softcap"), std::nullopt};
-    if (!softmax_scale.is_none()) {
-        args.softmax_scale = finite_float(softmax_scale, "softmax_scale");
+// The arguments with their own values checked (types were checked where they were decoded).
+inline ProblemArguments problem_arguments(bool causal, std::optional<double> softmax_scale, Window window, double softcap,
+                                          std::optional<at::Tensor> alibi_slopes) {
+    ProblemArguments args{causal, std::nullopt, window, finite_value(softcap, "softcap"), std::move(alibi_slopes)};
+    if (softmax_scale) {
+        args.softmax_scale = finite_value(*softmax_scale, "softmax_scale");
         if (!(*args.softmax_scale > 0.0f))
             throw py::value_error("softmax_scale: must be a finite positive number, got " + std::to_string(*args.softmax_scale));
     }
     if (args.softcap < 0.0f)
         throw py::value_error("softcap: must be >= 0 (0 turns it off), got " + std::to_string(args.softcap));
-    if (!alibi_slopes.is_none())
-        args.alibi_slopes = tensor_argument(alibi_slopes, "alibi_slopes");
     return args;
+}
+
+// The same, decoded from Python objects, before any tensor is looked at: a bad argument is named
+// whatever the tensors are.
+inline ProblemArguments problem_arguments(bool causal, py::handle softmax_scale, py::handle window_size, py::handle softcap,
+                                          py::handle alibi_slopes) {
+    const Window window = window_argument(window_size);
+    const double cap = number_argument(softcap, "softcap");
+    const std::optional<double> scale =
+        softmax_scale.is_none() ? std::nullopt : std::optional(number_argument(softmax_scale, "softmax_scale"));
+    const std::optional<at::Tensor> slopes =
+        alibi_slopes.is_none() ? std::nullopt : std::optional(tensor_argument(alibi_slopes, "alibi_slopes"));
+    return problem_arguments(causal, scale, window, cap, slopes);
 }
 
 // What a call asks for beyond its tensors: the mask kind and whether the scores are modified; the

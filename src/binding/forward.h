@@ -1,0 +1,194 @@
+// One forward call, after its arguments are decoded: the checks that need the tensors, the kernel
+// (named or chosen), the output and log-sum-exp, and the launch on the current stream. What the
+// Python function and the torch operators of src/flash_attention.cu both run.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/extension.h>
+
+#include "binding/arguments.h"
+#include "binding/dispatch.h"
+#include "binding/families.h"
+#include "binding/problem.h"
+#include "binding/tensor_checks.h"
+#include "common/cuda_utils.cuh"
+#include "common/forward_params.h"
+#include "generated/kernel_registry.h"
+
+namespace flash::binding {
+
+inline DType dtype_of(const at::Tensor &t) { return t.scalar_type() == at::kHalf ? DType::FP16 : DType::BF16; }
+
+inline const char *dtype_name(DType dtype) { return dtype == DType::FP16 ? "float16" : "bfloat16"; }
+
+inline std::string describe(const ProblemVariant &variant) {
+    const char *masks[] = {"no mask", "a causal mask", "a local window"};
+    return std::string(masks[static_cast<int>(variant.mask)]) +
+           (variant.masked_tails ? ", lengths that are not multiples of the block sizes" : "") +
+           (variant.score_mods ? ", softcap or ALiBi" : "");
+}
+
+inline std::string arch_of(int capability) { return "sm_" + std::to_string(capability); }
+
+// The kernel of a configuration named by the caller, for this problem on this GPU.
+inline const ForwardLauncher &named_kernel(const AnyConfig &config, const at::Tensor &q, const ForwardParams &params,
+                                           const Problem &problem, const Gpu &gpu) {
+    return visit_config(config, [&](auto family, const auto &cfg) -> const ForwardLauncher & {
+        using Family = decltype(family);
+        const at::ScalarType cfg_dtype = cfg.dtype == DType::FP16 ? at::kHalf : at::kBFloat16;
+        if (q.scalar_type() != cfg_dtype)
+            throw py::type_error("q: dtype " + dtype_str(q) + " does not match kernel_cfg.dtype (" +
+                                 std::string(c10::toString(cfg_dtype)) + ")");
+        if (params.d_head != cfg.d_head)
+            throw py::value_error("q: d_head (last dimension) is " + std::to_string(params.d_head) +
+                                  " but kernel_cfg.d_head is " + std::to_string(cfg.d_head));
+        const ProblemVariant variant = Family::variant_for(cfg, params, problem.mask, problem.score_mods);
+        const ForwardLauncher *launcher = Family::find(cfg, variant);
+        const std::string build = " in this build (kernel set '" + std::string(compiled_kernel_set) + "'); " + rebuild_hint;
+        if (launcher == nullptr && Family::is_compiled(cfg))
+            throw py::value_error("kernel_cfg: " + Family::describe(cfg) + " has no kernel for this problem (" +
+                                  describe(variant) + ")" + build);
+        if (launcher == nullptr)
+            throw py::value_error("kernel_cfg: " + Family::describe(cfg) + " is not compiled" + build);
+        if (!Family::runs_on(gpu.capability))
+            throw py::value_error("q: " + q.device().str() + " is " + arch_of(gpu.capability) + "; " +
+                                  Family::cannot_run_reason(gpu.capability));
+        if (launcher->smem_bytes > gpu.smem_per_block)
+            throw py::value_error("kernel_cfg: needs " + std::to_string(launcher->smem_bytes) +
+                                  " bytes of shared memory per block; " + q.device().str() + " allows " +
+                                  std::to_string(gpu.smem_per_block));
+        return *launcher;
+    });
+}
+
+// The message of a problem that no compiled kernel runs on this GPU.
+inline std::string no_kernel_message(DType dtype, const ForwardParams &params, const Problem &problem, const Gpu &gpu) {
+    std::string reasons;
+    bool any_family_runs = false;
+    for_each_family([&](auto family) {
+        using Family = decltype(family);
+        any_family_runs = any_family_runs || Family::runs_on(gpu.capability);
+        if (!Family::runs_on(gpu.capability))
+            reasons += "; " + Family::cannot_run_reason(gpu.capability);
+    });
+    std::string text = "q: no configuration compiled into this build (kernel set '" + std::string(compiled_kernel_set) +
+                       "') runs " + dtype_name(dtype) + " attention with d_head " + std::to_string(params.d_head) + " and " +
+                       describe(ProblemVariant{problem.mask, false, problem.score_mods}) + " on " + arch_of(gpu.capability) +
+                       " (" + std::to_string(gpu.smem_per_block) + " bytes of shared memory per block)";
+    return any_family_runs ? text + reasons + "; " + rebuild_hint : text + reasons;
+}
+
+inline Choice automatic_kernel(DType dtype, const ForwardParams &params, const Problem &problem, const Gpu &gpu) {
+    std::optional<Choice> choice = choose(dtype, params, problem.mask, problem.score_mods, gpu);
+    if (!choice)
+        throw py::value_error(no_kernel_message(dtype, params, problem, gpu));
+    return *choice;
+}
+
+inline Gpu gpu_of(const at::Tensor &q) {
+    const cudaDeviceProp *props = at::cuda::getDeviceProperties(q.device().index());
+    return Gpu{props->major * 10 + props->minor, static_cast<int64_t>(props->sharedMemPerBlockOptin)};
+}
+
+// q, k and v checked, and the parameter block's problem side decoded from them and the arguments.
+inline Problem checked_problem(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const ProblemArguments &args,
+                        bool on_device, ForwardParams &params) {
+    check_tensor(q, "q", on_device);
+    check_tensor(k, "k", on_device);
+    check_tensor(v, "v", on_device);
+    check_device_and_dtype(k, "k", q);
+    check_device_and_dtype(v, "v", q);
+    check_shapes(q, k, v);
+    return decode_problem(args, q, k, params);
+}
+
+struct ForwardResult {
+    at::Tensor o;
+    at::Tensor lse;                      // undefined without return_lse
+    std::optional<float> runtime_ms;     // with benchmark, where a kernel ran
+};
+
+// With heads_first, q, k, v and the output are (batch, heads, seq, d_head) (SDPA's layout; o must
+// not be given): the kernels read them through their strides as (batch, seq, heads, d_head) views.
+inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tensor q, at::Tensor k, at::Tensor v,
+                                 const std::optional<at::Tensor> &o_given, const ProblemArguments &args, bool return_lse,
+                                 bool benchmark, bool heads_first) {
+    if (heads_first) {
+        if (o_given)
+            throw py::value_error("o: must be None with heads_first (the output is allocated in that layout)");
+        for (at::Tensor *t : {&q, &k, &v})
+            if (t->dim() == 4)
+                *t = t->transpose(1, 2);
+    }
+    ForwardParams params{};
+    const Problem problem = checked_problem(q, k, v, args, true, params);
+    const Gpu gpu = gpu_of(q);
+    const ForwardLauncher &launcher =
+        named ? named_kernel(*named, q, params, problem, gpu) : *automatic_kernel(dtype_of(q), params, problem, gpu).launcher;
+
+    const c10::cuda::CUDAGuard guard(q.device());
+    ForwardResult result;
+    at::Tensor &o = result.o;
+    if (o_given) {
+        o = *o_given;
+        check_output(o, q, k, v);
+    } else if (heads_first) {
+        o = at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2);
+    } else {
+        o = at::empty(q.sizes(), q.options());
+    }
+    if (return_lse) {
+        result.lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
+        params.lse = result.lse.data_ptr<float>();
+    }
+    const auto finished = [&](std::optional<float> runtime_ms) {
+        if (heads_first)
+            o = o.transpose(1, 2);
+        result.runtime_ms = runtime_ms;
+        return result;
+    };
+    if (params.batch == 0 || params.seqlen_q == 0 || params.heads_q == 0)
+        return finished(std::nullopt);
+    if (params.seqlen_k == 0) {
+        // No key at all: every row attends nothing.
+        o.zero_();
+        if (return_lse)
+            result.lse.fill_(std::numeric_limits<float>::infinity());
+        return finished(std::nullopt);
+    }
+
+    params.q = q.data_ptr();
+    params.k = k.data_ptr();
+    params.v = v.data_ptr();
+    params.o = o.data_ptr();
+    const auto strides_of = [](const at::Tensor &t) { return TensorStrides{t.stride(0), t.stride(1), t.stride(2)}; };
+    params.q_strides = strides_of(q);
+    params.k_strides = strides_of(k);
+    params.v_strides = strides_of(v);
+    params.o_strides = strides_of(o);
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    at::Tensor work_counter; // zeroed on the kernel's stream, by a memset that compute-sanitizer's initcheck sees
+    if (launcher.needs_work_counter) {
+        work_counter = at::empty({1}, q.options().dtype(at::kInt));
+        params.work_counter = work_counter.data_ptr<int>();
+        check_cuda(cudaMemsetAsync(params.work_counter, 0, sizeof(int), stream), "zeroing the work counter");
+    }
+    if (!benchmark) {
+        launcher.launch(params, stream);
+        return finished(std::nullopt);
+    }
+    EventTimer timer(stream);
+    timer.start();
+    launcher.launch(params, stream);
+    timer.stop();
+    return finished(timer.elapsed_ms());
+}
+
+} // namespace flash::binding
