@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/forward_params.h"
 #include "common/online_softmax.cuh"
@@ -10,16 +11,23 @@
 namespace flash {
 
 // A warp's rows, from first_row + warp_first_row of (batch, head); the block's rows at or past
-// first_row + valid_rows do not exist.
-template <typename Softmax, typename OAccumulators>
+// first_row + valid_rows do not exist. valid_rows is a number, or a callable that gives it, called
+// only where the log-sum-exp is stored (so its computation stays in that branch).
+template <typename Softmax, typename OAccumulators, typename ValidRows>
 __device__ __forceinline__ void finish_softmax(const Softmax &softmax, OAccumulators &O_acc, float score_scale,
                                                const ForwardParams &params, int batch, int head, int first_row,
-                                               int warp_first_row, int valid_rows) {
+                                               int warp_first_row, ValidRows valid_rows) {
     softmax.normalize(O_acc);
-    if (params.lse != nullptr)
+    if (params.lse != nullptr) {
+        int rows;
+        if constexpr (std::is_invocable_v<ValidRows>)
+            rows = valid_rows();
+        else
+            rows = valid_rows;
         store_log_sum_exp(softmax, score_scale,
                           params.lse + (static_cast<int64_t>(batch) * params.heads_q + head) * params.seqlen_q + first_row,
-                          warp_first_row, valid_rows);
+                          warp_first_row, rows);
+    }
 }
 
 } // namespace flash

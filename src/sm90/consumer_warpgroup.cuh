@@ -40,13 +40,17 @@ struct ConsumerWarpgroup {
     int vote_barrier;
     int my_turn;
     int next_turn;
+    // Where this warpgroup's O goes out (SharedTiles::O), for a persistent block's epilogue: computed
+    // here, once per block (computed in the epilogue, its address arithmetic comes out otherwise and
+    // the main loop's schedule with it).
+    uint8_t *O_smem;
     PipelineState<Kernel::stages> current; // of the next KV tile, carried from one work tile to the next
 
     __device__ __forceinline__ ConsumerWarpgroup(const SharedTiles<Kernel> &smem_, int warpgroup)
         : smem(smem_), wg(Kernel::warp_specialized ? warpgroup - 1 : warpgroup), lane(threadIdx.x % WARP_SIZE),
           warp_first_row(wg * WGMMA_M + (threadIdx.x % WARPGROUP_THREADS) / WARP_SIZE * MMA_M),
           warpgroup_barrier(1 + n_consumers + wg), vote_barrier(1 + 2 * n_consumers + wg), my_turn(1 + wg),
-          next_turn(1 + (wg + 1) % n_consumers) {}
+          next_turn(1 + (wg + 1) % n_consumers), O_smem(smem_.O(wg)) {}
 
     __device__ __forceinline__ void start_turns() const {
         if constexpr (Kernel::pingpong)

@@ -25,7 +25,7 @@ __device__ __forceinline__ void write_outputs(const KernelParams &kp, const Cons
     const ForwardParams &params = kp.params;
     const int warp_first_row = consumer.warp_first_row;
     finish_softmax(softmax, O_acc, score_scale, params, batch, head, Q_first_row, warp_first_row,
-                   params.seqlen_q - Q_first_row);
+                   [&] { return params.seqlen_q - Q_first_row; });
 
     // O leaves through shared memory, in the swizzled layout TMA reads, once every warp
     // of the warpgroup is done with Q (whose block O reuses unless persistent) and the previous
@@ -34,7 +34,8 @@ __device__ __forceinline__ void write_outputs(const KernelParams &kp, const Cons
     if (Kernel::persistent && stores)
         tma_store_wait_read();
     named_barrier_sync(consumer.warpgroup_barrier, WARPGROUP_THREADS);
-    uint8_t *const O_smem = consumer.smem.O(consumer.wg);
+    // A persistent block's O block, computed once per block; a single pass's (its Q block), here.
+    uint8_t *const O_smem = Kernel::persistent ? consumer.O_smem : consumer.smem.O(consumer.wg);
     constexpr int chunks_per_row = Swizzle::bytes / COPY_BYTES; // one 8-column accumulator tile each
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -42,9 +43,11 @@ __device__ __forceinline__ void write_outputs(const KernelParams &kp, const Cons
 #pragma unroll
         for (int n = 0; n < Kernel::d_head / MMA_N; ++n) {
             const int chunk = Swizzle::chunk_in_row(row, n % chunks_per_row);
-            const int offset = n / chunks_per_row * Kernel::Q_col_block_bytes + row * Swizzle::bytes +
-                               chunk * COPY_BYTES + consumer.lane % QUAD_SIZE * 2 * ELEMENT_BYTES;
-            *reinterpret_cast<uint32_t *>(O_smem + offset) =
+            // Added to the pointer term by term, in this order: an integer offset summed first
+            // compiles to other address arithmetic, and ptxas then schedules the main loop otherwise.
+            uint8_t *const at = O_smem + consumer.lane % QUAD_SIZE * 2 * ELEMENT_BYTES + row * Swizzle::bytes +
+                                chunk * COPY_BYTES + n / chunks_per_row * Kernel::Q_col_block_bytes;
+            *reinterpret_cast<uint32_t *>(at) =
                 pack_pair<typename Kernel::value_t>(O_acc.r[0][n][2 * h], O_acc.r[0][n][2 * h + 1]);
         }
     }

@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
         if constexpr (Kernel::persistent) {
             mbarrier_wait(smem.Q_full(consumer.wg), nth & 1);
             index = Scheduler::handed_off(smem.work_slot(consumer.wg));
-            if (scheduler.is_done(index))
+            if (index >= scheduler.end())
                 break;
         }
         consume_work_tile<Kernel, MASK, MASKED_TAILS, SCORE_MODS>(kp, consumer, scheduler, index, group_size, rank);

@@ -84,7 +84,7 @@ __device__ __forceinline__ void produce(const KernelParams &kp, const SharedTile
     using Loader = TileLoader<Kernel, Scheduler>;
     int n = 0;        // work tiles loaded so far
     int KV_loads = 0; // KV tiles loaded so far: the position in the pipeline
-    for (int index = scheduler.first(); !scheduler.is_done(index); ++n) {
+    for (int index = scheduler.first(); index < scheduler.end(); ++n) {
         const int next = scheduler.next(index);
         const WorkTile work = scheduler.work_tile(index);
         const Tiles tiles(params, work.Q_block * Kernel::B_r);

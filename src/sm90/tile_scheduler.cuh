@@ -1,7 +1,9 @@
 // The tile schedulers: which work tile (B_r query rows of one (batch, head)) a block computes, and
 // in a persistent block which one next. The traits pick one type per configuration (TileScheduler);
 // each offers the same interface:
-// - first(): the block's first work tile's index; is_done(index): whether an index is past the last;
+// - first(): the block's first work tile's index; end(): the index past the last. Callers compare
+//   with it themselves (index >= end()): inside a member function the comparison reaches ptxas with
+//   its operands swapped, and the schedule of the whole kernel changes with it;
 // - next(index): the producer's next work tile after `index`, asked for as it starts loading `index`;
 // - work_tile(index): the WorkTile an index describes;
 // - hand_off(slot, index) and handed_off(slot): how a persistent block's producer tells a consumer
@@ -87,7 +89,6 @@ struct WorkTileNumbering {
           n_work_tiles((Q_blocks + cluster - 1) / cluster * params_.heads_q * params_.batch), rank(rank_) {}
 
     __device__ __forceinline__ int first() const { return blockIdx.x / cluster; } // a cluster's blocks are consecutive
-    __device__ __forceinline__ bool is_done(int index) const { return index >= n_work_tiles; }
     // The index past the last work tile: what a persistent producer hands out at the end.
     __device__ __forceinline__ int end() const { return n_work_tiles; }
     __device__ __forceinline__ WorkTile work_tile(int index) const {
