@@ -244,7 +244,7 @@ at::Tensor forward_out_autograd(const at::Tensor &q, const at::Tensor &k, const 
         const at::AutoDispatchBelowADInplaceOrView below_autograd;
         lse = op.call(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, o);
     }
-    torch::autograd::increment_version(o);
+    torch::autograd::impl::bump_version(o);
     return lse;
 }
 
