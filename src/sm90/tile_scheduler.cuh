@@ -118,6 +118,10 @@ struct WorkSlotHandOff {
 template <int B_r, int cluster, MaskKind MASK>
 struct SinglePassScheduler : WorkTileNumbering<B_r, cluster, MASK>, NoHandOff {
     using WorkTileNumbering<B_r, cluster, MASK>::WorkTileNumbering;
+    // Read where the block starts, not where the producer starts: a read of blockIdx.x inside the
+    // producer's branch changes how ptxas schedules the consumers' main loop.
+    int first_index = blockIdx.x / cluster;
+    __device__ __forceinline__ int first() const { return first_index; }
     __device__ __forceinline__ int next(int) const { return this->n_work_tiles; }
 };
 
