@@ -653,8 +653,10 @@ def test_sustained_loop_times_a_call_like_cuda_events():
     matmul = functools.partial(torch.matmul, a, a)
     sustained = common.sustained_ms(matmul, 0.2)
     single = common.median_ms_with_cuda_events(matmul, rep_ms=50)
-    # Back to back the calls overlap their launch gaps; under the power limit the clock may sink.
-    assert 0.5 * single < sustained < 2.0 * single
+    # The same unit and scale (milliseconds per call, not per batch of calls): back to back the calls
+    # overlap their launch gaps, under the power limit the clock may sink, and under pytest-xdist the
+    # other workers' kernels share the GPU with either timing, so only the order of magnitude is fixed.
+    assert 0.2 * single < sustained < 5.0 * single
 
 
 # ----------------------------------------------------------------------------------------------
