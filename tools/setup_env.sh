@@ -83,11 +83,12 @@ build_extension() {
     echo "built in $((SECONDS - start)) s (the build's output: $log)" >&2
 }
 
-# Reads the build's output and prints one line per ninja step: "[done/total] file compiled".
+# Reads the build's output and prints one line per ninja step: "[done/total] file compiled" (pip -v
+# indents the build's lines).
 show_build_progress() {
-    awk '/^\[[0-9]+\/[0-9]+\] / {
+    awk '/^[[:space:]]*\[[0-9]+\/[0-9]+\] / {
         target = ""
-        for (i = 2; i < NF; i++) if ($i == "-c" || $i == "-o") { target = $(i + 1); if ($i == "-c") break }
+        for (i = 2; i <= NF; i++) if ($i ~ /\.(cu|cpp|so)$/) { target = $i; break }
         n = split(target, parts, "/")
         print $1, (n ? parts[n] : "")
         fflush()
