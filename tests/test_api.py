@@ -469,6 +469,38 @@ def test_missing_backward_raises_on_the_eager_path(stand_in):
     assert stand_in.calls == 1
 
 
+def test_operators_check_their_arguments_in_the_extension():
+    cfg, q, k, v = _cpu_inputs()
+    args = (q, k, v, "", False, None, [-1, -1], 0.0, None, False)
+    with pytest.raises(ValueError, match="q: expected a CUDA tensor"):
+        torch.ops.flash_attention.forward(*args)
+    with pytest.raises(ValueError, match="window_size: left"):
+        torch.ops.flash_attention.forward(q, k, v, "", False, None, [-2, 0], 0.0, None, False)
+    with pytest.raises(TypeError, match="window_size: expected a pair"):
+        torch.ops.flash_attention.forward(q, k, v, "", False, None, [1, 2, 3], 0.0, None, False)
+    with pytest.raises(ValueError, match="cannot parse kernel name 'bogus'"):
+        torch.ops.flash_attention.forward(q, k, v, "bogus", False, None, [-1, -1], 0.0, None, False)
+    with pytest.raises(ValueError, match="softcap: must be >= 0"):
+        torch.ops.flash_attention.forward_out(q, k, v, cfg.short_form(), False, None, [-1, -1], -1.0, None, False, q)
+
+
+def test_operators_raise_where_a_backward_pass_would_be_needed():
+    _, q, k, v = _cpu_inputs(requires_grad=True)
+    args = (q, k, v, "", False, None, [-1, -1], 0.0, None, False)
+    with pytest.raises(NotImplementedError, match="no backward pass"):
+        torch.ops.flash_attention.forward(*args)
+    with pytest.raises(NotImplementedError, match="no backward pass"):
+        torch.ops.flash_attention.forward_out(*args, torch.empty_like(q, requires_grad=False))
+    with torch.no_grad(), pytest.raises(ValueError, match="q: expected a CUDA tensor"):
+        torch.ops.flash_attention.forward(*args)  # past autograd, to the call's own checks
+
+
+def test_heads_first_allocates_its_own_output():
+    _, q, k, v = _cpu_inputs()
+    with pytest.raises(ValueError, match="o: must be None with heads_first"):
+        flash_attention._C.forward(None, q, k, v, torch.empty_like(q), False, False, None, (-1, -1), 0.0, None, False, True)
+
+
 @pytest.mark.gpu
 def test_missing_backward_raises_instead_of_detaching(rng):
     q, k, v = _inputs(rng)
