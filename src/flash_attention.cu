@@ -31,37 +31,51 @@ namespace {
 
 py::object optional(bool present, py::object value) { return present ? std::move(value) : py::none(); }
 
+py::tuple variant_to_python(const ProblemVariant &variant) {
+    return py::make_tuple(static_cast<int>(variant.mask), variant.masked_tails, variant.score_mods, variant.varlen);
+}
+
 // The Python function: (o, lse or None, runtime_ms or None).
 py::tuple forward(py::handle kernel_cfg, py::handle q, py::handle k, py::handle v, py::handle o, bool benchmark,
                   bool causal, py::handle softmax_scale, py::handle window_size, py::handle softcap,
-                  py::handle alibi_slopes, bool return_lse, bool heads_first) {
+                  py::handle alibi_slopes, bool return_lse, bool heads_first, py::handle cu_seqlens_q,
+                  py::handle cu_seqlens_k, py::handle max_seqlen_q, py::handle max_seqlen_k, py::handle seqused_q,
+                  py::handle seqused_k, py::handle leftpad_q, py::handle leftpad_k) {
     // The configuration and the other arguments first: a bad one is named whatever the tensors are.
     const std::optional<AnyConfig> named = kernel_cfg.is_none() ? std::nullopt : std::optional(config_from_python(kernel_cfg));
     const ProblemArguments args = problem_arguments(causal, softmax_scale, window_size, softcap, alibi_slopes);
-    const std::optional<at::Tensor> o_given = o.is_none() ? std::nullopt : std::optional(tensor_argument(o, "o"));
+    const SequenceArguments sequences = sequence_arguments(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+                                                           seqused_k, leftpad_q, leftpad_k);
+    const std::optional<at::Tensor> o_given = optional_tensor(o, "o");
     const ForwardResult result = run_forward(named, tensor_argument(q, "q"), tensor_argument(k, "k"), tensor_argument(v, "v"),
-                                             o_given, args, return_lse, benchmark, heads_first);
+                                             o_given, args, sequences, return_lse, benchmark, heads_first);
     return py::make_tuple(result.o, optional(return_lse, py::cast(result.lse)),
                           optional(benchmark, py::float_(result.runtime_ms.value_or(0.0f))));
 }
 
 // The automatic choice for a problem, without running it: (family, configuration fields, (mask
-// kind, masked tails, score mods), place in the table entry or 0, the entry's length or 0, the
-// entry's ranked count or 0, why the rule chose (RuleReason), whether it is in the default set).
-// q and k may be on any device (the meta device too); the GPU is named by its compute capability
-// (major * 10 + minor) and a block's opt-in shared memory.
+// kind, masked tails, score mods, varlen), place in the table entry or 0, the entry's length or 0,
+// the entry's ranked count or 0, why the rule chose (RuleReason), whether it is in the default
+// set). q, k and the sequence tensors may be on any device (the meta device too); the GPU is named
+// by its compute capability (major * 10 + minor) and a block's opt-in shared memory.
 py::tuple choose_kernel(py::handle q_obj, py::handle k_obj, bool causal, py::handle window_size, py::handle softcap,
-                        py::handle alibi_slopes, int capability, int64_t smem_per_block) {
+                        py::handle alibi_slopes, int capability, int64_t smem_per_block, py::handle cu_seqlens_q,
+                        py::handle cu_seqlens_k, py::handle max_seqlen_q, py::handle max_seqlen_k, py::handle seqused_q,
+                        py::handle seqused_k, py::handle leftpad_q, py::handle leftpad_k) {
     const ProblemArguments args = problem_arguments(causal, py::none(), window_size, softcap, alibi_slopes);
-    const at::Tensor q = tensor_argument(q_obj, "q");
-    const at::Tensor k = tensor_argument(k_obj, "k");
+    const SequenceArguments sequences = sequence_arguments(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+                                                           seqused_k, leftpad_q, leftpad_k);
+    check_sequence_arguments(sequences, false);
+    at::Tensor q = tensor_argument(q_obj, "q");
+    at::Tensor k = tensor_argument(k_obj, "k");
+    at::Tensor v = k;
+    to_batch_layout(sequences, q, k, v);
     ForwardParams params{};
-    const Problem problem = checked_problem(q, k, k, args, false, params);
+    const Problem problem = checked_problem(q, k, v, args, sequences, false, params);
     const Choice choice = automatic_kernel(dtype_of(q), params, problem, Gpu{capability, smem_per_block});
     const TableEntry *entry = choice.entry;
     return py::make_tuple(config_to_python(choice.config),
-                          py::make_tuple(static_cast<int>(choice.variant.mask), choice.variant.masked_tails,
-                                         choice.variant.score_mods),
+                          variant_to_python(choice.variant),
                           choice.place, entry ? entry->seq_len : 0, entry ? static_cast<int>(entry->ranked.size()) : 0,
                           static_cast<int>(choice.rule), choice.is_default);
 }
@@ -94,7 +108,7 @@ int64_t visited_tiles_of(int B_r, int B_c, int seqlen_q, int seqlen_k, bool caus
     return visited_tiles(B_r, B_c, seqlen_q, seqlen_k, mask);
 }
 
-// (family name, configuration fields, (mask kind, masked tails, score mods)) of every compiled
+// (family name, configuration fields, (mask kind, masked tails, score mods, varlen)) of every compiled
 // kernel, in the registries' order.
 py::list compiled_kernels() {
     py::list kernels;
@@ -102,8 +116,7 @@ py::list compiled_kernels() {
         using Family = decltype(family);
         for (const auto &[key, launcher] : Family::kernels()) {
             const auto &[cfg, variant] = key;
-            kernels.append(py::make_tuple(Family::name, Family::to_python(cfg),
-                                          py::make_tuple(static_cast<int>(variant.mask), variant.masked_tails, variant.score_mods)));
+            kernels.append(py::make_tuple(Family::name, Family::to_python(cfg), variant_to_python(variant)));
         }
     });
     return kernels;
@@ -177,9 +190,18 @@ void ensure_dispatch_tables() {
     });
 }
 
+// The operators' per-sequence arguments, as their schema types them (all optional, at the end).
+#define FLASH_SEQUENCE_PARAMETERS                                                                                   \
+    const std::optional<at::Tensor> &cu_seqlens_q, const std::optional<at::Tensor> &cu_seqlens_k,                   \
+        std::optional<int64_t> max_seqlen_q, std::optional<int64_t> max_seqlen_k,                                 \
+        const std::optional<at::Tensor> &seqused_q, const std::optional<at::Tensor> &seqused_k,                     \
+        const std::optional<at::Tensor> &leftpad_q, const std::optional<at::Tensor> &leftpad_k
+#define FLASH_SEQUENCE_ARGUMENTS cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, leftpad_q, leftpad_k
+
 ForwardResult run_operator(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, c10::string_view config,
                            bool causal, std::optional<double> softmax_scale, at::IntArrayRef window_size, double softcap,
-                           const std::optional<at::Tensor> &alibi_slopes, bool return_lse, const std::optional<at::Tensor> &o) {
+                           const std::optional<at::Tensor> &alibi_slopes, bool return_lse, const std::optional<at::Tensor> &o,
+                           const SequenceArguments &sequences) {
     if (window_size.size() != 2)
         throw py::type_error("window_size: expected a pair (left, right) of ints, got " + std::to_string(window_size.size()) +
                              " values");
@@ -188,7 +210,7 @@ ForwardResult run_operator(const at::Tensor &q, const at::Tensor &k, const at::T
     const std::optional<AnyConfig> named = config_of_short_form(config);
     if (!named)
         ensure_dispatch_tables();
-    ForwardResult result = run_forward(named, q, k, v, o, args, return_lse, false, false);
+    ForwardResult result = run_forward(named, q, k, v, o, args, sequences, return_lse, false, false);
     if (!return_lse)
         result.lse = at::empty({0}, q.options().dtype(at::kFloat));
     return result;
@@ -197,17 +219,20 @@ ForwardResult run_operator(const at::Tensor &q, const at::Tensor &k, const at::T
 std::tuple<at::Tensor, at::Tensor> forward_operator(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                                                     c10::string_view config, bool causal, std::optional<double> softmax_scale,
                                                     at::IntArrayRef window_size, double softcap,
-                                                    const std::optional<at::Tensor> &alibi_slopes, bool return_lse) {
-    ForwardResult result =
-        run_operator(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, std::nullopt);
+                                                    const std::optional<at::Tensor> &alibi_slopes, bool return_lse,
+                                                    FLASH_SEQUENCE_PARAMETERS) {
+    ForwardResult result = run_operator(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse,
+                                        std::nullopt, SequenceArguments{FLASH_SEQUENCE_ARGUMENTS});
     return {std::move(result.o), std::move(result.lse)};
 }
 
 at::Tensor forward_out_operator(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, c10::string_view config,
                                 bool causal, std::optional<double> softmax_scale, at::IntArrayRef window_size,
                                 double softcap, const std::optional<at::Tensor> &alibi_slopes, bool return_lse,
-                                at::Tensor &o) {
-    return run_operator(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, o).lse;
+                                at::Tensor &o, FLASH_SEQUENCE_PARAMETERS) {
+    return run_operator(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, o,
+                        SequenceArguments{FLASH_SEQUENCE_ARGUMENTS})
+        .lse;
 }
 
 void check_no_grad(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const std::optional<at::Tensor> &alibi_slopes) {
@@ -222,19 +247,21 @@ void check_no_grad(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v
 std::tuple<at::Tensor, at::Tensor> forward_autograd(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                                                     c10::string_view config, bool causal, std::optional<double> softmax_scale,
                                                     at::IntArrayRef window_size, double softcap,
-                                                    const std::optional<at::Tensor> &alibi_slopes, bool return_lse) {
+                                                    const std::optional<at::Tensor> &alibi_slopes, bool return_lse,
+                                                    FLASH_SEQUENCE_PARAMETERS) {
     check_no_grad(q, k, v, alibi_slopes);
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("flash_attention::forward", "")
                                .typed<decltype(forward_operator)>();
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return op.call(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse);
+    return op.call(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse,
+                   FLASH_SEQUENCE_ARGUMENTS);
 }
 
 at::Tensor forward_out_autograd(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, c10::string_view config,
                                 bool causal, std::optional<double> softmax_scale, at::IntArrayRef window_size,
                                 double softcap, const std::optional<at::Tensor> &alibi_slopes, bool return_lse,
-                                at::Tensor &o) {
+                                at::Tensor &o, FLASH_SEQUENCE_PARAMETERS) {
     check_no_grad(q, k, v, alibi_slopes);
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("flash_attention::forward_out", "")
@@ -242,21 +269,31 @@ at::Tensor forward_out_autograd(const at::Tensor &q, const at::Tensor &k, const 
     at::Tensor lse;
     {
         const at::AutoDispatchBelowADInplaceOrView below_autograd;
-        lse = op.call(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, o);
+        lse = op.call(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, o,
+                      FLASH_SEQUENCE_ARGUMENTS);
     }
     torch::autograd::impl::bump_version(o);
     return lse;
 }
 
+#undef FLASH_SEQUENCE_PARAMETERS
+#undef FLASH_SEQUENCE_ARGUMENTS
+
 } // namespace
 } // namespace flash::binding
 
+// The per-sequence arguments of both operators, at the end of their schemas.
+#define FLASH_SEQUENCE_SCHEMA                                                                                           \
+    "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, int? max_seqlen_q=None, int? max_seqlen_k=None, "          \
+    "Tensor? seqused_q=None, Tensor? seqused_k=None, Tensor? leftpad_q=None, Tensor? leftpad_k=None"
+
 TORCH_LIBRARY(flash_attention, m) {
     m.def("forward(Tensor q, Tensor k, Tensor v, str config, bool causal, float? softmax_scale, int[] window_size, "
-          "float softcap, Tensor? alibi_slopes, bool return_lse) -> (Tensor, Tensor)");
+          "float softcap, Tensor? alibi_slopes, bool return_lse, " FLASH_SEQUENCE_SCHEMA ") -> (Tensor, Tensor)");
     m.def("forward_out(Tensor q, Tensor k, Tensor v, str config, bool causal, float? softmax_scale, int[] window_size, "
-          "float softcap, Tensor? alibi_slopes, bool return_lse, Tensor(a!) o) -> Tensor");
+          "float softcap, Tensor? alibi_slopes, bool return_lse, Tensor(a!) o, " FLASH_SEQUENCE_SCHEMA ") -> Tensor");
 }
+#undef FLASH_SEQUENCE_SCHEMA
 
 // CPU too, so that CPU tensors get the call's own message (q: expected a CUDA tensor).
 TORCH_LIBRARY_IMPL(flash_attention, CUDA, m) {
@@ -279,16 +316,25 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("o") = py::none(), py::arg("benchmark") = false, py::arg("causal") = false,
           py::arg("softmax_scale") = py::none(), py::arg("window_size") = py::make_tuple(-1, -1),
           py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(), py::arg("return_lse") = false,
-          py::arg("heads_first") = false,
+          py::arg("heads_first") = false, py::arg("cu_seqlens_q") = py::none(), py::arg("cu_seqlens_k") = py::none(),
+          py::arg("max_seqlen_q") = py::none(), py::arg("max_seqlen_k") = py::none(), py::arg("seqused_q") = py::none(),
+          py::arg("seqused_k") = py::none(), py::arg("leftpad_q") = py::none(), py::arg("leftpad_k") = py::none(),
           "forward(kernel_cfg, q, k, v, o=None, benchmark=False, causal=False, softmax_scale=None, "
-          "window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_lse=False, heads_first=False) "
-          "-> (o, lse or None, runtime_ms or None)\n\n"
+          "window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_lse=False, heads_first=False, "
+          "cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_q=None, "
+          "seqused_k=None, leftpad_q=None, leftpad_k=None) -> (o, lse or None, runtime_ms or None)\n\n"
           "Attention (FlashAttention-2's semantics) with the kernel compiled for kernel_cfg (None: chosen from the "
           "dispatch tables) and the problem's variant, launched on the current stream; with benchmark=True also "
           "returns its run time in milliseconds. q, k, v and o are (batch, seq, heads, d_head), or with "
-          "heads_first (batch, heads, seq, d_head), o then allocated here.");
+          "heads_first (batch, heads, seq, d_head), o then allocated here. With cu_seqlens_q and cu_seqlens_k "
+          "(int32, batch + 1) they are (total, heads, d_head), sequence b's rows cu_seqlens[b] .. "
+          "cu_seqlens[b + 1] - 1, and lse is (heads_q, total_q); seqused (int32, batch) uses that many rows of "
+          "each slot, from leftpad (int32, batch) on.");
     m.def("choose", &binding::choose_kernel, py::arg("q"), py::arg("k"), py::arg("causal"), py::arg("window_size"),
           py::arg("softcap"), py::arg("alibi_slopes"), py::arg("capability"), py::arg("smem_per_block"),
+          py::arg("cu_seqlens_q") = py::none(), py::arg("cu_seqlens_k") = py::none(), py::arg("max_seqlen_q") = py::none(),
+          py::arg("max_seqlen_k") = py::none(), py::arg("seqused_q") = py::none(), py::arg("seqused_k") = py::none(),
+          py::arg("leftpad_q") = py::none(), py::arg("leftpad_k") = py::none(),
           "The automatic choice for a problem on a GPU of this compute capability (major * 10 + minor) and shared "
           "memory per block, without running it.");
     m.def("load_dispatch_tables", &binding::load_dispatch_tables, py::arg("tables"), py::arg("defaults"),

@@ -34,8 +34,8 @@ __all__ = [
 def compiled_kernels() -> list[tuple[object, ProblemVariant]]:
     """Every compiled kernel as (configuration, problem variant), each family's in its registry's order."""
     return [
-        (FAMILIES[family](*fields), ProblemVariant(MaskKind(mask), masked_tails, score_mods))
-        for family, fields, (mask, masked_tails, score_mods) in _C.compiled_kernels()
+        (FAMILIES[family](*fields), ProblemVariant(MaskKind(mask), *flags))
+        for family, fields, (mask, *flags) in _C.compiled_kernels()
     ]
 
 

@@ -2,12 +2,14 @@
 and head size, the configurations that measured fastest on the H200 (benchmarks/HISTORY.md,
 section "default-set", says how each was chosen). Every problem variant is compiled for them
 (``kernel_sets.variants_to_build``), and automatic configuration chooses among them (the dispatch
-table). Importable without torch.
+table). The varlen variants (batches whose sequences have lengths of their own) are compiled for
+one configuration per family, dtype and head size (VARLEN_KERNELS), which serves every such call.
+Importable without torch.
 """
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_BUILD_KERNELS"]
+__all__ = ["DEFAULT_BUILD_KERNELS", "VARLEN_KERNELS"]
 
 DEFAULT_BUILD_KERNELS = (
     # d_head 32: the tuning sweep's fastest at seq 4096.
@@ -77,4 +79,27 @@ DEFAULT_BUILD_KERNELS = (
     # d_head 256: the H200 sweep's fastest.
     "sm90(FP16, 256, 128, 64, 2): ws+pingpong+overlap",
     "sm90(BF16, 256, 128, 64, 2): ws+pingpong+overlap",
+)
+
+# The configurations compiled with the varlen variants too: per family, dtype and head size, a
+# default configuration; in the Hopper family a persistent one where the default set has one, so
+# that its blocks take the work tiles of a ragged batch as they free up, longest first.
+VARLEN_KERNELS = tuple(
+    short_form.replace("(DTYPE", f"({dtype}")
+    for dtype in ("FP16", "BF16")
+    for short_form in (
+        "(DTYPE, 32, 128, 64, 4): async+eager+swizzled+load_0_1_2_tiles+buffer+opt_softmax",
+        "(DTYPE, 64, 128, 64, 4): async+eager+swizzled+load_0_1_1_tiles+buffer+opt_softmax",
+        "(DTYPE, 96, 128, 32, 4): async+eager+swizzled+load_0_2_1_tiles+buffer+opt_softmax",
+        "(DTYPE, 128, 128, 64, 4): async+eager+swizzled+load_1_1_2_tiles+buffer+opt_softmax",
+        "(DTYPE, 192, 128, 64, 8): async+eager+swizzled+load_0_1_1_tiles+buffer+opt_softmax",
+        "(DTYPE, 256, 128, 32, 8): async+eager+swizzled+load_0_2_1_tiles+buffer+opt_softmax",
+        "sm90(DTYPE, 32, 192, 128, 2): ws+pingpong+overlap+persistent",
+        "sm90(DTYPE, 64, 192, 128, 2): ws+pingpong+overlap+persistent",
+        "sm90(DTYPE, 96, 128, 128, 2): ws+pingpong+overlap+persistent+qregs",
+        "sm90(DTYPE, 128, 128, 128, 2): ws+pingpong+overlap+persistent",
+        # d_head 192 and 256: the default set has no persistent configuration.
+        "sm90(DTYPE, 192, 128, 112, 2): ws+pingpong+overlap",
+        "sm90(DTYPE, 256, 128, 64, 2): ws+pingpong+overlap",
+    )
 )

@@ -103,14 +103,14 @@ class KernelConfig:
 
 
 def demangled_variant(variant: ProblemVariant) -> str:
-    """A problem variant as a demangled kernel name spells its three template arguments."""
-    flags = ", ".join(_cpp_literal(flag) for flag in (variant.masked_tails, variant.score_mods))
+    """A problem variant as a demangled kernel name spells its four template arguments."""
+    flags = ", ".join(_cpp_literal(flag) for flag in variant.flags())
     return f"(flash::MaskKind){int(variant.mask)}, {flags}"
 
 
 def mangled_variant(variant: ProblemVariant) -> str:
-    """A problem variant's three template arguments in the Itanium mangling."""
-    return f"LNS_8MaskKindE{int(variant.mask)}ELb{int(variant.masked_tails)}ELb{int(variant.score_mods)}E"
+    """A problem variant's four template arguments in the Itanium mangling."""
+    return f"LNS_8MaskKindE{int(variant.mask)}E" + "".join(f"Lb{int(flag)}E" for flag in variant.flags())
 
 
 @functools.cache

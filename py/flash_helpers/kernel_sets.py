@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from flash_helpers import sm80_config, sm90_config
 from flash_helpers.build_env import ARCH_LIST_ENV, resolve_arch_list, resolve_build_kernels_key, sm90_in_arch_list
-from flash_helpers.default_set import DEFAULT_BUILD_KERNELS
+from flash_helpers.default_set import DEFAULT_BUILD_KERNELS, VARLEN_KERNELS
 from flash_helpers.kernel_config import KernelConfig
 from flash_helpers.kernel_names import parse_kernel_name_into_config
 from flash_helpers.problem import (
@@ -21,6 +21,7 @@ from flash_helpers.problem import (
     BENCHMARK_LENGTH_UNIT,
     BENCHMARK_TAIL_VARIANTS,
     BENCHMARK_VARIANTS,
+    VARLEN_VARIANTS,
     ProblemVariant,
 )
 from flash_helpers.progression_steps import get_kernel_progression_configs
@@ -105,10 +106,13 @@ def _parse_valid_config(text: str) -> KernelConfig:
 
 
 def variants_to_build(cfg: KernelConfig) -> tuple[ProblemVariant, ...]:
-    """The problem variants compiled for ``cfg``: every variant for the default set's configurations
-    (what a plain install serves), the benchmark shapes' for the others (what tuning and the
-    progression measure), so large sets stay quick to build; with their masked-tail versions where
-    the configuration's blocks do not divide the benchmark lengths (B_r 192, B_c 176, ...)."""
+    """The problem variants compiled for ``cfg``: every dense variant for the default set's
+    configurations (what a plain install serves), and the varlen variants for those of
+    VARLEN_KERNELS; the benchmark shapes' for the others (what tuning and the progression measure),
+    so large sets stay quick to build; with their masked-tail versions where the configuration's
+    blocks do not divide the benchmark lengths (B_r 192, B_c 176, ...)."""
+    if cfg in _varlen_configs():
+        return ALL_VARIANTS + VARLEN_VARIANTS
     if cfg in _default_configs():
         return ALL_VARIANTS
     if cfg.needs_masked_tails(BENCHMARK_LENGTH_UNIT, BENCHMARK_LENGTH_UNIT):
@@ -120,6 +124,11 @@ def variants_to_build(cfg: KernelConfig) -> tuple[ProblemVariant, ...]:
 def _default_configs() -> frozenset[KernelConfig]:
     """The default set of every family, whatever the architectures."""
     return frozenset(_NAMED_KERNEL_SETS["default"]())
+
+
+@functools.cache
+def _varlen_configs() -> frozenset[KernelConfig]:
+    return frozenset(map(parse_kernel_name_into_config, VARLEN_KERNELS))
 
 
 def get_kernels_to_build(key: str | None = None, arch_list: str | None = None) -> list[KernelConfig]:

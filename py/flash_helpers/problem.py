@@ -9,7 +9,19 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-__all__ = ["ALL_VARIANTS", "BENCHMARK_LENGTH_UNIT", "BENCHMARK_TAIL_VARIANTS", "BENCHMARK_VARIANTS", "MaskKind", "ProblemVariant", "attention_flop", "mask_kind", "needed_variant", "total_flop"]
+__all__ = [
+    "ALL_VARIANTS",
+    "BENCHMARK_LENGTH_UNIT",
+    "BENCHMARK_TAIL_VARIANTS",
+    "BENCHMARK_VARIANTS",
+    "MaskKind",
+    "ProblemVariant",
+    "VARLEN_VARIANTS",
+    "attention_flop",
+    "mask_kind",
+    "needed_variant",
+    "total_flop",
+]
 
 
 class MaskKind(enum.IntEnum):
@@ -23,22 +35,29 @@ class MaskKind(enum.IntEnum):
 @dataclasses.dataclass(frozen=True, order=True)
 class ProblemVariant:
     """Half of a kernel's registry key: the mask kind, whether the last query block and key/value
-    tile may be partial (sequence lengths that are not multiples of the block sizes), and whether
-    the scores are modified (softcap, ALiBi)."""
+    tile may be partial (sequence lengths that are not multiples of the block sizes), whether
+    the scores may be modified (softcap, ALiBi), and whether each sequence of the batch has lengths
+    of its own (varlen: cu_seqlens, seqused or leftpad)."""
 
     mask: MaskKind = MaskKind.NONE
     masked_tails: bool = False
     score_mods: bool = False
+    varlen: bool = False
+
+    def flags(self) -> tuple[bool, bool, bool]:
+        """The boolean fields, in the order of the C++ struct and the kernels' template arguments."""
+        return (self.masked_tails, self.score_mods, self.varlen)
 
     def to_cpp_struct(self) -> str:
         """The C++ aggregate initializer, as the generator writes it."""
-        flags = ", ".join("true" if flag else "false" for flag in (self.masked_tails, self.score_mods))
+        flags = ", ".join("true" if flag else "false" for flag in self.flags())
         return f"ProblemVariant{{MaskKind::{self.mask.name}, {flags}}}"
 
     def describe(self) -> str:
         """How people say it: ``causal, masked tails``, ``no mask``, ..."""
         parts = [{MaskKind.NONE: "no mask", MaskKind.CAUSAL: "causal", MaskKind.LOCAL: "local"}[self.mask]]
-        parts += [name for name, on in (("masked tails", self.masked_tails), ("softcap/ALiBi", self.score_mods)) if on]
+        named = (("masked tails", self.masked_tails), ("softcap/ALiBi", self.score_mods), ("varlen", self.varlen))
+        parts += [name for name, on in named if on]
         return ", ".join(parts)
 
 
@@ -51,6 +70,9 @@ ALL_VARIANTS = tuple(
     for score_mods in (False, True)
     if masked_tails or not score_mods
 )
+# The variants of a batch whose sequences have lengths of their own: any lengths (masked tails), and
+# the score modifications checked at run time, so a configuration compiles three more kernels, not six.
+VARLEN_VARIANTS = tuple(ProblemVariant(mask, True, True, True) for mask in MaskKind)
 # The variants the benchmark shapes need: unmasked and causal attention over whole blocks.
 BENCHMARK_VARIANTS = (ProblemVariant(MaskKind.NONE), ProblemVariant(MaskKind.CAUSAL))
 # The same over lengths that leave partial blocks: what the benchmark shapes need of a configuration
@@ -61,7 +83,13 @@ BENCHMARK_LENGTH_UNIT = 512
 
 
 def needed_variant(
-    cfg, seqlen_q: int, seqlen_k: int, causal: bool = False, window_size=(-1, -1), score_mods: bool = False
+    cfg,
+    seqlen_q: int,
+    seqlen_k: int,
+    causal: bool = False,
+    window_size=(-1, -1),
+    score_mods: bool = False,
+    varlen: bool = False,
 ) -> ProblemVariant:
     """The problem variant the binding runs ``cfg`` with for this problem (its rule, in Python, so
     tests and tools can pick the configurations that have it; the GPU tests check the two agree).
@@ -70,9 +98,13 @@ def needed_variant(
     unbounded), CAUSAL for a bounded right side of 0 alone (causal sets right to 0), LOCAL
     otherwise. Masked tails where a length is not a multiple of the family's blocks
     (``cfg.needs_masked_tails``), and always with score mods (softcap or ALiBi), which are compiled
-    with masked tails only."""
+    with masked tails only. A varlen problem (seqlen_q and seqlen_k are then the largest sequence's)
+    needs one of VARLEN_VARIANTS."""
+    mask = mask_kind(seqlen_q, seqlen_k, causal, window_size)
+    if varlen:
+        return ProblemVariant(mask, True, True, True)
     masked_tails = score_mods or cfg.needs_masked_tails(seqlen_q, seqlen_k)
-    return ProblemVariant(mask_kind(seqlen_q, seqlen_k, causal, window_size), masked_tails, score_mods)
+    return ProblemVariant(mask, masked_tails, score_mods)
 
 
 def mask_kind(seqlen_q: int, seqlen_k: int, causal: bool = False, window_size=(-1, -1)) -> MaskKind:

@@ -7,7 +7,8 @@
 // the smallest measured length >= seqlen_q (else the longest). Among its configurations that run
 // on the GPU (its architecture, and its shared memory) and were compiled with the variant the
 // problem needs, the one whose measured time, scaled by the tiles it visits at the problem's
-// lengths against those at the measured length, is shortest (ties: the better place). Where the table has no answer, the compiled configurations of
+// lengths against those at the measured length, is shortest (ties: the better place); with
+// per-sequence lengths, the longest sequence's stand for the problem's. Where the table has no answer, the compiled configurations of
 // the dtype and head size that have the variant: the default set's first, then the largest tiles,
 // which load K and V least often per FLOP.
 #pragma once
@@ -98,12 +99,12 @@ struct Choice {
 
 // The launcher of `config` for this problem, with its variant, if it is compiled and runs on the GPU.
 inline std::optional<std::pair<ProblemVariant, const ForwardLauncher *>>
-runnable(const AnyConfig &config, const ForwardParams &params, MaskKind mask, bool score_mods, const Gpu &gpu) {
+runnable(const AnyConfig &config, const ForwardParams &params, const Problem &problem, const Gpu &gpu) {
     return visit_config(config, [&](auto family, const auto &cfg) -> std::optional<std::pair<ProblemVariant, const ForwardLauncher *>> {
         using Family = decltype(family);
         if (!Family::runs_on(gpu.capability))
             return std::nullopt;
-        const ProblemVariant variant = Family::variant_for(cfg, params, mask, score_mods);
+        const ProblemVariant variant = Family::variant_for(cfg, params, problem.mask, problem.score_mods, problem.varlen);
         const ForwardLauncher *launcher = Family::find(cfg, variant);
         if (launcher == nullptr || launcher->smem_bytes > gpu.smem_per_block)
             return std::nullopt;
@@ -130,15 +131,15 @@ inline const TableEntry *entry_for(const std::vector<TableEntry> &entries, DType
     return chosen;
 }
 
-inline std::optional<Choice> choose_from_table(const TableEntry &entry, const ForwardParams &params, MaskKind mask,
-                                               bool score_mods, const Gpu &gpu) {
+inline std::optional<Choice> choose_from_table(const TableEntry &entry, const ForwardParams &params, const Problem &problem,
+                                               const Gpu &gpu) {
     MaskParams measured_mask{};
     set_window(measured_mask, entry.causal, Window{-1, -1}, entry.seq_len, entry.seq_len);
     std::optional<Choice> best;
     double best_estimate = 0.0;
     for (size_t i = 0; i < entry.ranked.size(); ++i) {
         const auto &[config, time_ms] = entry.ranked[i];
-        const auto found = runnable(config, params, mask, score_mods, gpu);
+        const auto found = runnable(config, params, problem, gpu);
         if (!found)
             continue;
         const auto [B_r, B_c] = blocks_of(config);
@@ -152,8 +153,8 @@ inline std::optional<Choice> choose_from_table(const TableEntry &entry, const Fo
     return best;
 }
 
-inline std::optional<Choice> choose_by_rule(DType dtype, const ForwardParams &params, MaskKind mask, bool score_mods,
-                                            const Gpu &gpu, RuleReason why) {
+inline std::optional<Choice> choose_by_rule(DType dtype, const ForwardParams &params, const Problem &problem, const Gpu &gpu,
+                                            RuleReason why) {
     const auto &defaults = DispatchTables::instance().defaults;
     std::optional<Choice> best;
     std::tuple<bool, int, AnyConfig> best_key{};
@@ -164,7 +165,7 @@ inline std::optional<Choice> choose_by_rule(DType dtype, const ForwardParams &pa
             if (cfg.dtype != dtype || cfg.d_head != params.d_head)
                 continue;
             const AnyConfig config = cfg;
-            const auto found = runnable(config, params, mask, score_mods, gpu);
+            const auto found = runnable(config, params, problem, gpu);
             if (!found)
                 continue;
             const bool is_default = defaults.count(config) > 0;
@@ -179,20 +180,20 @@ inline std::optional<Choice> choose_by_rule(DType dtype, const ForwardParams &pa
 }
 
 // The kernel for a problem, or nullopt where this build has none that runs it on this GPU.
-inline std::optional<Choice> choose(DType dtype, const ForwardParams &params, MaskKind mask, bool score_mods, const Gpu &gpu) {
+inline std::optional<Choice> choose(DType dtype, const ForwardParams &params, const Problem &problem, const Gpu &gpu) {
     const auto &tables = DispatchTables::instance().entries;
     const auto table = tables.find(gpu.capability);
     RuleReason why = RuleReason::NO_TABLE;
     if (table != tables.end()) {
-        const TableEntry *entry = entry_for(table->second, dtype, params.d_head, mask != MaskKind::NONE, params.seqlen_q);
+        const TableEntry *entry = entry_for(table->second, dtype, params.d_head, problem.mask != MaskKind::NONE, params.seqlen_q);
         why = RuleReason::NO_ENTRY;
         if (entry != nullptr) {
-            if (auto choice = choose_from_table(*entry, params, mask, score_mods, gpu))
+            if (auto choice = choose_from_table(*entry, params, problem, gpu))
                 return choice;
             why = RuleReason::NONE_COMPILED;
         }
     }
-    return choose_by_rule(dtype, params, mask, score_mods, gpu, why);
+    return choose_by_rule(dtype, params, problem, gpu, why);
 }
 
 } // namespace flash::binding

@@ -17,6 +17,7 @@
 #include "binding/dispatch.h"
 #include "binding/families.h"
 #include "binding/problem.h"
+#include "binding/sequences.h"
 #include "binding/tensor_checks.h"
 #include "common/cuda_utils.cuh"
 #include "common/forward_params.h"
@@ -30,6 +31,8 @@ inline const char *dtype_name(DType dtype) { return dtype == DType::FP16 ? "floa
 
 inline std::string describe(const ProblemVariant &variant) {
     const char *masks[] = {"no mask", "a causal mask", "a local window"};
+    if (variant.varlen)
+        return std::string(masks[static_cast<int>(variant.mask)]) + ", sequences of lengths of their own (varlen)";
     return std::string(masks[static_cast<int>(variant.mask)]) +
            (variant.masked_tails ? ", lengths that are not multiples of the block sizes" : "") +
            (variant.score_mods ? ", softcap or ALiBi" : "");
@@ -49,7 +52,7 @@ inline const ForwardLauncher &named_kernel(const AnyConfig &config, const at::Te
         if (params.d_head != cfg.d_head)
             throw py::value_error("q: d_head (last dimension) is " + std::to_string(params.d_head) +
                                   " but kernel_cfg.d_head is " + std::to_string(cfg.d_head));
-        const ProblemVariant variant = Family::variant_for(cfg, params, problem.mask, problem.score_mods);
+        const ProblemVariant variant = Family::variant_for(cfg, params, problem.mask, problem.score_mods, problem.varlen);
         const ForwardLauncher *launcher = Family::find(cfg, variant);
         const std::string build = " in this build (kernel set '" + std::string(compiled_kernel_set) + "'); " + rebuild_hint;
         if (launcher == nullptr && Family::is_compiled(cfg))
@@ -80,13 +83,14 @@ inline std::string no_kernel_message(DType dtype, const ForwardParams &params, c
     });
     std::string text = "q: no configuration compiled into this build (kernel set '" + std::string(compiled_kernel_set) +
                        "') runs " + dtype_name(dtype) + " attention with d_head " + std::to_string(params.d_head) + " and " +
-                       describe(ProblemVariant{problem.mask, false, problem.score_mods}) + " on " + arch_of(gpu.capability) +
+                       describe(ProblemVariant{problem.mask, false, problem.score_mods, problem.varlen}) + " on " +
+                       arch_of(gpu.capability) +
                        " (" + std::to_string(gpu.smem_per_block) + " bytes of shared memory per block)";
     return any_family_runs ? text + reasons + "; " + rebuild_hint : text + reasons;
 }
 
 inline Choice automatic_kernel(DType dtype, const ForwardParams &params, const Problem &problem, const Gpu &gpu) {
-    std::optional<Choice> choice = choose(dtype, params, problem.mask, problem.score_mods, gpu);
+    std::optional<Choice> choice = choose(dtype, params, problem, gpu);
     if (!choice)
         throw py::value_error(no_kernel_message(dtype, params, problem, gpu));
     return *choice;
@@ -97,16 +101,17 @@ inline Gpu gpu_of(const at::Tensor &q) {
     return Gpu{props->major * 10 + props->minor, static_cast<int64_t>(props->sharedMemPerBlockOptin)};
 }
 
-// q, k and v checked, and the parameter block's problem side decoded from them and the arguments.
+// q, k and v (in the batch layout) checked, and the parameter block's problem side decoded from
+// them and the arguments.
 inline Problem checked_problem(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const ProblemArguments &args,
-                        bool on_device, ForwardParams &params) {
+                               const SequenceArguments &sequences, bool on_device, ForwardParams &params) {
     check_tensor(q, "q", on_device);
     check_tensor(k, "k", on_device);
     check_tensor(v, "v", on_device);
     check_device_and_dtype(k, "k", q);
     check_device_and_dtype(v, "v", q);
     check_shapes(q, k, v);
-    return decode_problem(args, q, k, params);
+    return decode_problem(args, sequences, q, k, on_device, params);
 }
 
 struct ForwardResult {
@@ -117,9 +122,19 @@ struct ForwardResult {
 
 // With heads_first, q, k, v and the output are (batch, heads, seq, d_head) (SDPA's layout; o must
 // not be given): the kernels read them through their strides as (batch, seq, heads, d_head) views.
+// With cu_seqlens they are (total, heads, d_head), seen as one batch entry, and lse is
+// (heads_q, total_q).
 inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tensor q, at::Tensor k, at::Tensor v,
-                                 const std::optional<at::Tensor> &o_given, const ProblemArguments &args, bool return_lse,
-                                 bool benchmark, bool heads_first) {
+                                 std::optional<at::Tensor> o_given, const ProblemArguments &args,
+                                 const SequenceArguments &sequences, bool return_lse, bool benchmark, bool heads_first) {
+    check_sequence_arguments(sequences, heads_first);
+    to_batch_layout(sequences, q, k, v);
+    if (o_given && sequences.packed()) {
+        if (o_given->dim() != 3)
+            throw py::value_error("o: expected 3 dimensions (total_q, heads_q, d_head) with cu_seqlens, got " +
+                                  std::to_string(o_given->dim()));
+        o_given = o_given->unsqueeze(0);
+    }
     if (heads_first) {
         if (o_given)
             throw py::value_error("o: must be None with heads_first (the output is allocated in that layout)");
@@ -128,7 +143,7 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
                 *t = t->transpose(1, 2);
     }
     ForwardParams params{};
-    const Problem problem = checked_problem(q, k, v, args, true, params);
+    const Problem problem = checked_problem(q, k, v, args, sequences, true, params);
     const Gpu gpu = gpu_of(q);
     const ForwardLauncher &launcher =
         named ? named_kernel(*named, q, params, problem, gpu) : *automatic_kernel(dtype_of(q), params, problem, gpu).launcher;
@@ -145,18 +160,30 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
         o = at::empty(q.sizes(), q.options());
     }
     if (return_lse) {
-        result.lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
+        // (batch, heads_q, seqlen_q), or with cu_seqlens (heads_q, total_q).
+        result.lse = sequences.packed() ? at::empty({q.size(2), q.size(1)}, q.options().dtype(at::kFloat))
+                                        : at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
         params.lse = result.lse.data_ptr<float>();
+        params.lse_head_stride = q.size(1);
+        params.lse_batch_stride = sequences.packed() ? 0 : q.size(2) * q.size(1);
+    }
+    if (sequences.has_gaps()) {
+        // Rows of q that no sequence uses: no kernel writes them.
+        o.zero_();
+        if (return_lse)
+            result.lse.fill_(std::numeric_limits<float>::infinity());
     }
     const auto finished = [&](std::optional<float> runtime_ms) {
         if (heads_first)
             o = o.transpose(1, 2);
+        if (sequences.packed())
+            o = o.squeeze(0);
         result.runtime_ms = runtime_ms;
         return result;
     };
-    if (params.batch == 0 || params.seqlen_q == 0 || params.heads_q == 0)
+    if (params.batch == 0 || params.seqlen_q == 0 || params.heads_q == 0 || q.size(1) == 0)
         return finished(std::nullopt);
-    if (params.seqlen_k == 0) {
+    if (params.seqlen_k == 0 || k.size(1) == 0) {
         // No key at all: every row attends nothing.
         o.zero_();
         if (return_lse)
@@ -173,6 +200,11 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     params.k_strides = strides_of(k);
     params.v_strides = strides_of(v);
     params.o_strides = strides_of(o);
+    if (sequences.packed()) {
+        // Every sequence is in the one batch entry: the kernels' batch index must not move them.
+        for (TensorStrides *strides : {&params.q_strides, &params.k_strides, &params.v_strides, &params.o_strides})
+            strides->batch = 0;
+    }
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
     at::Tensor work_counter; // zeroed on the kernel's stream, by a memset that compute-sanitizer's initcheck sees
     if (launcher.needs_work_counter) {

@@ -10,6 +10,7 @@
 #include <torch/extension.h>
 
 #include "binding/arguments.h"
+#include "binding/sequences.h"
 #include "common/forward_params.h"
 #include "common/problem_variant.h"
 
@@ -51,11 +52,12 @@ inline ProblemArguments problem_arguments(bool causal, py::handle softmax_scale,
     return problem_arguments(causal, scale, window, cap, slopes);
 }
 
-// What a call asks for beyond its tensors: the mask kind and whether the scores are modified; the
-// rest is in the parameter block.
+// What a call asks for beyond its tensors: the mask kind, whether the scores are modified and
+// whether each sequence has lengths of its own; the rest is in the parameter block.
 struct Problem {
     MaskKind mask;
     bool score_mods;
+    bool varlen;
 };
 
 // The mask kind of effective window sides (set_window's).
@@ -77,14 +79,17 @@ inline void set_window(MaskParams &mask, bool causal, Window window, int seqlen_
     mask.window_right = right >= 0 && right < seqlen_q - 1 ? right : UNBOUNDED_WINDOW;
 }
 
-// Fills params' lengths, counts, softmax scale and mask from q and k's shapes and the arguments.
-inline Problem decode_problem(const ProblemArguments &args, const at::Tensor &q, const at::Tensor &k, ForwardParams &params) {
+// Fills params' lengths, counts, sequences, softmax scale and mask from q and k's shapes (in the
+// batch layout) and the arguments.
+inline Problem decode_problem(const ProblemArguments &args, const SequenceArguments &sequences, const at::Tensor &q,
+                              const at::Tensor &k, bool on_device, ForwardParams &params) {
     params.batch = static_cast<int>(q.size(0));
     params.seqlen_q = static_cast<int>(q.size(1));
     params.seqlen_k = static_cast<int>(k.size(1));
     params.heads_q = static_cast<int>(q.size(2));
     params.heads_kv = static_cast<int>(k.size(2));
     params.d_head = static_cast<int>(q.size(3));
+    decode_sequences(sequences, q, k, on_device, params);
 
     params.softmax_scale = args.softmax_scale.value_or(1.0f / std::sqrt(static_cast<float>(params.d_head)));
     params.mask.softcap = args.softcap;
@@ -110,7 +115,7 @@ inline Problem decode_problem(const ProblemArguments &args, const at::Tensor &q,
         params.mask.alibi_slopes = q.is_cuda() ? slopes.data_ptr<float>() : nullptr;
         params.mask.alibi_batch_stride = per_batch ? slopes.stride(0) : 0;
     }
-    return Problem{mask_kind(params.mask), args.softcap > 0.0f || args.alibi_slopes.has_value()};
+    return Problem{mask_kind(params.mask), args.softcap > 0.0f || args.alibi_slopes.has_value(), sequences.any()};
 }
 
 } // namespace flash::binding

@@ -32,17 +32,41 @@ struct MaskParams {
 constexpr int MAX_SEQLEN = 1 << 29;
 constexpr int UNBOUNDED_WINDOW = 2 * MAX_SEQLEN;
 
+// Where each sequence of a batch lies, when the sequences have lengths of their own (the varlen
+// variant; common/sequence.cuh reads it). Each batch entry b has a slot of rows in q's (and o's)
+// seq dimension: rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of a tensor whose batch dimension is
+// 1, or, without cu_seqlens_q, the whole seq dimension of batch entry b. The sequence uses the
+// slot's rows from leftpad_q[b] on (0 without leftpad), seqused_q[b] of them (without seqused, the
+// rest of the slot). The same for k and v. Every pointer is null or the call's int32 array.
+struct SequenceLayout {
+    const int *cu_seqlens_q; // (batch + 1)
+    const int *cu_seqlens_k;
+    const int *seqused_q; // (batch)
+    const int *seqused_k;
+    const int *leftpad_q; // (batch)
+    const int *leftpad_k;
+    // The rows of q's and k's seq dimension: every slot is clamped to them, so that lengths and
+    // offsets that break the rules never reach memory outside the tensors.
+    int rows_q;
+    int rows_k;
+};
+
 struct ForwardParams {
     const void *q; // (batch, seqlen_q, heads_q, d_head)
     const void *k; // (batch, seqlen_k, heads_kv, d_head)
     const void *v; // (batch, seqlen_k, heads_kv, d_head)
     void *o;       // (batch, seqlen_q, heads_q, d_head)
-    float *lse;    // null, or (batch, heads_q, seqlen_q) contiguous: the rows' natural-log sum of exp
+    // null, or the rows' natural-log sum of exp: element (batch, head, row) at
+    // batch * lse_batch_stride + head * lse_head_stride + row.
+    float *lse;
+    int64_t lse_batch_stride;
+    int64_t lse_head_stride;
     TensorStrides q_strides;
     TensorStrides k_strides;
     TensorStrides v_strides;
     TensorStrides o_strides;
     int batch;
+    // With per-sequence lengths (varlen), the longest sequence's: what the grid covers.
     int seqlen_q;
     int seqlen_k;
     int heads_q;
@@ -50,6 +74,7 @@ struct ForwardParams {
     int d_head;
     float softmax_scale; // multiplies Q K^T before the softmax
     MaskParams mask;
+    SequenceLayout sequences; // read by the varlen variant only
     // A zeroed counter in device memory for a kernel that hands out its work tiles as blocks ask for
     // them (ForwardLauncher::needs_work_counter); null for the others.
     int *work_counter;

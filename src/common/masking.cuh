@@ -22,8 +22,9 @@ __device__ __forceinline__ int floor_div(int a, int b) { return a >= 0 ? a / b :
 // [begin, unmasked_begin) where the window's left edge cuts tiles, unmasked tiles
 // [unmasked_begin, unmasked_end), and a masked suffix [unmasked_end, end) where the diagonal (plus
 // the window's right edge) or the end of the keys cuts tiles. Rows of the block are
-// first_row .. first_row + B_r - 1; query i's diagonal is key i + seqlen_k - seqlen_q.
-template <int B_r, int B_c, MaskKind MASK, bool MASKED_TAILS>
+// first_row .. first_row + B_r - 1; query i's diagonal is key i + seqlen_k - seqlen_q. With
+// VARLEN, a sequence may have no key at all.
+template <int B_r, int B_c, MaskKind MASK, bool MASKED_TAILS, bool VARLEN = false>
 struct KVTileRange {
     static constexpr bool has_masked_prefix = MASK == MaskKind::LOCAL;
     static constexpr bool has_masked_suffix = MASK != MaskKind::NONE || MASKED_TAILS;
@@ -61,9 +62,10 @@ struct KVTileRange {
         unmasked_end = max(unmasked_begin, min(unmasked_end, end));
     }
 
-    // Without a mask every block visits at least one tile (seqlen_k >= 1): saying so at compile time
-    // lets the compiler fold the outputs' zeroing into the first tile's products.
-    __device__ __forceinline__ bool empty() const { return MASK != MaskKind::NONE && begin >= end; }
+    // Without a mask every block of a dense problem visits at least one tile (seqlen_k >= 1): saying
+    // so at compile time lets the compiler fold the outputs' zeroing into the first tile's products.
+    static constexpr bool may_be_empty = MASK != MaskKind::NONE || VARLEN;
+    __device__ __forceinline__ bool empty() const { return may_be_empty && begin >= end; }
     __device__ __forceinline__ bool is_masked(int tile) const {
         return (has_masked_prefix && tile < unmasked_begin) || (has_masked_suffix && tile >= unmasked_end);
     }

@@ -21,6 +21,9 @@ struct ProblemVariant {
     // The scores are modified before the softmax: capped (softcap) and/or given ALiBi biases; which
     // of the two, the parameter block says.
     bool score_mods;
+    // Each sequence of the batch has lengths of its own (ForwardParams::sequences): cu_seqlens,
+    // seqused or leftpad. Compiled with masked tails and score modifications (checked at run time).
+    bool varlen;
 
     constexpr auto operator<=>(const ProblemVariant &) const = default;
 };

@@ -1,5 +1,5 @@
 // The end of a query block's online softmax that both families share: O divided by its rows' sums,
-// and the rows' log-sum-exp where the call asks for it (float32, (batch, heads_q, seqlen_q)).
+// and the rows' log-sum-exp where the call asks for it (float32, at ForwardParams::lse's strides).
 #pragma once
 
 #include <cstdint>
@@ -25,7 +25,7 @@ __device__ __forceinline__ void finish_softmax(const Softmax &softmax, OAccumula
         else
             rows = valid_rows;
         store_log_sum_exp(softmax, score_scale,
-                          params.lse + (static_cast<int64_t>(batch) * params.heads_q + head) * params.seqlen_q + first_row,
+                          params.lse + batch * params.lse_batch_stride + head * params.lse_head_stride + first_row,
                           warp_first_row, rows);
     }
 }

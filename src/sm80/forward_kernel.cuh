@@ -10,6 +10,7 @@
 #include "common/forward_params.h"
 #include "common/problem_variant.h"
 #include "common/ptx.cuh"
+#include "common/sequence.cuh"
 #include "sm80/gemm.cuh"
 #include "sm80/layout.cuh"
 #include "sm80/load_store.cuh"
@@ -55,11 +56,12 @@ struct QKChunkFragments {
 //
 // The problem variant: MASK and MASKED_TAILS decide which tiles the block visits and which of them
 // are masked element by element (KVTileRange); the unmasked tiles in between run exactly the code
-// of an unmasked problem. SCORE_MODS applies softcap and ALiBi to every tile's scores. The
-// variant's fields are separate template arguments: nvcc's host stubs cannot spell a class-type
-// template argument whose fields are all zero.
-template <typename Kernel, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS>
-__global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const __grid_constant__ ForwardParams params) {
+// of an unmasked problem. SCORE_MODS applies softcap and ALiBi to every tile's scores. With
+// VARLEN each sequence has lengths of its own (Sequence): the grid covers the longest, and the
+// blocks past a shorter one's rows have nothing to do. The variant's fields are separate template
+// arguments: nvcc's host stubs cannot spell a class-type template argument whose fields are all zero.
+template <typename Kernel, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS, bool VARLEN>
+__global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const __grid_constant__ ForwardParams call) {
     using value_t = typename Kernel::value_t;
     constexpr bool async_copy = Kernel::async_copy;
     constexpr bool eager = Kernel::eager_load_blocks;
@@ -74,13 +76,18 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
 
     const int Q_block = blockIdx.x;
     const int head = blockIdx.y;
-    const int kv_head = head / (params.heads_q / params.heads_kv);
     const int batch = blockIdx.z;
-    const int warp_first_row = (threadIdx.x / WARP_SIZE) * Kernel::warp_rows;
+    const Sequence<VARLEN> sequence(call, batch);
+    const ForwardParams &params = sequence.params;
     const int Q_first_row = Q_block * B_r;
+    if (VARLEN && Q_first_row >= params.seqlen_q)
+        return;
+    const int kv_head = head / (params.heads_q / params.heads_kv);
+    const int warp_first_row = (threadIdx.x / WARP_SIZE) * Kernel::warp_rows;
     // Rows of this block that exist (all of them unless the last block is partial).
     const int Q_rows = MASKED_TAILS ? min(B_r, params.seqlen_q - Q_first_row) : B_r;
-    const KVTileRange<B_r, B_c, MASK, MASKED_TAILS> tiles(params, Q_first_row);
+    using Tiles = KVTileRange<B_r, B_c, MASK, MASKED_TAILS, VARLEN>;
+    const Tiles tiles(params, Q_first_row);
 
     const value_t *Q = tensor_rows<const value_t>(params.q, params.q_strides, batch, head, Q_first_row);
     value_t *O = tensor_rows<value_t>(params.o, params.o_strides, batch, head, Q_first_row);
@@ -89,8 +96,7 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
                                                        tensor_rows<const value_t>(params.v, params.v_strides, batch, kv_head, 0),
                                                        B_c * params.k_strides.seq, B_c * params.v_strides.seq};
 
-    constexpr bool rows_may_be_empty = MASK != MaskKind::NONE;
-    OnlineSoftmax<Kernel::M_tiles, Kernel::optimized_softmax, rows_may_be_empty> softmax;
+    OnlineSoftmax<Kernel::M_tiles, Kernel::optimized_softmax, Tiles::may_be_empty> softmax;
     softmax.init();
     typename Kernel::O_accumulators O_acc;
     O_acc.zero();

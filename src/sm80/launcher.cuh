@@ -1,5 +1,5 @@
-// The SM80 family's launcher: one thread block per B_r query rows of one (batch, head), n_warps
-// warps, the traits' dynamic shared memory.
+// The SM80 family's launcher: one thread block per B_r query rows of one (batch, head) (of the
+// longest sequence, with per-sequence lengths), n_warps warps, the traits' dynamic shared memory.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,7 +12,8 @@
 namespace flash::sm80 {
 
 template <typename Kernel, ProblemVariant VARIANT>
-constexpr auto kernel_of = &flash_forward_kernel<Kernel, VARIANT.mask, VARIANT.masked_tails, VARIANT.score_mods>;
+constexpr auto kernel_of =
+    &flash_forward_kernel<Kernel, VARIANT.mask, VARIANT.masked_tails, VARIANT.score_mods, VARIANT.varlen>;
 
 template <typename Kernel, ProblemVariant VARIANT>
 void launch(const ForwardParams &params, cudaStream_t stream) {

@@ -8,6 +8,7 @@
 #include "common/forward_params.h"
 #include "common/softmax_epilogue.cuh"
 #include "common/type_utils.cuh"
+#include "sm90/box_coordinates.cuh"
 #include "sm90/consumer_warpgroup.cuh"
 #include "sm90/kernel_params.h"
 #include "sm90/tma.cuh"
@@ -16,20 +17,21 @@
 
 namespace flash::sm90 {
 
-// A consumer warpgroup's 64 rows of the work tile starting at Q_first_row of (batch, head).
-template <typename Kernel, typename Softmax>
-__device__ __forceinline__ void write_outputs(const KernelParams &kp, const ConsumerWarpgroup<Kernel> &consumer,
-                                              const Softmax &softmax, typename Kernel::O_accumulators &O_acc,
-                                              float score_scale, int Q_first_row, int head, int batch) {
+// A consumer warpgroup's 64 rows of the work tile starting at Q_first_row of (batch, head), whose
+// sequence's lengths are params' and whose boxes of O are at O_boxes.
+template <typename Kernel, typename Softmax, typename Boxes>
+__device__ __forceinline__ void write_outputs(const KernelParams &kp, const ForwardParams &params, const Boxes &O_boxes,
+                                              const ConsumerWarpgroup<Kernel> &consumer, const Softmax &softmax,
+                                              typename Kernel::O_accumulators &O_acc, float score_scale, int Q_first_row,
+                                              int head, int batch) {
     using Swizzle = typename Kernel::Swizzle;
-    const ForwardParams &params = kp.params;
     const int warp_first_row = consumer.warp_first_row;
     finish_softmax(softmax, O_acc, score_scale, params, batch, head, Q_first_row, warp_first_row,
                    [&] { return params.seqlen_q - Q_first_row; });
 
     // O leaves through shared memory, in the swizzled layout TMA reads, once every warp
     // of the warpgroup is done with Q (whose block O reuses unless persistent) and the previous
-    // work tile's store has read its O; TMA drops the rows past seqlen_q.
+    // work tile's store has read its O; TMA drops the rows past seqlen_q (past the sequence's end).
     const bool stores = threadIdx.x % WARPGROUP_THREADS == 0;
     if (Kernel::persistent && stores)
         tma_store_wait_read();
@@ -56,8 +58,8 @@ __device__ __forceinline__ void write_outputs(const KernelParams &kp, const Cons
     if (stores) {
 #pragma unroll
         for (int c = 0; c < Kernel::col_blocks; ++c)
-            tma_store_4d(&kp.o, O_smem + c * Kernel::Q_col_block_bytes, c * Swizzle::cols,
-                         Q_first_row + consumer.wg * WGMMA_M, head, batch);
+            O_boxes.store(&kp.o, O_smem + c * Kernel::Q_col_block_bytes, c * Swizzle::cols,
+                          Q_first_row + consumer.wg * WGMMA_M, head);
         tma_store_commit();
     }
 }

@@ -51,22 +51,23 @@ namespace flash::sm90 {
 
 // A consumer warpgroup's share of the work tile numbered `index`: the KV tiles its block loads
 // for it, its main loop over those it computes on, and its epilogue.
-template <typename Kernel, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS, typename Scheduler>
+template <typename Kernel, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS, bool VARLEN, typename Scheduler>
 __device__ __forceinline__ void consume_work_tile(const KernelParams &kp, ConsumerWarpgroup<Kernel> &consumer,
                                                   const Scheduler &scheduler, int index, int group_size, uint32_t rank) {
-    using Tiles = KVTileRange<Kernel::B_r, Kernel::B_c, MASK, MASKED_TAILS>;
-    using Loader = TileLoader<Kernel, Scheduler>;
+    using Tiles = KVTileRange<Kernel::B_r, Kernel::B_c, MASK, MASKED_TAILS, VARLEN>;
+    using Loader = TileLoader<Kernel, Scheduler, VARLEN>;
     constexpr int cluster = Kernel::cluster_size;
-    const ForwardParams &params = kp.params;
     const SharedTiles<Kernel> &smem = consumer.smem;
     const int wg = consumer.wg;
 
-    const WorkTile work = scheduler.work_tile(index);
+    const auto [work, sequence] = locate_work<VARLEN, Kernel::B_r>(kp.params, scheduler, index);
+    const ForwardParams &params = sequence.params;
     const int Q_first_row = work.Q_block * Kernel::B_r;
     const int head = work.head;
     const int batch = work.batch;
     const Tiles tiles(params, Q_first_row);
-    const Loader loader{kp, smem, head, head / group_size, batch, rank};
+    const BoxCoordinates<VARLEN> Q_boxes = q_boxes(sequence);
+    const Loader loader{kp, smem, head, head / group_size, Q_boxes, kv_boxes(sequence), rank};
     // Without warp specialization (one work tile per block) the first consumer thread also
     // loads: Q and the first round now, each later tile once its stage has been released.
     const bool loads = !Kernel::warp_specialized && threadIdx.x == 0;
@@ -77,7 +78,7 @@ __device__ __forceinline__ void consume_work_tile(const KernelParams &kp, Consum
     }
     // Of the KV tiles this block loads, those it computes on: none without a query block.
     const auto [first_loaded, end_loaded] = loaded_tiles<cluster>(params, work, tiles, Kernel::B_r);
-    const bool computes = work.Q_block < scheduler.Q_blocks && !tiles.empty();
+    const bool computes = work.Q_block < work.Q_blocks && !tiles.empty();
     const int own_first = computes ? tiles.begin : end_loaded;
     const int own_end = computes ? tiles.end : end_loaded;
     const int passed_after = end_loaded - own_end;
@@ -98,7 +99,7 @@ __device__ __forceinline__ void consume_work_tile(const KernelParams &kp, Consum
         return;
     }
 
-    using Mainloop = MainLoop<Kernel, Loader, MASK, MASKED_TAILS, SCORE_MODS>;
+    using Mainloop = MainLoop<Kernel, Loader, MASK, MASKED_TAILS, SCORE_MODS, VARLEN>;
     typename Mainloop::Softmax softmax;
     softmax.init();
     typename Kernel::O_accumulators O_acc;
@@ -112,21 +113,29 @@ __device__ __forceinline__ void consume_work_tile(const KernelParams &kp, Consum
     if constexpr (cluster > 1)
         consumer.pass_tiles(passed_after, WithoutTurns{});
 
-    write_outputs<Kernel>(kp, consumer, softmax, O_acc, score_mods.post_scale, Q_first_row, head, batch);
+    write_outputs<Kernel>(kp, params, Q_boxes, consumer, softmax, O_acc, score_mods.post_scale, Q_first_row, head, batch);
 }
 
 // The problem variant: MASK and MASKED_TAILS decide which tiles the block visits and which of
 // them are masked element by element (KVTileRange); the unmasked tiles in between run the code of
-// an unmasked problem. SCORE_MODS applies softcap and ALiBi to every tile's scores. (Separate
-// template arguments, as in the SM80 family: nvcc's host stubs cannot spell an all-zero
-// class-type template argument.) Compiled for sm_90a only; elsewhere the body is empty and the
-// binding never launches it.
-template <typename Kernel, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS>
+// an unmasked problem. SCORE_MODS applies softcap and ALiBi to every tile's scores. With VARLEN
+// each sequence has lengths of its own (Sequence): the work tiles cover the longest sequence's
+// query blocks, those past a shorter one's rows are skipped (a single-pass block exits at once),
+// and the tensor maps' bounds stop at each sequence's end. (Separate template arguments, as in the
+// SM80 family: nvcc's host stubs cannot spell an all-zero class-type template argument.) Compiled
+// for sm_90a only; elsewhere the body is empty and the binding never launches it.
+template <typename Kernel, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS, bool VARLEN>
 __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(const __grid_constant__ KernelParams kp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Scheduler = typename Kernel::template TileScheduler<MASK>;
     constexpr int cluster = Kernel::cluster_size;
     const ForwardParams &params = kp.params;
+    if constexpr (VARLEN && !Kernel::persistent) {
+        // Every block of a cluster alike: they share the work tile's first query block.
+        const Scheduler own(params, 0);
+        if (!locate_work<VARLEN, Kernel::B_r>(params, own, own.first()).work.has_rows())
+            return;
+    }
 
     extern __shared__ uint8_t smem_raw[];
     const SharedTiles<Kernel> smem(smem_raw);
@@ -148,8 +157,8 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
             if constexpr (Kernel::moves_registers)
                 release_registers<Kernel::producer_registers>();
             if (threadIdx.x == 0)
-                produce<Kernel, KVTileRange<Kernel::B_r, Kernel::B_c, MASK, MASKED_TAILS>>(kp, smem, scheduler, group_size,
-                                                                                          rank);
+                produce<Kernel, KVTileRange<Kernel::B_r, Kernel::B_c, MASK, MASKED_TAILS, VARLEN>, VARLEN>(
+                    kp, smem, scheduler, group_size, rank);
             if constexpr (cluster > 1)
                 cluster_sync();
             return;
@@ -169,7 +178,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
             if (index >= scheduler.end())
                 break;
         }
-        consume_work_tile<Kernel, MASK, MASKED_TAILS, SCORE_MODS>(kp, consumer, scheduler, index, group_size, rank);
+        consume_work_tile<Kernel, MASK, MASKED_TAILS, SCORE_MODS, VARLEN>(kp, consumer, scheduler, index, group_size, rank);
         if constexpr (!Kernel::persistent)
             break;
     }

@@ -1,6 +1,7 @@
 // The Hopper family's launcher: the call's tensor maps, then the traits' threads and dynamic shared
-// memory per thread block, one block per work tile (B_r query rows of one (batch, head)), or, when
-// persistent, one per SM at most; with multicast, in clusters of two blocks.
+// memory per thread block, one block per work tile (B_r query rows of one (batch, head), of the
+// longest sequence with per-sequence lengths), or, when persistent, one per SM at most; with
+// multicast, in clusters of two blocks.
 #pragma once
 
 #include <algorithm>
@@ -22,7 +23,8 @@
 namespace flash::sm90 {
 
 template <typename Kernel, ProblemVariant VARIANT>
-constexpr auto kernel_of = &hopper_forward_kernel<Kernel, VARIANT.mask, VARIANT.masked_tails, VARIANT.score_mods>;
+constexpr auto kernel_of =
+    &hopper_forward_kernel<Kernel, VARIANT.mask, VARIANT.masked_tails, VARIANT.score_mods, VARIANT.varlen>;
 
 // How many clusters of `config`'s shape (its grid aside) can be resident at once on this device;
 // asked once per kernel and device.
@@ -48,17 +50,27 @@ template <typename Kernel, ProblemVariant VARIANT>
 void launch(const ForwardParams &params, cudaStream_t stream) {
     const auto kernel = kernel_of<Kernel, VARIANT>;
     ensure_dynamic_smem_limit(reinterpret_cast<const void *>(kernel), Kernel::smem_bytes);
-    constexpr DType dtype = Kernel::config.dtype;
+    // A varlen call's maps stop at each sequence's end (make_sequence_tensor_map); with cu_seqlens
+    // the tensors' batch dimension is 1.
+    const auto map_of = [&](const void *data, const TensorStrides &strides, int seqlen, int rows, int heads,
+                            bool packed, int box_rows) {
+        constexpr DType dtype = Kernel::config.dtype;
+        constexpr int swizzle = Kernel::Swizzle::bytes;
+        if constexpr (VARIANT.varlen)
+            return make_sequence_tensor_map(dtype, data, strides, params.d_head, rows, heads, packed ? 1 : params.batch,
+                                            box_rows, swizzle);
+        else
+            return make_tensor_map(dtype, data, strides, params.d_head, seqlen, heads, params.batch, box_rows, swizzle);
+    };
+    const SequenceLayout &layout = params.sequences;
+    const bool packed_q = layout.cu_seqlens_q != nullptr;
+    const bool packed_k = layout.cu_seqlens_k != nullptr;
     const KernelParams kp{
         params,
-        make_tensor_map(dtype, params.q, params.q_strides, params.d_head, params.seqlen_q, params.heads_q, params.batch,
-                        WGMMA_M, Kernel::Swizzle::bytes),
-        make_tensor_map(dtype, params.k, params.k_strides, params.d_head, params.seqlen_k, params.heads_kv, params.batch,
-                        Kernel::KV_slice_rows, Kernel::Swizzle::bytes),
-        make_tensor_map(dtype, params.v, params.v_strides, params.d_head, params.seqlen_k, params.heads_kv, params.batch,
-                        Kernel::KV_slice_rows, Kernel::Swizzle::bytes),
-        make_tensor_map(dtype, params.o, params.o_strides, params.d_head, params.seqlen_q, params.heads_q, params.batch,
-                        WGMMA_M, Kernel::Swizzle::bytes),
+        map_of(params.q, params.q_strides, params.seqlen_q, layout.rows_q, params.heads_q, packed_q, WGMMA_M),
+        map_of(params.k, params.k_strides, params.seqlen_k, layout.rows_k, params.heads_kv, packed_k, Kernel::KV_slice_rows),
+        map_of(params.v, params.v_strides, params.seqlen_k, layout.rows_k, params.heads_kv, packed_k, Kernel::KV_slice_rows),
+        map_of(params.o, params.o_strides, params.seqlen_q, layout.rows_q, params.heads_q, packed_q, WGMMA_M),
     };
     constexpr int cluster = Kernel::cluster_size;
     const int64_t Q_groups = ((params.seqlen_q + Kernel::B_r - 1) / Kernel::B_r + cluster - 1) / cluster;

@@ -45,12 +45,12 @@ __device__ __forceinline__ void with_key_width(int keys, Use &&use) {
 // What a consumer warpgroup computes on one work tile's KV tiles (those of `tiles`, at least one)
 // into its softmax statistics and O. Without warp specialization, `loads` says this thread also
 // issues the later tiles' loads, each once its stage has been released.
-template <typename Kernel, typename Loader, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS>
+template <typename Kernel, typename Loader, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS, bool VARLEN>
 struct MainLoop {
     using value_t = typename Kernel::value_t;
     using Swizzle = typename Kernel::Swizzle;
-    using Tiles = KVTileRange<Kernel::B_r, Kernel::B_c, MASK, MASKED_TAILS>;
-    using Softmax = OnlineSoftmax<1, true, MASK != MaskKind::NONE>;
+    using Tiles = KVTileRange<Kernel::B_r, Kernel::B_c, MASK, MASKED_TAILS, VARLEN>;
+    using Softmax = OnlineSoftmax<1, true, Tiles::may_be_empty>;
     using FullWidth = std::integral_constant<int, Kernel::B_c>;
     static constexpr int B_c = Kernel::B_c;
     static constexpr int d_head = Kernel::d_head;

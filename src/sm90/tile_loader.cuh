@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/forward_params.h"
+#include "sm90/box_coordinates.cuh"
 #include "sm90/kernel_params.h"
 #include "sm90/shared_tiles.cuh"
 #include "sm90/tile_scheduler.cuh"
@@ -17,13 +18,14 @@ namespace flash::sm90 {
 // block's stream of KV tiles goes to stage n % stages, in round n / stages, once the consumers
 // have released that stage's previous round; a warpgroup's Q block for the block's n-th work tile,
 // once that warpgroup has released the last one.
-template <typename Kernel, typename Scheduler>
+template <typename Kernel, typename Scheduler, bool VARLEN>
 struct TileLoader {
     const KernelParams &kp;
     const SharedTiles<Kernel> &smem;
     int head;
     int kv_head;
-    int batch;
+    BoxCoordinates<VARLEN> q_boxes; // of the work tile's sequence
+    BoxCoordinates<VARLEN> kv_boxes;
     uint32_t rank; // in the cluster
 
     // Q of the n-th work tile, numbered `index`; a persistent block's producer also tells each
@@ -40,8 +42,8 @@ struct TileLoader {
             mbarrier_arrive_expect_bytes(smem.Q_full(wg), Kernel::wg_Q_bytes);
 #pragma unroll
             for (int c = 0; c < Kernel::col_blocks; ++c)
-                tma_load_4d(smem.Q(wg) + c * Kernel::Q_col_block_bytes, &kp.q, smem.Q_full(wg),
-                            c * Kernel::Swizzle::cols, first_row + wg * WGMMA_M, head, batch);
+                q_boxes.load(smem.Q(wg) + c * Kernel::Q_col_block_bytes, &kp.q, smem.Q_full(wg), c * Kernel::Swizzle::cols,
+                             first_row + wg * WGMMA_M, head);
         }
     }
 
@@ -65,9 +67,9 @@ struct TileLoader {
             uint8_t *const slice = dst + c * Kernel::KV_col_block_bytes + rank * Kernel::KV_slice_bytes;
             const int first_row = tile * Kernel::B_c + rank * Kernel::KV_slice_rows;
             if constexpr (Kernel::multicast)
-                tma_load_4d_multicast(slice, map, full, CLUSTER_MASK, c * Kernel::Swizzle::cols, first_row, kv_head, batch);
+                kv_boxes.load_multicast(slice, map, full, CLUSTER_MASK, c * Kernel::Swizzle::cols, first_row, kv_head);
             else
-                tma_load_4d(slice, map, full, c * Kernel::Swizzle::cols, first_row, kv_head, batch);
+                kv_boxes.load(slice, map, full, c * Kernel::Swizzle::cols, first_row, kv_head);
         }
     }
 
@@ -76,28 +78,34 @@ struct TileLoader {
 
 // The producer warpgroup's thread, with warp specialization: each work tile's Q and the KV tiles
 // the block loads for it, running ahead of the consumers as far as the stages allow. A persistent
-// block asks for its next work tile as it starts loading this one.
-template <typename Kernel, typename Tiles, typename Scheduler>
+// block asks for its next work tile as it starts loading this one, and passes over the work tiles
+// past their sequence's rows without a word to the consumers.
+template <typename Kernel, typename Tiles, bool VARLEN, typename Scheduler>
 __device__ __forceinline__ void produce(const KernelParams &kp, const SharedTiles<Kernel> &smem,
                                         const Scheduler &scheduler, int group_size, uint32_t rank) {
-    const ForwardParams &params = kp.params;
-    using Loader = TileLoader<Kernel, Scheduler>;
+    using Loader = TileLoader<Kernel, Scheduler, VARLEN>;
     int n = 0;        // work tiles loaded so far
     int KV_loads = 0; // KV tiles loaded so far: the position in the pipeline
-    for (int index = scheduler.first(); index < scheduler.end(); ++n) {
+    for (int index = scheduler.first(); index < scheduler.end();) {
         const int next = scheduler.next(index);
-        const WorkTile work = scheduler.work_tile(index);
+        const auto [work, sequence] = locate_work<VARLEN, Kernel::B_r>(kp.params, scheduler, index);
+        if (VARLEN && !work.has_rows()) {
+            index = next;
+            continue;
+        }
+        const ForwardParams &params = sequence.params;
         const Tiles tiles(params, work.Q_block * Kernel::B_r);
         const auto [first_tile, end_tile] = loaded_tiles<Kernel::cluster_size>(params, work, tiles, Kernel::B_r);
-        const Loader loader{kp, smem, work.head, work.head / group_size, work.batch, rank};
-        loader.load_Q(work.Q_block * Kernel::B_r, n, index, !tiles.empty() && work.Q_block < scheduler.Q_blocks);
+        const Loader loader{kp, smem, work.head, work.head / group_size, q_boxes(sequence), kv_boxes(sequence), rank};
+        loader.load_Q(work.Q_block * Kernel::B_r, n, index, !tiles.empty() && work.Q_block < work.Q_blocks);
         for (int tile = first_tile; tile < end_tile; ++tile)
             loader.load_KV(tile, KV_loads++);
         index = next;
+        ++n;
     }
     // The end, as a work tile past the last that loads nothing.
     if constexpr (Kernel::persistent)
-        Loader{kp, smem, 0, 0, 0, rank}.load_Q(0, n, scheduler.end(), false);
+        Loader{kp, smem, 0, 0, {}, {}, rank}.load_Q(0, n, scheduler.end(), false);
 }
 
 } // namespace flash::sm90

@@ -17,6 +17,7 @@
 #include "common/common.h"
 #include "common/forward_params.h"
 #include "common/problem_variant.h"
+#include "common/sequence.cuh"
 
 namespace flash::sm90 {
 
@@ -26,11 +27,13 @@ namespace flash::sm90 {
 // whichever work tile is next when it is free, ends on short ones. The blocks of a cluster take
 // `cluster` consecutive query blocks of one (batch, head) together, as one work tile numbered once;
 // in the last such group a block may have no query block (Q_block >= Q_blocks): it only loads its
-// share of K and V for the others.
+// share of K and V for the others. With per-sequence lengths the numbering covers the longest
+// sequence's query blocks, and a work tile counts only its own sequence's (limit_to).
 struct WorkTile {
     int Q_block;
     int first_Q_block; // the cluster's first and last existing query blocks
     int last_Q_block;
+    int Q_blocks; // of the work tile's sequence
     int head;
     int batch;
 
@@ -40,9 +43,35 @@ struct WorkTile {
         const int group = index % Q_groups;
         const int head_index = index / Q_groups;
         const int first = (MASK == MaskKind::NONE ? group : Q_groups - 1 - group) * cluster;
-        return {first + rank, first, min(first + cluster - 1, Q_blocks - 1), head_index % heads, head_index / heads};
+        return {first + rank, first, min(first + cluster - 1, Q_blocks - 1), Q_blocks, head_index % heads, head_index / heads};
     }
+
+    __device__ __forceinline__ void limit_to(int sequence_Q_blocks) {
+        Q_blocks = sequence_Q_blocks;
+        last_Q_block = min(last_Q_block, Q_blocks - 1);
+    }
+    // Whether any block of the cluster has a query block: a work tile past its sequence's rows has
+    // none, and is skipped.
+    __device__ __forceinline__ bool has_rows() const { return first_Q_block < Q_blocks; }
 };
+
+// A work tile with its sequence (common/sequence.cuh): the lengths the tile's blocks compute with.
+template <bool VARLEN>
+struct LocatedWork {
+    WorkTile work;
+    Sequence<VARLEN> sequence;
+};
+
+// The work tile numbered `index`, with its sequence's lengths.
+template <bool VARLEN, int B_r, typename Scheduler>
+__device__ __forceinline__ LocatedWork<VARLEN> locate_work(const ForwardParams &params, const Scheduler &scheduler,
+                                                           int index) {
+    const WorkTile work = scheduler.work_tile(index);
+    LocatedWork<VARLEN> located{work, Sequence<VARLEN>(params, work.batch)};
+    if constexpr (VARLEN)
+        located.work.limit_to((located.sequence.params.seqlen_q + B_r - 1) / B_r);
+    return located;
+}
 
 // The KV tiles a work tile's cluster loads, [begin, end): every tile some block of it visits. A
 // block's own tiles (KVTileRange) lie within; a block that has none, or no query block, passes them all.

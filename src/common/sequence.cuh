@@ -1,0 +1,86 @@
+// One sequence of a batch, as a block sees it: its rows in the tensors, and the parameter block
+// with its own lengths. Dense problems (every sequence has the call's lengths) keep the call's
+// parameter block as it is; the varlen variant (SequenceLayout) reads each sequence's slot and
+// clamps it to the tensors, so that offsets and lengths that break the rules stay in bounds.
+#pragma once
+
+#include <cstdint>
+
+#include "common/common.h"
+#include "common/forward_params.h"
+
+namespace flash {
+
+// The rows a sequence uses on one side (q and o, or k and v): start .. start + length - 1 of its
+// batch entry's seq dimension.
+struct UsedRows {
+    int start;
+    int length;
+};
+
+// The slot of batch entry `batch` (cu_seqlens, or the whole seq dimension), then leftpad and
+// seqused, each clamped to what remains.
+__device__ __forceinline__ UsedRows used_rows(const int *cu_seqlens, const int *seqused, const int *leftpad, int rows,
+                                              int batch) {
+    int start = 0;
+    int end = rows;
+    if (cu_seqlens != nullptr) {
+        start = min(max(cu_seqlens[batch], 0), rows);
+        end = min(max(cu_seqlens[batch + 1], start), rows);
+    }
+    if (leftpad != nullptr)
+        start += min(max(leftpad[batch], 0), end - start);
+    int length = end - start;
+    if (seqused != nullptr)
+        length = min(max(seqused[batch], 0), length);
+    return {start, length};
+}
+
+template <bool VARLEN>
+struct Sequence;
+
+// Dense: the call's lengths, every sequence at row 0 of its batch entry.
+template <>
+struct Sequence<false> {
+    const ForwardParams &params;
+    int batch;
+
+    __device__ __forceinline__ Sequence(const ForwardParams &params_, int batch_) : params(params_), batch(batch_) {}
+};
+
+// A sequence with lengths of its own. `params` is the call's, with this sequence's lengths and the
+// pointers of q, k, v, o and lse moved to its first rows, so the kernels' code for one dense
+// sequence runs it unchanged; the window's sides stay the call's (bounded as the longest sequence
+// needs, which every shorter one computes alike).
+template <>
+struct Sequence<true> {
+    ForwardParams params;
+    int batch;
+    UsedRows q_rows;
+    UsedRows k_rows;
+
+    __device__ __forceinline__ Sequence(const ForwardParams &call, int batch_) : params(call), batch(batch_) {
+        const SequenceLayout &layout = call.sequences;
+        q_rows = used_rows(layout.cu_seqlens_q, layout.seqused_q, layout.leftpad_q, layout.rows_q, batch);
+        k_rows = used_rows(layout.cu_seqlens_k, layout.seqused_k, layout.leftpad_k, layout.rows_k, batch);
+        params.seqlen_q = q_rows.length;
+        params.seqlen_k = k_rows.length;
+        params.q = moved(call.q, q_rows.start * call.q_strides.seq);
+        params.o = const_cast<void *>(moved(call.o, q_rows.start * call.o_strides.seq));
+        params.k = moved(call.k, k_rows.start * call.k_strides.seq);
+        params.v = moved(call.v, k_rows.start * call.v_strides.seq);
+        if (call.lse != nullptr)
+            params.lse = call.lse + q_rows.start;
+    }
+    // The batch coordinate of q's and k's tensors: with cu_seqlens their batch dimension is 1, and
+    // every slot is in entry 0.
+    __device__ __forceinline__ int tensor_batch_q() const { return params.sequences.cu_seqlens_q ? 0 : batch; }
+    __device__ __forceinline__ int tensor_batch_k() const { return params.sequences.cu_seqlens_k ? 0 : batch; }
+
+  private:
+    __device__ __forceinline__ static const void *moved(const void *pointer, int64_t elements) {
+        return static_cast<const uint8_t *>(pointer) + elements * ELEMENT_BYTES;
+    }
+};
+
+} // namespace flash
