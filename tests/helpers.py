@@ -1,7 +1,8 @@
-"""What the GPU test modules (test_forward.py, test_features.py) and tools/sanitize_cases.py share:
-whether the extension is built, the configurations under test, problems (shapes and the forward
-call's keywords) with their random inputs, the problem variant a problem needs, the checks against
-the float32 reference, and the deterministic sampling of large test matrices.
+"""What the GPU test modules (test_forward.py, test_features.py, test_varlen.py) and
+tools/sanitize_cases.py share: whether the extension is built, the configurations under test,
+problems (shapes and the forward call's keywords, dense or variable-length) with their random
+inputs, the problem variant a problem needs, the checks against the float32 reference, and the
+deterministic sampling of large test matrices.
 
 Needs torch. flash_attention is imported only inside the functions that use it, so this module
 imports before the extension is built.
@@ -23,7 +24,7 @@ from collections.abc import Callable, Hashable, Sequence
 import torch
 
 from flash_helpers.problem import MaskKind, ProblemVariant, needed_variant
-from flash_helpers.reference import FloatReference
+from flash_helpers.reference import reference_for_call
 
 # Set to 1 to run the whole matrix of test_features.py instead of its default sample.
 FULL_ENV = "FLASH_TEST_FULL"
@@ -104,6 +105,111 @@ ALIBI_SHAPES = (None, "per_head", "per_batch_head")
 
 
 @dataclasses.dataclass(frozen=True)
+class VarlenLayout:
+    """How a variable-length batch reaches the kernel. ``packed``: the sequences one after another
+    in (total, heads, d_head) tensors, told apart by cu_seqlens_q and cu_seqlens_k (FlashAttention-2's
+    varlen); otherwise each sequence in its batch entry of (batch, seqlen, heads, d_head) tensors.
+    ``seqused_*`` and ``leftpad_*``: on that side (q, or k and v) each sequence's slot holds more rows
+    than it uses, the sequence starting leftpad rows in (left padding) and using seqused rows (right
+    padding, FlashAttention-3's seqused); without either, a 4-D side's sequences fill their slots."""
+
+    packed: bool = True
+    seqused_q: bool = False
+    seqused_k: bool = False
+    leftpad_q: bool = False
+    leftpad_k: bool = False
+
+    def padded(self, side: str) -> bool:
+        """Whether the slots of ``side`` ("q" or "k") hold rows the sequences do not use."""
+        return getattr(self, f"seqused_{side}") or getattr(self, f"leftpad_{side}")
+
+    def describe(self) -> str:
+        """``packed``, ``padded+seqused_k+leftpad_k``, ..."""
+        flags = [name for name in ("seqused_q", "seqused_k", "leftpad_q", "leftpad_k") if getattr(self, name)]
+        return "+".join(["packed" if self.packed else "padded", *flags])
+
+
+# The layouts the variable-length tests sweep: packed alone (FlashAttention-2's varlen), packed slots
+# with seqused and leftpad, and 4-D slots padded on the right (seqused), on the left (leftpad) or both.
+VARLEN_LAYOUTS = {
+    "packed": VarlenLayout(),
+    "packed_seqused": VarlenLayout(seqused_q=True, seqused_k=True),
+    "packed_leftpad_seqused": VarlenLayout(True, True, True, True, True),
+    "padded_right": VarlenLayout(packed=False, seqused_q=True, seqused_k=True),
+    "padded_left": VarlenLayout(packed=False, leftpad_q=True, leftpad_k=True),
+    "padded_both_sides": VarlenLayout(False, True, True, True, True),
+}
+# Unused rows each padded slot may hold: up to this many past the sequence in packed slots, and this
+# many past the longest sequence in 4-D slots.
+SLOT_PADDING = 9
+
+
+@dataclasses.dataclass(frozen=True)
+class Varlen:
+    """A variable-length batch: each sequence's used query and key lengths, and how the call lays
+    them out."""
+
+    lengths_q: tuple[int, ...]
+    lengths_k: tuple[int, ...]
+    layout: VarlenLayout = VarlenLayout()
+
+    def __post_init__(self):
+        if len(self.lengths_q) != len(self.lengths_k) or not self.lengths_q:
+            raise ValueError(f"one query and one key length per sequence: {self.lengths_q}, {self.lengths_k}")
+        for side, lengths in (("q", self.lengths_q), ("k", self.lengths_k)):
+            if not self.layout.packed and not self.layout.padded(side) and len(set(lengths)) > 1:
+                raise ValueError(f"4-D {side} without seqused or leftpad: every sequence fills its slot, {lengths}")
+
+    def seqlen(self, side: str) -> int:
+        """The length the call's mask kind is decided at: max_seqlen (packed), or the slots' length
+        (4-D, where padded slots hold SLOT_PADDING rows past the longest sequence)."""
+        longest = max(self.lengths_q if side == "q" else self.lengths_k)
+        return longest + SLOT_PADDING if not self.layout.packed and self.layout.padded(side) else longest
+
+    def describe(self) -> str:
+        """``packed-q0.1.97-k5.1.203``: the layout and the lengths."""
+        lengths = (".".join(map(str, self.lengths_q)), ".".join(map(str, self.lengths_k)))
+        return f"{self.layout.describe()}-q{lengths[0]}-k{lengths[1]}"
+
+    def side(self, side: str, rng: torch.Generator) -> tuple[list[int], dict]:
+        """The length of each slot of ``side`` ("q", or "k" for k and v) and the call's keywords for
+        that side; how many unused rows a packed slot holds, and how many of them come first where
+        both leftpad and seqused are given, are drawn from ``rng``."""
+        lengths = self.lengths_q if side == "q" else self.lengths_k
+        seqused, leftpad = getattr(self.layout, f"seqused_{side}"), getattr(self.layout, f"leftpad_{side}")
+        if self.layout.packed:
+            padding = _random_ints(len(lengths), SLOT_PADDING, rng) if self.layout.padded(side) else [0] * len(lengths)
+        else:
+            padding = [self.seqlen(side) - length for length in lengths]
+        # Left padding takes every unused row where seqused is not given, a random share where it is.
+        if not leftpad:
+            left = [0] * len(lengths)
+        elif not seqused:
+            left = padding
+        else:
+            left = [share % (pad + 1) for share, pad in zip(_random_ints(len(lengths), SLOT_PADDING, rng), padding)]
+        slots = [length + pad for length, pad in zip(lengths, padding)]
+        keywords = {}
+        if self.layout.packed:
+            keywords[f"cu_seqlens_{side}"] = _int32([0, *itertools.accumulate(slots)], rng.device)
+            keywords[f"max_seqlen_{side}"] = max(lengths)
+        if seqused:
+            keywords[f"seqused_{side}"] = _int32(lengths, rng.device)
+        if leftpad:
+            keywords[f"leftpad_{side}"] = _int32(left, rng.device)
+        return slots, keywords
+
+
+def _random_ints(count: int, highest: int, rng: torch.Generator) -> list[int]:
+    """``count`` integers drawn uniformly from 0 to ``highest``."""
+    return torch.randint(highest + 1, (count,), generator=rng, device=rng.device).tolist()
+
+
+def _int32(values, device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+@dataclasses.dataclass(frozen=True)
 class Problem:
     """A forward call without its configuration: the shapes and the keywords."""
 
@@ -117,10 +223,23 @@ class Problem:
     softcap: float = 0.0
     alibi: str | None = None  # one of ALIBI_SHAPES: the slopes' shape, (heads_q,) or (batch, heads_q)
     softmax_scale: float | None = None
+    # A variable-length batch: seqlen_q and seqlen_k are then the lengths its mask kind is decided at
+    # (Varlen.seqlen) and batch its number of sequences; varlen_problem fills them in.
+    varlen: Varlen | None = None
+
+    def __post_init__(self):
+        if self.varlen is not None:
+            shape = (self.varlen.seqlen("q"), self.varlen.seqlen("k"), len(self.varlen.lengths_q))
+            if (self.seqlen_q, self.seqlen_k, self.batch) != shape:
+                raise ValueError(
+                    f"(seqlen_q, seqlen_k, batch) of a variable-length batch are {shape}: use varlen_problem"
+                )
 
     def describe(self) -> str:
-        """A test id: ``q113_k203-h4_2-b2`` and the keywords that are not the defaults."""
-        parts = [f"q{self.seqlen_q}_k{self.seqlen_k}", f"h{self.heads_q}_{self.heads_kv}", f"b{self.batch}"]
+        """A test id: ``q113_k203-h4_2-b2`` (for a variable-length batch its Varlen.describe()) and the
+        keywords that are not the defaults."""
+        shape = self.varlen.describe() if self.varlen else f"q{self.seqlen_q}_k{self.seqlen_k}"
+        parts = [shape, f"h{self.heads_q}_{self.heads_kv}", f"b{self.batch}"]
         if self.causal:
             parts.append("causal")
         if self.window_size != (-1, -1):
@@ -136,17 +255,30 @@ class Problem:
     def variant(self, cfg) -> ProblemVariant:
         """The problem variant the binding looks up for this call."""
         score_mods = self.softcap > 0 or self.alibi is not None
-        return needed_variant(cfg, self.seqlen_q, self.seqlen_k, self.causal, self.window_size, score_mods)
+        return needed_variant(
+            cfg, self.seqlen_q, self.seqlen_k, self.causal, self.window_size, score_mods, varlen=self.varlen is not None
+        )
 
     def make(self, cfg, rng: torch.Generator) -> Inputs:
-        """Fresh random inputs for ``cfg``'s dtype and d_head."""
+        """Fresh random inputs for ``cfg``'s dtype and d_head: (batch, seqlen, heads, d_head) tensors,
+        or for a variable-length batch its layout's tensors and keywords (the padded slots' rows
+        random too, so that a kernel reading them shows)."""
         dtype = cfg.dtype.to_torch_dtype()
-        q = random_tensor((self.batch, self.seqlen_q, self.heads_q, cfg.d_head), dtype, rng)
-        k, v = (random_tensor((self.batch, self.seqlen_k, self.heads_kv, cfg.d_head), dtype, rng) for _ in range(2))
+        kwargs = {}
+        if self.varlen is None:
+            q_rows, k_rows = (self.batch, self.seqlen_q), (self.batch, self.seqlen_k)
+        else:
+            slots_q, keywords_q = self.varlen.side("q", rng)
+            slots_k, keywords_k = self.varlen.side("k", rng)
+            kwargs.update(keywords_q, **keywords_k)
+            packed = self.varlen.layout.packed
+            q_rows = (sum(slots_q),) if packed else (self.batch, self.seqlen_q)
+            k_rows = (sum(slots_k),) if packed else (self.batch, self.seqlen_k)
+        q = random_tensor((*q_rows, self.heads_q, cfg.d_head), dtype, rng)
+        k, v = (random_tensor((*k_rows, self.heads_kv, cfg.d_head), dtype, rng) for _ in range(2))
         if self.softcap > 0:
             # As FlashAttention's tests do: scores reach several times softcap, where the cap bends.
             q = q * (self.softcap / 4)
-        kwargs = {}
         if self.causal:
             kwargs["causal"] = True
         if self.window_size != (-1, -1):
@@ -162,25 +294,40 @@ class Problem:
         return Inputs(q, k, v, kwargs)
 
 
+def varlen_problem(varlen: Varlen, **keywords) -> Problem:
+    """The Problem of a variable-length batch; ``keywords`` are Problem's fields other than the
+    shape (heads_q, heads_kv, causal, window_size, softcap, alibi, softmax_scale)."""
+    return Problem(varlen.seqlen("q"), varlen.seqlen("k"), batch=len(varlen.lengths_q), varlen=varlen, **keywords)
+
+
 @dataclasses.dataclass
 class Inputs:
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
-    kwargs: dict  # flash_attention.forward's keywords, return_lse aside
+    kwargs: dict  # flash_attention.forward's keywords (the variable-length ones too), return_lse aside
 
     def forward(self, cfg, o=None, **extra):
         import flash_attention
 
         return flash_attention.forward(cfg, self.q, self.k, self.v, o, **self.kwargs, **extra)
 
-    def reference(self) -> FloatReference:
-        return FloatReference(self.q, self.k, self.v, **self.kwargs)
+    def reference(self):
+        """The FloatReference, or for a variable-length call the VarlenReference."""
+        return reference_for_call(self.q, self.k, self.v, **self.kwargs)
 
 
 def variant_id(variant: ProblemVariant) -> str:
-    """A test id: ``causal-masked_tails-score_mods``, ``none``, ..."""
-    flags = [name for name, on in (("masked_tails", variant.masked_tails), ("score_mods", variant.score_mods)) if on]
+    """A test id: ``causal-masked_tails-score_mods``, ``none``, ``local-masked_tails-score_mods-varlen``, ..."""
+    flags = [
+        name
+        for name, on in (
+            ("masked_tails", variant.masked_tails),
+            ("score_mods", variant.score_mods),
+            ("varlen", variant.varlen),
+        )
+        if on
+    ]
     return "-".join([variant.mask.name.lower(), *flags])
 
 
@@ -194,24 +341,31 @@ def problem_for_variant(cfg, variant: ProblemVariant, batch: int = 2, heads: tup
     query block and key tile) for masked tails, whole blocks otherwise; seqlen_q > seqlen_k under a
     mask, so whole query blocks and parts of blocks attend no key; a window bounded on both sides
     for local; softcap and per-(batch, head) ALiBi slopes for score mods; grouped heads
-    ((heads_q, heads_kv) = ``heads``)."""
+    ((heads_q, heads_kv) = ``heads``).
+
+    A varlen variant gets a packed batch of its own five sequences (``batch`` does not apply): no
+    queries; one query and one key; more queries than keys, and fewer, both with partial last
+    blocks; queries without any key. The last sequence ends the tensors, so a read past a
+    sequence's end leaves them."""
     block = whole_blocks(cfg)
     if variant.masked_tails:
         long, short = 2 * block + 45, block + 19
     else:
         long, short = 3 * block, 2 * block
     seqlen_q, seqlen_k = (long, short) if variant.mask != MaskKind.NONE else (short, long)
-    problem = Problem(
-        seqlen_q,
-        seqlen_k,
+    keywords = dict(
         heads_q=heads[0],
         heads_kv=heads[1],
-        batch=batch,
         causal=variant.mask == MaskKind.CAUSAL,
         window_size=(block // 2 + 3, 7) if variant.mask == MaskKind.LOCAL else (-1, -1),
         softcap=30.0 if variant.score_mods else 0.0,
         alibi="per_batch_head" if variant.score_mods else None,
     )
+    if variant.varlen:
+        lengths = Varlen((0, 1, long, short, block // 2 + 3), (short, 1, short, long, 0))
+        problem = varlen_problem(lengths, **keywords)
+    else:
+        problem = Problem(seqlen_q, seqlen_k, batch=batch, **keywords)
     assert problem.variant(cfg) == variant, f"{problem.describe()} needs {problem.variant(cfg)}, not {variant}"
     return problem
 
@@ -220,22 +374,24 @@ def problem_for_variant(cfg, variant: ProblemVariant, batch: int = 2, heads: tup
 # Checks
 
 
-def assert_matches_reference(out, q, k, v, **kwargs) -> FloatReference:
-    reference = FloatReference(q, k, v, **kwargs)
+def assert_matches_reference(out, q, k, v, **kwargs):
+    """``out`` of a forward call with these tensors and keywords (variable-length ones too) meets the
+    criterion; returns the reference."""
+    reference = reference_for_call(q, k, v, **kwargs)
     comparison = reference.compare(out)
     assert comparison.passed, f"output differs from the float32 reference: {comparison.describe()}"
     return reference
 
 
-def assert_lse_matches(lse, reference: FloatReference) -> None:
+def assert_lse_matches(lse, reference) -> None:
     comparison = reference.compare_lse(lse)
     assert comparison.passed, f"lse differs from the float32 reference: {comparison.describe()}"
 
 
-def assert_rows_without_keys_are_zero(out, reference: FloatReference) -> None:
-    """Rows that attend no key must be exactly 0 (the criterion alone would allow small values)."""
-    rows = reference.rows_without_keys
-    assert (out[:, rows] == 0).all(), "a query row that attends no key is not 0"
+def assert_rows_without_keys_are_zero(out, reference) -> None:
+    """Rows that attend no key (and, with seqused or leftpad, rows outside every sequence) must be
+    exactly 0: the criterion alone would allow small values."""
+    assert (reference.outputs_without_keys(out) == 0).all(), "a row that attends no key (or no sequence uses) is not 0"
 
 
 def check_forward(cfg, inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -254,7 +410,7 @@ def check_forward(cfg, inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
     comparison = reference.compare(out)
     assert comparison.passed, f"output differs from the float32 reference: {comparison.describe()}"
     assert_rows_without_keys_are_zero(out, reference)
-    assert (lse.shape, lse.dtype, lse.device) == (reference.lse.shape, torch.float32, inputs.q.device)
+    assert (tuple(lse.shape), lse.dtype, lse.device) == (reference.lse_shape, torch.float32, inputs.q.device)
     assert_lse_matches(lse, reference)
     assert torch.equal(out, out_with_lse), "returning lse changed the output"
     assert torch.equal(out, allocated), "repeated calls differ"
@@ -277,7 +433,22 @@ def as_layout(tensors: Sequence[torch.Tensor], layout: str) -> list[torch.Tensor
 
 
 # ----------------------------------------------------------------------------------------------
-# Sampling large matrices
+# Parametrizing and sampling large matrices
+
+
+def gpu_cases(argnames: str, cases: Sequence[tuple], describe: Callable[..., str], empty_reason: str):
+    """pytest.mark.parametrize over ``cases`` (tuples of argument values, ``describe(*case)`` their
+    ids); one skipped case, with the reason, where the extension is not built or no case suits the
+    build (``empty_reason``)."""
+    import pytest
+
+    reason = None if extension_is_built() else NOT_BUILT_REASON
+    if reason is None and not cases:
+        reason = empty_reason
+    if reason is not None:
+        placeholder = [None] * len(argnames.split(","))
+        return pytest.mark.parametrize(argnames, [pytest.param(*placeholder, marks=pytest.mark.skip(reason=reason))])
+    return pytest.mark.parametrize(argnames, [pytest.param(*case, id=describe(*case)) for case in cases])
 
 
 def covering_sample(

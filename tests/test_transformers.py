@@ -2,9 +2,9 @@
 
 Without a GPU: registration, and the mask function through transformers' own mask builders
 (create_causal_mask and its siblings, as models call them): no mask for the patterns the kernels
-compute, an error for padding, custom, packed, chunked and static-cache patterns; the attention
-function's errors (dropout, float32, masks it does not compute, unsupported features); padded
-batches raising in whole models.
+compute, padded and packed batches accepted, an error for custom, chunked and static-cache
+patterns; the attention function's errors (dropout, float32, masks it does not compute,
+unsupported features).
 
 With a GPU (the ``gpu`` marker): real models built from configurations with random weights (BERT,
 ViT at 224 px, Llama with grouped and multi-query attention at head sizes 64 and 128, Mistral with
@@ -15,7 +15,10 @@ ref16 the model in the test dtype, and ours must satisfy max|ours - ref32| <= 2 
 ref32| + 1e-5 and a relative norm error below 1e-2, or below twice ref16's where a whole model in
 the test dtype is further than 1e-2 from float32 (bfloat16 decoders, see _assert_matches). Every
 attention layer must have run through flash_attn_func. Decoding with a KV cache (a prompt, a chunk
-of several tokens, single tokens) and generate() are compared the same way.
+of several tokens, single tokens) and generate() are compared the same way. Batches of sequences of
+their own lengths: a right-padded BERT batch against SDPA (padding positions not compared), a
+left-padded batched greedy generate() against SDPA's, and a packed (padding-free) batch, as
+DataCollatorWithFlattening makes it, against each sequence run alone.
 """
 
 from __future__ import annotations
@@ -170,11 +173,10 @@ def test_mask_is_none_without_padding(name, builder, attention_mask):
 
 
 @pytest.mark.parametrize("left", [False, True], ids=["right_padding", "left_padding"])
-@pytest.mark.parametrize("builder", ["causal", "bidirectional", "sliding_window"])
-def test_padding_raises(name, builder, left):
-    config = _decoder_config(name, sliding_window=4)
-    with pytest.raises(NotImplementedError, match="padding masks .* not supported"):
-        _build_mask(builder, config, attention_mask=_with_padding(left=left))
+@pytest.mark.parametrize("builder", ["causal", "bidirectional"])
+def test_padding_is_accepted(name, builder, left):
+    """Padded batches run as batches of sequences of their own lengths (the GPU tests compare them)."""
+    _build_mask(builder, _decoder_config(name), attention_mask=_with_padding(left=left))
 
 
 @pytest.mark.parametrize("seq", [1, 3], ids=["decode", "chunk"])
@@ -184,11 +186,11 @@ def test_mask_is_none_with_a_dynamic_cache(name, seq):
     assert _build_mask("causal", config, seq, attention_mask=_ones(10 + seq), past_key_values=cache) is None
 
 
-def test_padding_in_the_cache_raises(name):
+def test_left_padding_in_the_cache_is_accepted(name):
+    """Decoding a left-padded batch: the padding stays at the start of the cached keys."""
     config = _decoder_config(name)
     cache = _dynamic_cache(config, 10)
-    with pytest.raises(NotImplementedError, match="padding masks"):
-        _build_mask("causal", config, 1, attention_mask=_with_padding(11, left=True), past_key_values=cache)
+    _build_mask("causal", config, 1, attention_mask=_with_padding(11, left=True), past_key_values=cache)
 
 
 @pytest.mark.parametrize("past", [0, 3, 20], ids=["empty", "filling", "full"])
@@ -207,11 +209,14 @@ def test_static_cache_raises(name):
         _build_mask("causal", config, past_key_values=cache)
 
 
-def test_packed_sequences_raise(name):
+def test_packed_sequences_are_accepted(name):
     """Several sequences in one row, told apart by position_ids that restart (a padding-free batch)."""
-    position_ids = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]]).expand(BATCH, -1)
-    with pytest.raises(NotImplementedError, match="mask_function: "):
-        _build_mask("causal", _decoder_config(name), position_ids=position_ids)
+    position_ids = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]])
+    config = _decoder_config(name)
+    masking_utils.create_causal_mask(
+        config=config, inputs_embeds=torch.zeros(1, SEQ, HIDDEN), attention_mask=None, past_key_values=None,
+        position_ids=position_ids,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("combine", ["or_mask_function", "and_mask_function"])
@@ -252,7 +257,7 @@ def test_float32_raises():
         integration.attention_forward(_Attention(), *_qkv(torch.float32), None)
 
 
-@pytest.mark.parametrize("feature", ["position_bias", "s_aux", "cu_seq_lens_q"])
+@pytest.mark.parametrize("feature", ["position_bias", "s_aux"])
 def test_unsupported_features_raise(feature):
     with pytest.raises(NotImplementedError, match=f"{feature}: "):
         integration.attention_forward(_Attention(), *_qkv(), None, **{feature: torch.zeros(1)})
@@ -278,15 +283,6 @@ def test_training_mode_raises(name):
     model = transformers.AutoModel.from_config(_bert_config(), attn_implementation=name).train()
     with pytest.raises(NotImplementedError, match="dropout: "):
         model(input_ids=_ones())
-
-
-@pytest.mark.parametrize("family", ["bert", "llama"])
-def test_padded_batch_raises_in_a_model(name, family):
-    """The mask is built before any attention runs, so this needs no GPU."""
-    config = _bert_config() if family == "bert" else _decoder_config(name)
-    model = transformers.AutoModel.from_config(config, attn_implementation=name).eval()
-    with torch.inference_mode(), pytest.raises(NotImplementedError, match="padding masks"):
-        model(input_ids=_ones(), attention_mask=_with_padding(left=family == "llama"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -538,3 +534,113 @@ def test_generate(name, dtype_name, rng, seed, float32_references, attention_cal
     assert ours.shape[1] == new_tokens
     assert len(attention_calls) == models.layers * new_tokens
     _assert_matches(ours, ref16, ref32, f"generate {dtype_name} logits")
+
+
+# ----------------------------------------------------------------------------------------------
+# Batches of sequences of their own lengths on the GPU: padded and packed
+
+
+def _padding_mask(lengths: list[int], left: bool) -> torch.Tensor:
+    """The 2D attention_mask of a batch padded to its longest sequence, on the left or the right."""
+    positions = torch.arange(max(lengths), device="cuda")
+    lengths_column = torch.tensor(lengths, device="cuda")[:, None]
+    used = positions >= max(lengths) - lengths_column if left else positions < lengths_column
+    return used.long()
+
+
+def _random_lengths(rng: torch.Generator, count: int, shortest: int, longest: int) -> list[int]:
+    return torch.randint(shortest, longest + 1, (count,), generator=rng, device=rng.device).tolist()
+
+
+@gpu
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_padded_bert_batch_matches_sdpa(name, dtype_name, rng, seed, float32_references):
+    """A right-padded batch of random lengths: the hidden states of the tokens (not of the padding,
+    which no one reads) against the same weights on SDPA."""
+    models = Models.of(MODELS["bert"], DTYPES[dtype_name], seed, name)
+    lengths = _random_lengths(rng, 5, 20, 300)
+    attention_mask = _padding_mask(lengths, left=False)
+    input_ids = _token_ids(models.ours.config, rng, len(lengths), max(lengths)) * attention_mask
+    ours, ref16, ref32 = models.run(
+        lambda model: model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    )
+    tokens = attention_mask.bool()
+    _assert_matches(ours[tokens], ref16[tokens], ref32[tokens], f"padded bert {dtype_name} hidden states")
+
+
+def _decisive_llama(config):
+    """A Llama whose output layer is scaled up, so that its greedy choices are far apart more often
+    than random weights make them."""
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)
+    return model
+
+
+@gpu
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_left_padded_generate_matches_sdpa(name, dtype_name, rng, seed, float32_references):
+    """Batched greedy generation from left-padded prompts of their own lengths (the prompt as a
+    padded batch, then decoding against a cache that starts with the padding): the same tokens as
+    SDPA's generate(), unless the float32 model itself can hardly tell the two choices apart (their
+    logits closer than the criterion's bound), and at every step logits that match the references'
+    on the same sequence in one forward without a cache."""
+    case = dataclasses.replace(MODELS["llama_gqa_d64"], model_class=_decisive_llama)
+    models = Models.of(case, DTYPES[dtype_name], seed, name)
+    lengths = _random_lengths(rng, 4, 5, 60)
+    attention_mask = _padding_mask(lengths, left=True)
+    prompt = _token_ids(models.ours.config, rng, len(lengths), max(lengths)) * attention_mask
+    new_tokens = 6
+    options = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, return_dict_in_generate=True)
+    with torch.inference_mode():
+        ours = models.ours.generate(prompt, attention_mask=attention_mask, output_logits=True, **options)
+        sdpa = models.ref16.generate(prompt, attention_mask=attention_mask, **options)
+        sequence = ours.sequences[:, :-1]
+        full_mask = torch.cat([attention_mask, attention_mask.new_ones(len(lengths), new_tokens - 1)], dim=1)
+        # generate's positions: counted from each sequence's first token.
+        position_ids = (full_mask.cumsum(-1) - 1).clamp(min=0)
+        inputs = dict(input_ids=sequence, attention_mask=full_mask, position_ids=position_ids)
+        ref16, ref32 = (model(**inputs).logits[:, -new_tokens:].float() for model in (models.ref16, models.ref32))
+    _assert_matches(torch.stack(ours.logits, dim=1).float(), ref16, ref32, f"left-padded generate {dtype_name} logits")
+    generated, expected = ours.sequences[:, -new_tokens:], sdpa.sequences[:, -new_tokens:]
+    for row in range(len(lengths)):
+        differing = (generated[row] != expected[row]).nonzero()
+        if len(differing):
+            step = differing[0].item()  # the sequences part there: compare no further
+            bound = 2 * (ref16[row, step] - ref32[row, step]).abs().max().item() + 1e-5
+            chosen = ref32[row, step, generated[row, step]].item()
+            assert chosen >= ref32[row, step].max().item() - bound, (
+                f"sequence {row} of lengths {lengths}: token {step} differs from SDPA's, and the float32 model "
+                "prefers SDPA's by more than the criterion allows"
+            )
+
+
+def _flattened(lengths: list[int], config, rng: torch.Generator, flash_kwargs: bool) -> tuple[list, dict]:
+    """Sequences of ``lengths`` random tokens, and their padding-free batch as
+    DataCollatorWithFlattening makes it (one row, position_ids restarting at each sequence; with
+    ``flash_kwargs`` also cu_seq_lens_q/k and max_length_q/k), on the GPU."""
+    sequences = [_token_ids(config, rng, 1, length)[0] for length in lengths]
+    collator = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs, return_tensors="pt")
+    batch = collator([{"input_ids": sequence.tolist()} for sequence in sequences])
+    batch.pop("labels", None)
+    return sequences, {key: value.cuda() if isinstance(value, torch.Tensor) else value for key, value in batch.items()}
+
+
+@gpu
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("flash_kwargs", [False, True], ids=["position_ids", "cu_seq_lens"])
+def test_packed_batch_matches_each_sequence_alone(name, dtype_name, flash_kwargs, rng, seed, float32_references):
+    """A padding-free batch (DataCollatorWithFlattening: several sequences in one row, told apart by
+    position_ids that restart, or by the cu_seq_lens keywords too): our logits of the packed row
+    against the references' logits of each sequence run alone."""
+    models = Models.of(MODELS["llama_gqa_d64"], DTYPES[dtype_name], seed, name)
+    lengths = _random_lengths(rng, 5, 1, 200)
+    sequences, packed = _flattened(lengths, models.ours.config, rng, flash_kwargs)
+    with torch.inference_mode():
+        ours = models.ours(**packed).logits[0]
+        ref16, ref32 = (
+            torch.cat([model(input_ids=sequence[None]).logits[0] for sequence in sequences])
+            for model in (models.ref16, models.ref32)
+        )
+    told_apart_by = "cu_seq_lens" if flash_kwargs else "position_ids"
+    _assert_matches(ours, ref16, ref32, f"packed batch {dtype_name} logits ({told_apart_by})")

@@ -6,7 +6,10 @@ tools/sanitize.sh runs under compute-sanitizer.
 The problems are the tests' (tests/helpers.py, problem_for_variant): lengths that end in partial
 blocks for the masked-tails variants, causal and local masks with more queries than keys (whole
 query blocks and parts of blocks attend no key), softcap with per-(batch, head) ALiBi slopes for
-the score-modifying variants, and grouped heads (2 query heads per key/value head), with lse.
+the score-modifying variants, and grouped heads (2 query heads per key/value head), with lse. The
+varlen kernels get a packed batch (cu_seqlens) of five sequences of their own lengths: no queries,
+one query and one key, partial last blocks with more queries than keys and fewer, and queries
+without keys; the last sequence ends the tensors, so a read past its end leaves them.
 
     python3 tools/sanitize_cases.py [--kernels SELECTION] [--no-check] [--list]
 
@@ -59,6 +62,7 @@ def selected_kernels(selection: str | None) -> list[tuple]:
 
 
 def on_gpu(inputs: helpers.Inputs) -> helpers.Inputs:
+    """``inputs`` on the GPU: the tensors, and the tensor keywords (ALiBi slopes, cu_seqlens)."""
     kwargs = {key: value.cuda() if isinstance(value, torch.Tensor) else value for key, value in inputs.kwargs.items()}
     return helpers.Inputs(inputs.q.cuda(), inputs.k.cuda(), inputs.v.cuda(), kwargs)
 

@@ -29,6 +29,11 @@ times float32's worst-case dot-product error at d_head 256, and far above the ty
 sums over up to 16384 keys; a missing or doubled key tile moves lse by far more. Rows that attend
 no key must be +inf exactly, and every other row finite.
 
+Variable-length batches (``VarlenReference``) are references of the same kind, one per sequence:
+each sequence's used query rows attend its used keys, with the masks and the ALiBi distance
+aligned to that sequence's own lengths, and each sequence meets both criteria on its own (its own
+ref16 error sets its tolerance), as it would if it had been called alone.
+
 torch is imported inside the functions, so ``import flash_helpers`` stays free of it.
 """
 
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 # Query rows per chunk are chosen so one chunk's scores hold this many elements (256 MiB in
 # float32): the reference for seq 16384 then fits next to the inputs.
@@ -241,6 +247,15 @@ class FloatReference:
         self.ref16_max_error = ref16_max_error.item()
         self._ref32_norm = self.ref32.double().norm().item()
 
+    @property
+    def lse_shape(self) -> tuple[int, ...]:
+        """The shape the call's lse has: (batch, heads_q, seqlen_q)."""
+        return tuple(self.lse.shape)
+
+    def outputs_without_keys(self, out):
+        """The elements of ``out`` that must be exactly 0: the rows that attend no key."""
+        return out[:, self.rows_without_keys]
+
     def compare(self, out) -> ReferenceComparison:
         error = out.float() - self.ref32
         error_norm = error.double().norm().item()
@@ -276,3 +291,228 @@ class FloatReference:
             tolerance=self.lse_tolerance[finite][worst].item(),
             worst_ratio=ratio[worst].item(),
         )
+
+
+# ----------------------------------------------------------------------------------------------
+# Variable-length batches
+
+# flash_attention.forward's keywords that make a call variable-length.
+VARLEN_KEYWORDS = (
+    "cu_seqlens_q",
+    "cu_seqlens_k",
+    "max_seqlen_q",
+    "max_seqlen_k",
+    "seqused_q",
+    "seqused_k",
+    "leftpad_q",
+    "leftpad_k",
+)
+
+
+def reference_for_call(q, k, v, **keywords):
+    """The reference of a ``flash_attention.forward`` call from its tensors and keywords (return_lse
+    aside): a VarlenReference where any of VARLEN_KEYWORDS is given, a FloatReference otherwise."""
+    varlen = {name: keywords.pop(name) for name in VARLEN_KEYWORDS if name in keywords}
+    if any(value is not None for value in varlen.values()):
+        return VarlenReference.of_call(q, k, v, **varlen, **keywords)
+    return FloatReference(q, k, v, **keywords)
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceRows:
+    """Where sequence ``index`` of a variable-length batch lies in the packed (total, heads, d_head)
+    tensors: the rows of q and o its used queries are, and the rows of k and v its used keys are."""
+
+    index: int
+    q: range
+    k: range
+
+
+def cu_seqlens_slots(cu_seqlens: Sequence[int], total: int, name: str) -> list[range]:
+    """The slots [cu_seqlens[b], cu_seqlens[b + 1]) of a packed tensor of ``total`` rows. Raises
+    ValueError, naming ``name``, where the prefix sums decrease or leave the tensor."""
+    cu_seqlens = [int(value) for value in cu_seqlens]
+    if not cu_seqlens or cu_seqlens[0] < 0 or cu_seqlens[-1] > total:
+        raise ValueError(f"{name}: {cu_seqlens} must start at 0 or later and end at {total} rows or before")
+    if any(end < start for start, end in zip(cu_seqlens, cu_seqlens[1:])):
+        raise ValueError(f"{name}: {cu_seqlens} decreases")
+    return [range(start, end) for start, end in zip(cu_seqlens, cu_seqlens[1:])]
+
+
+def used_rows(slots: Sequence[range], seqused=None, leftpad=None, max_seqlen=None, side: str = "q") -> list[range]:
+    """The rows each sequence uses inside its slot: from leftpad[b] rows past the slot's start,
+    seqused[b] rows (without seqused, the rest of the slot). Raises ValueError, naming the
+    argument, where they leave the slot or number more than max_seqlen: the reference computes
+    well-formed batches only (the kernels do not compute rows past max_seqlen)."""
+    used = []
+    for b, slot in enumerate(slots):
+        left = 0 if leftpad is None else int(leftpad[b])
+        length = len(slot) - left if seqused is None else int(seqused[b])
+        if left < 0 or left > len(slot):
+            raise ValueError(f"leftpad_{side}: sequence {b} starts {left} rows into a slot of {len(slot)}")
+        if length < 0 or left + length > len(slot):
+            raise ValueError(
+                f"seqused_{side}: sequence {b} uses {length} rows from row {left} of a slot of {len(slot)}"
+            )
+        if max_seqlen is not None and length > max_seqlen:
+            raise ValueError(f"max_seqlen_{side}: {max_seqlen}, but sequence {b} uses {length} rows")
+        used.append(range(slot.start + left, slot.start + left + length))
+    return used
+
+
+@dataclasses.dataclass
+class SequenceComparisons:
+    """One comparison (of outputs or of lse) of a variable-length batch: per compared sequence its
+    comparison, and whether the rows outside every sequence hold what they must."""
+
+    per_sequence: list  # (SequenceRows, ReferenceComparison or LseComparison)
+    outside_failure: str | None = None  # what is wrong outside the sequences (or with the shape)
+
+    @property
+    def passed(self) -> bool:
+        return self.outside_failure is None and all(comparison.passed for _, comparison in self.per_sequence)
+
+    def describe(self) -> str:
+        failures = [
+            f"sequence {rows.index} ({len(rows.q)} queries, {len(rows.k)} keys): {comparison.describe()}"
+            for rows, comparison in self.per_sequence
+            if not comparison.passed
+        ]
+        if self.outside_failure is not None:
+            failures.insert(0, self.outside_failure)
+        if not failures:
+            return f"all {len(self.per_sequence)} sequences pass"
+        more = f"; and {len(failures) - 3} more" if len(failures) > 3 else ""
+        return "; ".join(failures[:3]) + more
+
+
+class VarlenReference:
+    """The reference of a variable-length call: one FloatReference per sequence, on its used query
+    rows against its used key rows, with per-(batch, head) ALiBi slopes taking the sequence's row.
+
+    ``q``, ``k`` and ``v`` are packed, (total_q, heads_q, d_head) and (total_k, heads_kv, d_head);
+    ``sequences`` say where each sequence lies; ``ref32`` and ``lse`` are the sequences' references
+    put together in the packed layout. With ``zero_outside`` (seqused or leftpad given),
+    every row of o outside the sequences' used rows must be 0 and its lse +inf; otherwise those rows
+    are not compared. ``padded_shape`` (batch, seqlen_q) says that the call's q, o and lse were 4-D
+    (each sequence in a slot of its own), which the comparisons then take as they are.
+    """
+
+    def __init__(
+        self, q, k, v, sequences: Sequence[SequenceRows], *, zero_outside=False, padded_shape=None, **semantics
+    ):
+        import torch
+
+        slopes = semantics.pop("alibi_slopes", None)
+        self.sequences = list(sequences)
+        self.zero_outside = zero_outside
+        self._padded_shape = padded_shape
+        total_q, heads_q = q.shape[0], q.shape[1]
+        self.lse_shape = (heads_q, total_q) if padded_shape is None else (padded_shape[0], heads_q, padded_shape[1])
+        self._references = []
+        # Packed, as the sequences' references put together: 0 and +inf on the rows of no sequence.
+        self.ref32 = torch.zeros((total_q, heads_q, q.shape[2]), dtype=torch.float32, device=q.device)
+        self.lse = torch.full((heads_q, total_q), math.inf, dtype=torch.float32, device=q.device)
+        in_a_sequence = torch.zeros(total_q, dtype=torch.bool, device=q.device)
+        without_keys = torch.zeros_like(in_a_sequence)
+        for rows in self.sequences:
+            row_slopes = slopes[rows.index] if slopes is not None and slopes.dim() == 2 else slopes
+            queries, keys = slice(rows.q.start, rows.q.stop), slice(rows.k.start, rows.k.stop)
+            reference = FloatReference(
+                q[None, queries], k[None, keys], v[None, keys], alibi_slopes=row_slopes, **semantics
+            )
+            self._references.append(reference)
+            self.ref32[queries] = reference.ref32[0]
+            self.lse[:, queries] = reference.lse[0]
+            in_a_sequence[queries] = True
+            without_keys[queries] = reference.rows_without_keys
+        self.outside = ~in_a_sequence  # the packed rows of no sequence
+        self._zero_rows = without_keys | self.outside if zero_outside else without_keys
+
+    @classmethod
+    def of_call(
+        cls,
+        q,
+        k,
+        v,
+        *,
+        cu_seqlens_q=None,
+        cu_seqlens_k=None,
+        max_seqlen_q=None,
+        max_seqlen_k=None,
+        seqused_q=None,
+        seqused_k=None,
+        leftpad_q=None,
+        leftpad_k=None,
+        **semantics,
+    ):
+        """The reference of ``flash_attention.forward(cfg, q, k, v, **keywords)``: with cu_seqlens_q
+        and cu_seqlens_k, q, k and v are packed and sequence b's slots are rows [cu_seqlens[b],
+        cu_seqlens[b + 1]); without them they are 4-D and sequence b's slot is batch entry b. Inside
+        a slot, a sequence uses seqused rows from leftpad rows in (``used_rows``)."""
+        values = lambda t: None if t is None else t.tolist()  # noqa: E731
+        if cu_seqlens_q is not None:
+            slots_q = cu_seqlens_slots(values(cu_seqlens_q), q.shape[0], "cu_seqlens_q")
+            slots_k = cu_seqlens_slots(values(cu_seqlens_k), k.shape[0], "cu_seqlens_k")
+            padded_shape = None
+        else:
+            (batch, seqlen_q), seqlen_k = q.shape[:2], k.shape[1]
+            slots_q = [range(b * seqlen_q, (b + 1) * seqlen_q) for b in range(batch)]
+            slots_k = [range(b * seqlen_k, (b + 1) * seqlen_k) for b in range(batch)]
+            q, k, v = (t.flatten(0, 1) for t in (q, k, v))
+            padded_shape = (batch, seqlen_q)
+        if len(slots_q) != len(slots_k):
+            raise ValueError(f"cu_seqlens_k: {len(slots_k)} sequences, and cu_seqlens_q {len(slots_q)}")
+        rows_q = used_rows(slots_q, values(seqused_q), values(leftpad_q), max_seqlen_q, "q")
+        rows_k = used_rows(slots_k, values(seqused_k), values(leftpad_k), max_seqlen_k, "k")
+        sequences = [SequenceRows(b, *rows) for b, rows in enumerate(zip(rows_q, rows_k))]
+        zero_outside = any(t is not None for t in (seqused_q, seqused_k, leftpad_q, leftpad_k))
+        return cls(q, k, v, sequences, zero_outside=zero_outside, padded_shape=padded_shape, **semantics)
+
+    def _chosen(self, indices) -> list:
+        pairs = list(zip(self.sequences, self._references))
+        return pairs if indices is None else [pair for pair in pairs if pair[0].index in set(indices)]
+
+    def _packed_out(self, out):
+        return out if self._padded_shape is None else out.flatten(0, 1)
+
+    def _packed_lse(self, lse):
+        # (batch, heads_q, seqlen_q) -> (heads_q, batch * seqlen_q): the packed rows' order.
+        return lse if self._padded_shape is None else lse.transpose(0, 1).flatten(1)
+
+    def compare(self, out, sequences=None) -> SequenceComparisons:
+        """Each sequence's rows of ``out`` against its reference (only ``sequences``, indices, if
+        given); with zero_outside and every sequence compared, the rows outside them must be 0."""
+        packed = self._packed_out(out)
+        results = [
+            (rows, reference.compare(packed[None, rows.q.start : rows.q.stop]))
+            for rows, reference in self._chosen(sequences)
+            if len(rows.q)
+        ]
+        failure = None
+        if self.zero_outside and sequences is None and not bool((packed[self.outside] == 0).all()):
+            failure = "rows outside every sequence's used rows are not 0"
+        return SequenceComparisons(results, failure)
+
+    def compare_lse(self, lse, sequences=None) -> SequenceComparisons:
+        """Each sequence's lse against its reference (as ``compare``); with zero_outside, the rows
+        outside every sequence must be +inf."""
+        import torch
+
+        if tuple(lse.shape) != self.lse_shape or lse.dtype != torch.float32:
+            return SequenceComparisons([], f"lse is {tuple(lse.shape)} {lse.dtype}, not {self.lse_shape} float32")
+        packed = self._packed_lse(lse).to(self.outside.device)
+        results = [
+            (rows, reference.compare_lse(packed[None, :, rows.q.start : rows.q.stop]))
+            for rows, reference in self._chosen(sequences)
+            if len(rows.q)
+        ]
+        failure = None
+        if self.zero_outside and sequences is None and not bool((packed[:, self.outside] == math.inf).all()):
+            failure = "lse is not +inf on the rows outside every sequence's used rows"
+        return SequenceComparisons(results, failure)
+
+    def outputs_without_keys(self, out):
+        """The elements of ``out`` that must be exactly 0: the rows that attend no key and, with
+        zero_outside, the rows outside every sequence."""
+        return self._packed_out(out)[self._zero_rows]

@@ -21,11 +21,18 @@ The models, at the sizes of their public checkpoints:
   llama-1b-long  the same at seq 8192, batch 1
   llama-3b       Llama 3.2 3B's shape: 28 layers, hidden 3072, 24 query and 8 key/value heads of
                  128; seq 2048, batch 4
-By default bert-base, vit-base and llama-1b, in float16 and bfloat16.
+  bert-base-padded   bert-base on a right-padded batch: 32 sequences of lengths drawn from 128 to
+                 512 (seed 0), padded to 512 (the 2D attention_mask has zeros)
+  llama-1b-left-padded   llama-1b on a left-padded batch, as generate() pads prompts: 8 sequences of
+                 lengths drawn from 256 to 2048 (seed 0), padded on the left to 2048
+By default bert-base, vit-base, llama-1b and the two padded batches, in float16 and bfloat16. On a
+padded batch every implementation gets the same attention_mask: ours runs it as a batch of sequences
+of their own lengths, SDPA with an explicit mask (which its FLASH backend refuses).
 
 Prints a markdown table: milliseconds per forward, the ratios ours/SDPA, ours/FLASH and ours/CUDNN
 of throughput (the other's time over ours: above 1, ours is faster), and the relative norm
-difference of our output (the last hidden state) from SDPA's; a difference above
+difference of our output (the last hidden state, at the tokens only: padding positions are nobody's
+output) from SDPA's; a difference above
 MAX_RELATIVE_DIFFERENCE (a sanity bound per dtype) is reported and makes the exit status 1.
 --csv PATH saves every timing.
 """
@@ -86,6 +93,9 @@ class Workload:
     config: dict  # the transformers configuration's fields that differ from its defaults
     batch: int
     seq_len: int = 0  # tokens per sequence of the text models; a ViT's follow from its image size
+    # A padded batch: "right" or "left", each sequence's length drawn from min_len to seq_len.
+    padding: str = ""
+    min_len: int = 0
 
     @property
     def tokens(self) -> int:
@@ -105,9 +115,11 @@ WORKLOADS = {
         Workload("llama-1b", "llama", LLAMA_1B, batch=4, seq_len=2048),
         Workload("llama-1b-long", "llama", LLAMA_1B, batch=1, seq_len=8192),
         Workload("llama-3b", "llama", LLAMA_3B, batch=4, seq_len=2048),
+        Workload("bert-base-padded", "bert", BERT_BASE, batch=32, seq_len=512, padding="right", min_len=128),
+        Workload("llama-1b-left-padded", "llama", LLAMA_1B, batch=8, seq_len=2048, padding="left", min_len=256),
     )
 }
-DEFAULT_WORKLOADS = ("bert-base", "vit-base", "llama-1b")
+DEFAULT_WORKLOADS = ("bert-base", "vit-base", "llama-1b", "bert-base-padded", "llama-1b-left-padded")
 
 
 @dataclasses.dataclass
@@ -137,7 +149,8 @@ def build(workload: Workload, dtype):
 
 
 def make_inputs(workload: Workload, model) -> dict:
-    """The forward's keyword arguments: random token ids, or random pixels in the model's dtype."""
+    """The forward's keyword arguments: random token ids (with the attention_mask of a padded
+    batch), or random pixels in the model's dtype."""
     import torch
 
     generator = torch.Generator(device=common.DEVICE).manual_seed(0)
@@ -147,9 +160,23 @@ def make_inputs(workload: Workload, model) -> dict:
         return {"pixel_values": torch.randn(shape, generator=generator, device=common.DEVICE, dtype=model.dtype)}
     shape = (workload.batch, workload.tokens)
     inputs = {"input_ids": torch.randint(model.config.vocab_size, shape, generator=generator, device=common.DEVICE)}
+    if workload.padding:
+        inputs["attention_mask"] = padding_mask(workload, generator)
     if workload.family == "llama":
         inputs["use_cache"] = False  # a forward pass, not the start of a generation
     return inputs
+
+
+def padding_mask(workload: Workload, generator):
+    """The 2D attention_mask of a padded batch: 1 at each sequence's tokens, 0 at its padding, on
+    the right or (as generate() pads prompts) the left."""
+    import torch
+
+    shape = (workload.batch, 1)
+    lengths = torch.randint(workload.min_len, workload.seq_len + 1, shape, generator=generator, device=common.DEVICE)
+    positions = torch.arange(workload.seq_len, device=common.DEVICE)
+    used = positions >= workload.seq_len - lengths if workload.padding == "left" else positions < lengths
+    return used.long()
 
 
 def backend_context(implementation: str):
@@ -187,6 +214,9 @@ def time_workload(workload: Workload, dtype_name: str, name: str, timer, progres
     ours, reference = outputs.get("ours"), outputs.get(CHECK_REFERENCE)
     difference = None
     if ours is not None and reference is not None:
+        if "attention_mask" in inputs:
+            tokens = inputs["attention_mask"].bool()
+            ours, reference = ours[tokens], reference[tokens]
         reference = reference.double()
         difference = ((ours.double() - reference).norm() / reference.norm()).item()
     return rows, difference
