@@ -2,8 +2,10 @@
 
 For models (the configuration is chosen per call from a tuned table):
 
-    from flash_attention import flash_attn_func, scaled_dot_product_attention
+    from flash_attention import flash_attn_func, flash_attn_varlen_func, scaled_dot_product_attention
     o = flash_attn_func(q, k, v, causal=True)     # (batch, seq, heads, d), as FlashAttention-2
+    o = flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               causal=True)       # (total, heads, d): sequences of their own lengths
     o = scaled_dot_product_attention(query, key, value, is_causal=True)   # (batch, heads, seq, d)
 
 For kernel engineers (an explicit configuration):
@@ -39,6 +41,9 @@ from .functional import (
     flash_attn_func,
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
     forward,
     scaled_dot_product_attention,
 )
@@ -68,6 +73,9 @@ __all__ = [
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
     "forward",
     "forward_timed",
     "kernel_attributes",

@@ -10,7 +10,9 @@ lengths, is shortest: a configuration's time grows with the (query block, key ti
 (``flash_attention._C.visited_tiles`` counts them), and at lengths that are not multiples of its blocks
 those counts differ between block sizes (1000 keys fill 7 tiles of 144 keys, 1008 in all, but 8
 tiles of 128, 1024 in all). At the measured length itself that is the table's own order. Local
-windows use the causal rankings: both skip tiles along the diagonal.
+windows use the causal rankings: both skip tiles along the diagonal. A batch whose sequences have
+lengths of their own (cu_seqlens, seqused, leftpad) needs a varlen kernel, and is read at its
+longest sequences: max_seqlen_q and max_seqlen_k with cu_seqlens, the slots' lengths otherwise.
 
 Where the table has no answer (no table for the architecture, no entry for the shape, or none of
 the ranked configurations compiled with the variant), a rule chooses among the compiled
@@ -37,6 +39,7 @@ from flash_helpers.problem import MaskKind, ProblemVariant
 from flash_helpers.sm80_config import smem_limit
 
 from . import _C
+from .sequences import sequence_arguments
 
 __all__ = [
     "ConfigChoice",
@@ -109,22 +112,53 @@ _installed: dict[str, DispatchTable] = {}  # the tables the extension holds, by 
 
 
 def choose_config(
-    q, k, *, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, arch: str | None = None
+    q,
+    k,
+    *,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    seqused_q=None,
+    seqused_k=None,
+    leftpad_q=None,
+    leftpad_k=None,
+    arch: str | None = None,
 ) -> ConfigChoice:
-    """The configuration that flash_attn_func and the operators use for this call when none is given.
+    """The configuration that flash_attn_func, flash_attn_varlen_func and the operators use for this
+    call when none is given.
 
     q and k are the call's tensors (or any tensors of the same shapes and dtype, e.g. on the meta
-    device), in the (batch, seqlen, heads, d_head) layout; the keywords are the call's, checked as
-    the call checks them. arch names the GPU architecture (``sm_90``); by default, that of q's device.
+    device), in the (batch, seqlen, heads, d_head) layout, or (total, heads, d_head) with
+    cu_seqlens; the keywords are the call's, checked as the call checks them (the per-sequence
+    tensors may be on any device: only their shapes are read). A batch of sequences of different
+    lengths runs a varlen kernel, chosen where the table ranks the longest sequences: at
+    max_seqlen_q and max_seqlen_k with cu_seqlens, at the slots' lengths otherwise. arch names the
+    GPU architecture (``sm_90``); by default, that of q's device.
     """
     if arch is None:
         if not isinstance(q, torch.Tensor) or q.device.type != "cuda":
             where = f"a {q.device.type} tensor" if isinstance(q, torch.Tensor) else type(q).__name__
             raise ValueError(f"q: must be a CUDA tensor, or name the GPU with arch (e.g. arch='sm_90'); got {where}")
         arch = device_arch(q.device)
+    sequences = sequence_arguments(
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        seqused_q=seqused_q,
+        seqused_k=seqused_k,
+        leftpad_q=leftpad_q,
+        leftpad_k=leftpad_k,
+    )
     load_dispatch_tables()
+    gpu = (_capability_number(arch), smem_limit(_capability(arch)))
     (family, fields), variant, place, seq_len, ranked, rule, is_default = _C.choose(
-        q, k, causal, window_size, softcap, alibi_slopes, _capability_number(arch), smem_limit(_capability(arch))
+        q, k, causal, window_size, softcap, alibi_slopes, *gpu, **sequences
     )
     cfg = FAMILIES[family](*fields)
     variant = ProblemVariant(MaskKind(variant[0]), *variant[1:])
@@ -134,14 +168,25 @@ def choose_config(
         where = f"{dtype}, d_head {cfg.d_head}, {'causal' if variant.mask != MaskKind.NONE else 'no mask'}, seq {seq_len}"
         reason = (
             f"dispatch table {arch} ({table.gpu}, {table.date}) at {where}: place {place} of {ranked}; of what this "
-            f"build compiled, the fastest at seqlen_q {q.shape[1]}, seqlen_k {k.shape[1]} by the table's times scaled "
-            "by the tiles each configuration visits"
+            f"build compiled, the fastest at {_lengths_read(q, k, sequences)} by the table's times scaled by the "
+            "tiles each configuration visits"
         )
     else:
         why = _RULE_REASONS[rule].format(arch=arch, dtype=dtype, d_head=cfg.d_head)
         kind = "the default set's configuration" if is_default else "the largest tiles compiled"
         reason = f"rule ({why}): {kind} for {dtype}, d_head {cfg.d_head}"
     return ConfigChoice(cfg, variant, arch, reason)
+
+
+def _lengths_read(q, k, sequences: dict) -> str:
+    """The lengths at which the table was read, in words: the tensors' own; with cu_seqlens the
+    longest sequences' (max_seqlen_q and max_seqlen_k); with seqused or leftpad alone, the slots'
+    (the longest a sequence can be)."""
+    if "cu_seqlens_q" in sequences:
+        longest = f"max_seqlen_q {sequences['max_seqlen_q']}, max_seqlen_k {sequences['max_seqlen_k']}"
+        return f"{longest} (the longest sequences, where the table was read)"
+    lengths = f"seqlen_q {q.shape[1]}, seqlen_k {k.shape[1]}"
+    return f"{lengths} (the slots' lengths, where the table was read)" if sequences else lengths
 
 
 def _capability_number(arch: str) -> int:

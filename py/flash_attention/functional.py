@@ -1,26 +1,37 @@
-"""The calls a model makes: FlashAttention-2's entry points and signatures, PyTorch's
-scaled_dot_product_attention, and forward with an explicit configuration. Each runs through the
-torch operators of flash_attention.ops, so torch.compile traces them without a graph break and CUDA
+"""The calls a model makes: FlashAttention-2's entry points and signatures (flash_attn_func,
+flash_attn_varlen_func and their packed forms), PyTorch's scaled_dot_product_attention (dense or
+on nested jagged tensors), and forward with an explicit configuration. Each runs through the torch
+operators of flash_attention.ops, so torch.compile traces them without a graph break and CUDA
 graphs capture them; a plain eager call (_plain_eager) runs what the operators run without their
 dispatch, which costs about as long as a small problem's kernel.
 
 Without a configuration, one is chosen per call from the tuned dispatch table
 (flash_attention.choose_config says which and why).
+
+Batches of sequences of different lengths (cu_seqlens, seqused, leftpad) run the varlen kernels;
+their contents are not read (the kernels clamp what breaks the rules), except under
+FLASH_ATTENTION_CHECK_SEQLENS=1 (flash_attention.sequence_checks).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from flash_helpers.families import FAMILIES
 
-from . import ops
+from . import ops, sequence_checks
 from .kernels import cached_config
 from .ops import check_no_grad
+from .sequences import MAX_SEQLEN_ARGUMENTS, sequence_arguments
 
 __all__ = [
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
     "forward",
     "scaled_dot_product_attention",
 ]
@@ -41,6 +52,14 @@ def forward(
     softcap=0.0,
     alibi_slopes=None,
     return_lse=False,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    seqused_q=None,
+    seqused_k=None,
+    leftpad_q=None,
+    leftpad_k=None,
 ):
     """Attention with FlashAttention-2's semantics; returns o, or (o, lse) with return_lse.
 
@@ -55,21 +74,74 @@ def forward(
     (batch, heads_q)) adds -slope * |i + seqlen_k - seqlen_q - j|. A query row that attends no key
     outputs 0, and its lse is +inf. lse is float32, (batch, heads_q, seqlen_q), natural log. With o
     given, the output is written there. Runs on the current CUDA stream.
+
+    Sequences of different lengths in one batch (the varlen kernels; int32 CUDA tensors):
+    - cu_seqlens_q and cu_seqlens_k, given together, (batch + 1,) prefix sums, with max_seqlen_q
+      and max_seqlen_k (ints: the longest sequence on each side): q is (total_q, heads_q, d_head),
+      k and v are (total_k, heads_kv, d_head), and sequence b is the rows cu_seqlens[b] ..
+      cu_seqlens[b + 1] - 1 (its slot). o has q's shape and lse is (heads_q, total_q). Rows of o
+      outside [cu_seqlens_q[0], cu_seqlens_q[-1]) are not written.
+    - seqused_q, seqused_k (batch,): sequence b uses that many rows of its slot (FlashAttention-3's
+      seqused); leftpad_q, leftpad_k (batch,): its used rows start that many rows into the slot.
+      Without cu_seqlens (max_seqlen is then not given), each batch entry of the 4-D q, k and v is
+      a slot. With either, the rows of o that no sequence uses are 0 and their lse +inf.
+    - Every rule above applies to each sequence with its own lengths: its used queries attend its
+      used keys, the masks and the ALiBi distance aligned to its bottom-right corner.
+    - Their contents are not read, so nothing synchronizes; the kernels clamp contents that break
+      the rules (a wrong answer, never an access out of bounds). FLASH_ATTENTION_CHECK_SEQLENS=1 in
+      the environment makes every such call read them first and raise ValueError naming the
+      argument that breaks a rule (flash_attention.sequence_checks).
     """
     if not isinstance(cfg, (str, *FAMILIES.values())):
         raise TypeError(f"kernel_cfg: expected a kernel configuration or its short form, got {type(cfg).__name__}")
-    return _attention(cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse)
+    # One chain of identity tests (all eight None): what a dense call pays for them.
+    if (
+        cu_seqlens_q is cu_seqlens_k is max_seqlen_q is max_seqlen_k
+        is seqused_q is seqused_k is leftpad_q is leftpad_k is None
+    ):
+        sequences = None
+    else:
+        sequences = sequence_arguments(
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k,
+            seqused_q=seqused_q,
+            seqused_k=seqused_k,
+            leftpad_q=leftpad_q,
+            leftpad_k=leftpad_k,
+        )
+    return _attention(
+        cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, sequences=sequences
+    )
 
 
-def _attention(cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, heads_first=False):
+def _attention(
+    cfg,
+    q,
+    k,
+    v,
+    o,
+    causal,
+    softmax_scale,
+    window_size,
+    softcap,
+    alibi_slopes,
+    return_lse,
+    heads_first=False,
+    sequences=None,
+):
     """Runs a configuration or its short form (None: the automatic choice). A plain eager call goes
     straight to the extension, which checks every argument; anything else goes through the
     operators, which take the short form (and check it when the call runs). With heads_first, q, k,
-    v and the output are (batch, heads, seq, d) (SDPA's layout; o must be None)."""
-    if _plain_eager(q, k, v, o, alibi_slopes):
+    v and the output are (batch, heads, seq, d) (SDPA's layout; o must be None). ``sequences``: the
+    per-sequence arguments given (sequences.sequence_arguments), None for a dense call."""
+    if sequences is not None and not torch.compiler.is_compiling() and sequence_checks.requested():
+        sequence_checks.check_sequence_contents(q, k, sequences)
+    if _plain_eager(q, k, v, o, alibi_slopes, sequences):
         check_no_grad(q, k, v, alibi_slopes)
         cfg = None if cfg is None else cached_config(cfg)
-        args = (causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, heads_first)
+        args = (causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, heads_first, sequences)
         out, lse = ops.launch(cfg, q, k, v, o, *args)
         if o is not None:
             torch.autograd.graph.increment_version(o)  # as forward_out's dispatch marks o written
@@ -77,20 +149,20 @@ def _attention(cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, ali
     if heads_first:
         # The operators take our layout, (batch, seq, heads, d): the transposes are views.
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        out = _attention(cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse)
-        return out.transpose(1, 2)
-    _check_operator_arguments(q, k, v, o, softmax_scale, window_size, softcap, alibi_slopes)
+    _check_operator_arguments(q, k, v, o, softmax_scale, window_size, softcap, alibi_slopes, sequences)
     config = _AUTOMATIC if cfg is None else cfg if isinstance(cfg, str) else cfg.short_form()
     softmax_scale = None if softmax_scale is None else float(softmax_scale)
     args = (q, k, v, config, bool(causal), softmax_scale, list(window_size), float(softcap), alibi_slopes, bool(return_lse))
     if o is None:
-        out, lse = torch.ops.flash_attention.forward(*args)
+        out, lse = torch.ops.flash_attention.forward(*args, **(sequences or {}))
     else:
-        out, lse = o, torch.ops.flash_attention.forward_out(*args, o)
+        out, lse = o, torch.ops.flash_attention.forward_out(*args, o, **(sequences or {}))
+    if heads_first:
+        out = out.transpose(1, 2)
     return (out, lse) if return_lse else out
 
 
-def _plain_eager(q, k, v, o, alibi_slopes) -> bool:
+def _plain_eager(q, k, v, o, alibi_slopes, sequences) -> bool:
     """Whether a call may skip the operators' dispatch (tens of microseconds on the host): eager mode
     on plain tensors (or None), with no torch.compile tracing, no dispatch or torch-function mode
     (fake tensors, functionalization, export, a device context), no functorch transform and no
@@ -101,6 +173,7 @@ def _plain_eager(q, k, v, o, alibi_slopes) -> bool:
         and type(v) is torch.Tensor
         and (o is None or type(o) is torch.Tensor)
         and (alibi_slopes is None or type(alibi_slopes) is torch.Tensor)
+        and (sequences is None or all(type(value) in (torch.Tensor, int) for value in sequences.values()))
         and not torch.compiler.is_compiling()
         and torch._C._len_torch_dispatch_stack() == 0
         and not torch._C._is_torch_function_mode_enabled()
@@ -109,7 +182,7 @@ def _plain_eager(q, k, v, o, alibi_slopes) -> bool:
     )
 
 
-def _check_operator_arguments(q, k, v, o, softmax_scale, window_size, softcap, alibi_slopes) -> None:
+def _check_operator_arguments(q, k, v, o, softmax_scale, window_size, softcap, alibi_slopes, sequences) -> None:
     """The operators' schema converts arguments with messages that name none of them: their types
     are checked here first, in the extension's words (the extension checks the values)."""
     tensors = {"q": q, "k": k, "v": v, "o": o, "alibi_slopes": alibi_slopes}
@@ -124,6 +197,13 @@ def _check_operator_arguments(q, k, v, o, softmax_scale, window_size, softcap, a
     is_int = lambda side: isinstance(side, int) and not isinstance(side, bool)  # noqa: E731
     if not (isinstance(window_size, (tuple, list)) and len(window_size) == 2 and all(map(is_int, window_size))):
         raise TypeError(f"window_size: expected a pair (left, right) of ints, got {window_size!r}")
+    for name, value in (sequences or {}).items():
+        if name in MAX_SEQLEN_ARGUMENTS:
+            # Under torch.compile a length may be symbolic (torch.SymInt).
+            if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+                raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+        elif not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
 
 
 def flash_attn_func(
@@ -146,9 +226,82 @@ def flash_attn_func(
     dropout. The forward is deterministic whatever `deterministic` says (FlashAttention-2's flag
     is about its backward pass). dropout_p > 0 is not implemented and raises NotImplementedError.
     """
+    return _flash_attn(
+        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs
+    )
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    seqused_q=None,
+    seqused_k=None,
+):
+    """FlashAttention-2's flash_attn_varlen_func (with FlashAttention-3's seqused_q and seqused_k):
+    a batch of sequences of different lengths, packed, the configuration chosen automatically.
+
+    q is (total_q, heads_q, d) and k, v are (total_k, heads_kv, d); cu_seqlens_q and cu_seqlens_k
+    (int32 CUDA, (batch + 1,)) are the prefix sums of the lengths, sequence b being the rows
+    cu_seqlens[b] .. cu_seqlens[b + 1] - 1; max_seqlen_q and max_seqlen_k are the longest lengths
+    (ints; a 0-dim tensor is read, which synchronizes). seqused_q and seqused_k (int32 CUDA,
+    (batch,)) let sequence b use only that many rows from the start of its slot. Each sequence is
+    attended on its own with flash_attn_func's semantics: causal and window_size aligned to its own
+    bottom-right corner, ALiBi likewise. Returns o (total_q, heads_q, d), or with
+    return_attn_probs (o, softmax_lse, None), softmax_lse float32 (heads_q, total_q). Rows outside
+    [cu_seqlens_q[0], cu_seqlens_q[-1]) are not written; with seqused, every row no sequence uses
+    is 0. The contents of cu_seqlens and seqused are not read: FLASH_ATTENTION_CHECK_SEQLENS=1
+    checks them on every call (forward's docstring has the rules).
+    """
+    sequences = sequence_arguments(
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        seqused_q=seqused_q,
+        seqused_k=seqused_k,
+    )
+    return _flash_attn(
+        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+        sequences,
+    )
+
+
+def _flash_attn(
+    q,
+    k,
+    v,
+    dropout_p,
+    softmax_scale,
+    causal,
+    window_size,
+    softcap,
+    alibi_slopes,
+    deterministic,
+    return_attn_probs,
+    sequences=None,
+):
+    """What FlashAttention-2's entry points share: no dropout, the automatic choice, and
+    (o, lse, None) with return_attn_probs."""
     _check_no_dropout(dropout_p, "dropout_p")
     del deterministic  # every call is deterministic
-    result = _attention(None, q, k, v, None, causal, softmax_scale, window_size, softcap, alibi_slopes, return_attn_probs)
+    result = _attention(
+        None, q, k, v, None, causal, softmax_scale, window_size, softcap, alibi_slopes, return_attn_probs,
+        sequences=sequences,
+    )
     return (*result, None) if return_attn_probs else result
 
 
@@ -164,8 +317,7 @@ def flash_attn_qkvpacked_func(
     return_attn_probs=False,
 ):
     """flash_attn_func on a packed (batch, seqlen, 3, heads, d) tensor: q, k and v are views of it."""
-    _check_packed(qkv, "qkv", 3)
-    q, k, v = qkv.unbind(dim=2)
+    q, k, v = _unpack(qkv, "qkv", _QKV)
     args = (dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
     return flash_attn_func(q, k, v, *args)
 
@@ -183,10 +335,51 @@ def flash_attn_kvpacked_func(
     return_attn_probs=False,
 ):
     """flash_attn_func with k and v packed into one (batch, seqlen_k, 2, heads_kv, d) tensor."""
-    _check_packed(kv, "kv", 2)
-    k, v = kv.unbind(dim=2)
+    k, v = _unpack(kv, "kv", _KV)
     args = (dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
     return flash_attn_func(q, k, v, *args)
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv,
+    cu_seqlens,
+    max_seqlen,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """flash_attn_varlen_func on a packed (total, 3, heads, d) tensor: q, k and v are views of it,
+    and share cu_seqlens and max_seqlen."""
+    q, k, v = _unpack(qkv, "qkv", _VARLEN_QKV)
+    args = (dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, *args)
+
+
+def flash_attn_varlen_kvpacked_func(
+    q,
+    kv,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """flash_attn_varlen_func with k and v packed into one (total_k, 2, heads_kv, d) tensor."""
+    k, v = _unpack(kv, "kv", _VARLEN_KV)
+    args = (dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *args)
 
 
 def scaled_dot_product_attention(
@@ -200,17 +393,22 @@ def scaled_dot_product_attention(
     changes nothing (a boolean mask that is all True, or an additive mask that is all zeros: this
     reads the mask, so it synchronizes); any other mask raises NotImplementedError. Returns
     (batch, heads_q, seqlen_q, d).
+
+    query, key and value may also be nested tensors of layout torch.jagged, (batch, heads, j, d)
+    with the sequence dimension ragged, as PyTorch's SDPA takes them: each sequence is attended on
+    its own (the varlen kernels read the nested tensors' values in place), and the output is a
+    nested tensor with query's offsets. Nested tensors take no attn_mask, and is_causal needs each
+    query sequence as long as its key sequence (there the top-left mask is the bottom-right one).
     """
     _check_no_dropout(dropout_p, "dropout_p")
     tensors = (query, key, value)
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors):
         name = next(n for n, t in zip(("query", "key", "value"), tensors) if not isinstance(t, torch.Tensor) or t.dim() != 4)
         raise ValueError(f"{name}: expected a 4-dimensional (batch, heads, seqlen, d) tensor")
+    if query.is_nested or key.is_nested or value.is_nested:
+        return _jagged_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     if query.shape[1] != key.shape[1] and not enable_gqa:
-        raise ValueError(
-            f"enable_gqa: query has {query.shape[1]} heads and key {key.shape[1]}; pass enable_gqa=True "
-            "for grouped-query attention"
-        )
+        raise _grouped_heads_error(query, key)
     if attn_mask is not None:
         if is_causal:
             raise ValueError("attn_mask: must be None when is_causal is set, as in PyTorch")
@@ -229,15 +427,98 @@ def scaled_dot_product_attention(
     return _attention(None, query, key, value, None, causal, scale, window_size, 0.0, None, False, heads_first=True)
 
 
+def _grouped_heads_error(query, key) -> ValueError:
+    return ValueError(
+        f"enable_gqa: query has {query.shape[1]} heads and key {key.shape[1]}; pass enable_gqa=True "
+        "for grouped-query attention"
+    )
+
+
+def _jagged_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa):
+    """scaled_dot_product_attention on (batch, heads, j, d) nested jagged tensors: the varlen call on
+    their values, (total, heads, d) views, with their offsets as cu_seqlens (an int32 copy of batch
+    + 1 entries) and their longest sequences (cached in the nested tensors, computed and cached
+    there where not: that reads the offsets, which synchronizes)."""
+    tensors = {"query": query, "key": key, "value": value}
+    nested = next(name for name, tensor in tensors.items() if tensor.is_nested)
+    for name, tensor in tensors.items():
+        if not tensor.is_nested:
+            raise TypeError(
+                f"{name}: is a dense tensor but {nested} is nested; pass query, key and value all nested "
+                "(layout=torch.jagged) or all dense"
+            )
+        if tensor.layout != torch.jagged:
+            raise TypeError(f"{name}: nested tensors must have layout torch.jagged, got {tensor.layout}")
+        if tensor._ragged_idx != 2:
+            raise ValueError(
+                f"{name}: expected a (batch, heads, j, d) nested tensor whose sequence dimension (2) is ragged, got "
+                f"one ragged in dimension {tensor._ragged_idx}"
+            )
+        if tensor.lengths() is not None:
+            raise NotImplementedError(
+                f"{name}: nested tensors with holes (lengths() given) are not supported; pass {name}.contiguous()"
+            )
+    if query.shape[1] != key.shape[1] and not enable_gqa:
+        raise _grouped_heads_error(query, key)
+    if attn_mask is not None:
+        raise NotImplementedError("attn_mask: nested tensors take no mask (nor does PyTorch's SDPA on them)")
+    if not _same_sequences(key, value):
+        raise ValueError("value: its sequences must be key's (the same offsets)")
+    if is_causal and not _same_sequences(query, key):
+        raise NotImplementedError(
+            "is_causal: with nested tensors, only where each query sequence is as long as its key sequence "
+            "(query and key with the same offsets), where the top-left mask is the bottom-right one"
+        )
+    # (batch, j, heads, d): the layout whose values are the (total, heads, d) rows the kernels read.
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    sequences = {
+        "cu_seqlens_q": q.offsets().to(torch.int32),
+        "cu_seqlens_k": k.offsets().to(torch.int32),
+        "max_seqlen_q": q._get_max_seqlen(),
+        "max_seqlen_k": k._get_max_seqlen(),
+    }
+    out = _attention(
+        None, q.values(), k.values(), v.values(), None, is_causal, scale, (-1, -1), 0.0, None, False, sequences=sequences
+    )
+    jagged = torch.nested.nested_tensor_from_jagged(
+        out, q.offsets(), min_seqlen=q._maybe_min_seqlen, max_seqlen=q._maybe_max_seqlen
+    )
+    return jagged.transpose(1, 2)
+
+
+def _same_sequences(a, b) -> bool:
+    """Whether two nested jagged tensors hold sequences of the same lengths: at once where they
+    share their offsets (the same ragged size), else by reading both offsets (a synchronization)."""
+    return a.shape[2] == b.shape[2] or torch.equal(a.offsets(), b.offsets())
+
+
 def _check_no_dropout(dropout_p, name: str) -> None:
     if dropout_p != 0.0:
         raise NotImplementedError(f"{name}: dropout is not implemented (got {dropout_p}); pass 0.0")
 
 
-def _check_packed(packed, name: str, count: int) -> None:
-    if not isinstance(packed, torch.Tensor) or packed.dim() != 5 or packed.shape[2] != count:
+class _Packing(NamedTuple):
+    """How a packed tensor holds q, k and v (or k and v): its shape in words (for messages), its
+    rank, and the dimension that holds them and its size."""
+
+    shape: str
+    rank: int
+    dim: int
+    count: int
+
+
+_QKV = _Packing("(batch, seqlen, 3, heads, d)", 5, 2, 3)
+_KV = _Packing("(batch, seqlen, 2, heads, d)", 5, 2, 2)
+_VARLEN_QKV = _Packing("(total, 3, heads, d)", 4, 1, 3)
+_VARLEN_KV = _Packing("(total_k, 2, heads, d)", 4, 1, 2)
+
+
+def _unpack(packed, name: str, packing: _Packing) -> tuple:
+    """The views of the tensors ``packed`` holds."""
+    if not isinstance(packed, torch.Tensor) or packed.dim() != packing.rank or packed.shape[packing.dim] != packing.count:
         shape = tuple(packed.shape) if isinstance(packed, torch.Tensor) else type(packed).__name__
-        raise ValueError(f"{name}: expected a (batch, seqlen, {count}, heads, d) tensor, got {shape}")
+        raise ValueError(f"{name}: expected a {packing.shape} tensor, got {shape}")
+    return packed.unbind(dim=packing.dim)
 
 
 def _check_mask_changes_nothing(attn_mask) -> None:

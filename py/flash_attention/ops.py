@@ -3,12 +3,17 @@ extension registers them with the dispatcher, and their kernels are C++; here ar
 implementations, for tracing, and the plain call that skips them):
 
     torch.ops.flash_attention.forward(q, k, v, config, causal, softmax_scale, window_size, softcap,
-                                      alibi_slopes, return_lse) -> (o, lse)
-    torch.ops.flash_attention.forward_out(...same..., o) -> lse        (writes o in place)
+                                      alibi_slopes, return_lse, cu_seqlens_q=None, cu_seqlens_k=None,
+                                      max_seqlen_q=None, max_seqlen_k=None, seqused_q=None,
+                                      seqused_k=None, leftpad_q=None, leftpad_k=None) -> (o, lse)
+    torch.ops.flash_attention.forward_out(...the ten before the per-sequence ones..., o,
+                                          ...the eight per-sequence ones...) -> lse   (writes o in place)
 
 ``config`` is a configuration's short form, or "" to let the automatic choice (``choose_config``'s)
 pick one when the call runs. ``window_size`` is the pair (left, right). Without ``return_lse``,
-``lse`` is an empty float32 tensor (an operator's outputs cannot be optional).
+``lse`` is an empty float32 tensor (an operator's outputs cannot be optional). The eight optional
+per-sequence arguments are flash_attention.forward's: with cu_seqlens_q, q is (total_q, heads_q,
+d_head) and lse (heads_q, total_q); otherwise lse is (batch, heads_q, seqlen_q).
 
 There is no backward pass yet. Calling forward with an input that requires grad while grad mode is
 on raises, rather than return an output detached from the graph; so do calls that skip the
@@ -26,32 +31,49 @@ __all__ = ["MISSING_BACKWARD", "check_no_grad", "launch"]
 MISSING_BACKWARD = _C.MISSING_BACKWARD
 
 
-def launch(cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, heads_first=False):
+def launch(
+    cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, heads_first=False, sequences=None
+):
     """The extension's forward with a checked configuration (kernels.cached_config's), or None for
-    the automatic choice: (o, lse or None). The extension checks every other argument. It checks no
-    grad: callers outside the operators do (check_no_grad)."""
+    the automatic choice: (o, lse or None). ``sequences``: the per-sequence arguments that were given
+    (cu_seqlens_q, ..., leftpad_k, by name), passed on as keywords; None for a dense call, which
+    passes none. The extension checks every other argument. It checks no grad: callers outside the
+    operators do (check_no_grad)."""
     if cfg is None:
         load_dispatch_tables()
-    out, lse, _ = _C.forward(
-        cfg, q, k, v, o, False, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, heads_first
-    )
+    args = (cfg, q, k, v, o, False, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, heads_first)
+    out, lse, _ = _C.forward(*args) if sequences is None else _C.forward(*args, **sequences)
     return out, lse
 
 
-def _fake_lse(q: Tensor, return_lse: bool) -> Tensor:
-    batch, seqlen_q, heads_q, _ = q.shape
-    shape = (batch, heads_q, seqlen_q) if return_lse else (0,)
+def _fake_lse(q: Tensor, return_lse: bool, cu_seqlens_q) -> Tensor:
+    if not return_lse:
+        shape = (0,)
+    elif cu_seqlens_q is not None:
+        total_q, heads_q, _ = q.shape
+        shape = (heads_q, total_q)
+    else:
+        batch, seqlen_q, heads_q, _ = q.shape
+        shape = (batch, heads_q, seqlen_q)
     return q.new_empty(shape, dtype=torch.float32)
 
 
 @torch.library.register_fake("flash_attention::forward")
-def _forward_fake(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse):
-    return q.new_empty(q.shape), _fake_lse(q, return_lse)
+def _forward_fake(
+    q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse,
+    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+    seqused_q=None, seqused_k=None, leftpad_q=None, leftpad_k=None,
+):
+    return q.new_empty(q.shape), _fake_lse(q, return_lse, cu_seqlens_q)
 
 
 @torch.library.register_fake("flash_attention::forward_out")
-def _forward_out_fake(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, o):
-    return _fake_lse(q, return_lse)
+def _forward_out_fake(
+    q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, o,
+    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+    seqused_q=None, seqused_k=None, leftpad_q=None, leftpad_k=None,
+):
+    return _fake_lse(q, return_lse, cu_seqlens_q)
 
 
 def check_no_grad(*tensors) -> None:

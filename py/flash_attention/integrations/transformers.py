@@ -6,34 +6,67 @@
     model = AutoModelForCausalLM.from_config(config, attn_implementation=name, dtype=torch.bfloat16).cuda()
     model.set_attn_implementation(name)       # or switch a model that exists
 
-Every attention call of the model then runs flash_attn_func, in float16 or bfloat16, on the
-model's own (batch, heads, seq, d) tensors seen as (batch, seq, heads, d) views (no copies; grouped
-key/value heads as they are, no repeat_kv), with the model's causal flag, scaling, softcap and
-sliding window. Models are run for inference: eval mode (no attention dropout) and no autograd.
+Every attention call of the model then runs our kernels, in float16 or bfloat16, on the model's own
+(batch, heads, seq, d) tensors seen as (batch, seq, heads, d) views, with the model's causal flag,
+scaling, softcap and sliding window, grouped key/value heads as they are (no repeat_kv). Models are
+run for inference: eval mode (no attention dropout) and no autograd.
 
 What transformers calls a mask is a pattern (causal, bidirectional, sliding window, chunks, packed
 sequences, padding, ...) that it hands to the mask function registered under the same name, once
-per forward. Ours, ``create_mask``, makes it hand the attention function nothing when the pattern
-is one the kernels compute from the causal flag and the window (causal or bidirectional, with or
-without a sliding window, over all the keys, with the last key at the last query's position), and
-raises for everything else: a padded batch (a 0 in the 2D attention_mask), custom, packed-sequence,
-block or chunked patterns, and caches whose keys run past the queries (static caches). Nothing is
-dropped silently; "sdpa" runs what this does not.
+per forward (once per pattern: a model with sliding and full layers builds two). Whatever that
+function, ``create_mask``, returns is what every attention layer receives as its attention_mask:
+
+- None for the patterns the kernels compute from the causal flag and the window over all the keys
+  (causal or bidirectional, with or without a sliding window, no padding). The layers run
+  flash_attn_func on the views.
+- A PaddedBatch for a padded batch (a 0 in the 2D attention_mask): where each batch entry's tokens
+  lie among the layer's keys and queries, as the (batch,) int32 tensors leftpad and seqused.
+  Each row's tokens must be one run (left or right padding), which create_mask checks in one host
+  synchronization. The queries are the last positions of the mask (the new tokens of a decoding
+  step, too), so under causal or windowed patterns each batch entry's query run ends where its key
+  run does, and the kernels' bottom-right alignment puts every mask exactly where transformers
+  has it; bidirectional patterns need the keys' run alone (every query row attends its batch
+  entry's tokens, as with SDPA: a cross-attention's queries are no positions of the mask at all).
+  The layers run the varlen kernels on the same 4D views; the output rows of padding are 0.
+- A PackedBatch for several sequences packed into one row without padding, which transformers finds
+  from position_ids that restart when the model runs without a cache: their cu_seqlens, found in
+  one host synchronization. The layers run flash_attn_varlen_func on q[0], k[0] and v[0], the
+  (total, heads, d) views of the row.
+
+A packed batch may also be given to the model as the keyword arguments cu_seq_lens_q, cu_seq_lens_k,
+max_length_q and max_length_k (as DataCollatorWithFlattening(return_flash_attn_kwargs=True) makes
+them), which reach every layer: each runs flash_attn_varlen_func with them, with or without a
+cache. With a cache and only position_ids, transformers does not look for packed sequences (nor do
+its sdpa and eager implementations, which then attend across them): pass use_cache=False or the
+keyword arguments.
+
+No path copies q, k, v or the output: the transposes, q[0] and the output's unsqueeze(0) are views.
+What is computed is small: the per-sequence (batch,) tensors once per forward, and in each layer an
+int32 copy of cu_seq_lens given as int64 (batch + 1 entries; the kernels read int32).
+
+create_mask raises NotImplementedError for what the kernels cannot run, rather than drop it: custom
+patterns (or_mask/and_mask functions), block and chunked patterns, packed sequences in more than one
+row, a row of the 2D attention_mask that is not one run of tokens (padding inside a sequence, as a
+right-padded prompt extended by generate() has), and caches whose keys run past the queries (static
+caches). "sdpa" runs what this does not.
 
 transformers is imported inside the functions: importing this module does not import it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import warnings
+from typing import NamedTuple
 
 import torch
 
 import flash_attention
+from flash_attention.functional import _attention
 from flash_helpers.reference import attended
 
-__all__ = ["IMPLEMENTATION_NAME", "attention_forward", "create_mask", "register"]
+__all__ = ["IMPLEMENTATION_NAME", "PackedBatch", "PaddedBatch", "attention_forward", "create_mask", "register"]
 
 # The name the model's config and from_config/from_pretrained's attn_implementation use. It avoids
 # the substrings transformers gives a meaning to: a name with "flash" is taken for a FlashAttention
@@ -50,9 +83,37 @@ _UNSUPPORTED_KWARGS = {
     "position_bias": "an additive position bias (T5-style relative attention)",
     "s_aux": "attention sinks",
     "cache": "a paged cache (continuous batching)",
-    "cu_seq_lens_q": "a padding-free (packed) batch",
-    "cu_seq_lens_k": "a padding-free (packed) batch",
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class PaddedBatch:
+    """What create_mask hands the attention layers for a padded batch: where each batch entry's
+    tokens lie among the layer's rows, as int32 (batch,) tensors on the model's device
+    (flash_attention.forward's leftpad and seqused), and the lengths they were found for."""
+
+    leftpad_k: torch.Tensor
+    seqused_k: torch.Tensor
+    leftpad_q: torch.Tensor | None  # None (with seqused_q): every query row is used
+    seqused_q: torch.Tensor | None
+    q_length: int
+    kv_length: int
+
+    def sequence_arguments(self) -> dict:
+        """The per-sequence keywords of the call."""
+        names = ("leftpad_k", "seqused_k", "leftpad_q", "seqused_q")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedBatch:
+    """Sequences packed into one row (batch 1): flash_attn_varlen_func's cu_seqlens (int32, (sequences
+    + 1,)) and longest lengths, for the queries and the keys."""
+
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
 
 
 def register(name: str = IMPLEMENTATION_NAME) -> str:
@@ -98,7 +159,7 @@ def attention_forward(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
+    attention_mask: torch.Tensor | PaddedBatch | PackedBatch | None,
     dropout: float = 0.0,
     scaling: float | None = None,
     sliding_window: int | None = None,
@@ -113,13 +174,19 @@ def attention_forward(
     - causal: ``is_causal`` if given, else the module's ``is_causal``. The mask is aligned to the
       bottom-right corner, as in transformers' flash_attention_2 path: with a cache the queries are
       the last positions, and query i attends the keys up to i + seqlen_k - seqlen_q (create_mask
-      has checked that the keys end where the queries do).
+      has checked that the keys end where the queries do); in a padded or packed batch, each
+      sequence's own corner.
     - sliding_window w: the window (w - 1, w - 1), as transformers maps it for FlashAttention (under
       causal the right side is 0): w keys up to the query's own, or w - 1 on either side.
     - grouped key/value heads are read as they are; scaling and softcap are passed on.
-    - dropout > 0 (a module in training mode) raises NotImplementedError, as do the features of
-      _UNSUPPORTED_KWARGS. A mask that arrives anyway (a 4D mask given to the model) is accepted
+    - attention_mask: what create_mask returned (see the module's docstring): None, a PaddedBatch or
+      a PackedBatch. A tensor mask that arrives anyway (a 4D mask given to the model) is accepted
       only if it allows exactly the pairs computed here (reading it synchronizes).
+    - cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k (keyword arguments of the model's
+      forward, all four together): a packed batch, run with flash_attn_varlen_func as given (pass
+      the lengths as ints: a tensor is read in every layer, a host synchronization each).
+    - dropout > 0 (a module in training mode) raises NotImplementedError, as do the features of
+      _UNSUPPORTED_KWARGS.
     """
     for name, what in _UNSUPPORTED_KWARGS.items():
         if kwargs.get(name) is not None:
@@ -142,14 +209,72 @@ def attention_forward(
         )
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     window = (-1, -1) if sliding_window is None else (sliding_window - 1, sliding_window - 1)
+    options = {"softmax_scale": scaling, "causal": causal, "window_size": window, "softcap": softcap or 0.0}
     # (batch, heads, seq, d) -> (batch, seq, heads, d): views, the last dimension stays contiguous.
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    packed = _packed_keywords(kwargs)
+    if packed is not None:
+        if attention_mask is not None and not isinstance(attention_mask, PackedBatch):
+            raise NotImplementedError(
+                "attention_mask: a packed batch (cu_seq_lens_q and cu_seq_lens_k) has no padding, but the model "
+                f"was given a padding mask too; pass one or the other, or {_INSTEAD}"
+            )
+        return _packed_attention(q, k, v, packed, options), None
+    if isinstance(attention_mask, PackedBatch):
+        return _packed_attention(q, k, v, attention_mask, options), None
+    if isinstance(attention_mask, PaddedBatch):
+        return _padded_attention(q, k, v, attention_mask, options), None
     if attention_mask is not None:
         _check_mask_is_computed(attention_mask, q.shape[1], k.shape[1], causal, window)
-    out = flash_attention.flash_attn_func(
-        q, k, v, softmax_scale=scaling, causal=causal, window_size=window, softcap=softcap or 0.0
+    return flash_attention.flash_attn_func(q, k, v, **options), None
+
+
+def _packed_keywords(kwargs: dict) -> PackedBatch | None:
+    """The packed batch the model's forward was given as keyword arguments (transformers' names),
+    or None; cu_seq_lens as int32, the kernels' type (a copy only where they are not)."""
+    given = {name: kwargs.get(name) for name in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")}
+    if all(value is None for value in given.values()):
+        return None
+    missing = [name for name, value in given.items() if value is None]
+    if missing:
+        raise ValueError(
+            f"{missing[0]}: a packed batch is given by cu_seq_lens_q, cu_seq_lens_k, max_length_q and max_length_k "
+            "together (the longest lengths as ints)"
+        )
+    cu_seqlens_q, cu_seqlens_k = (
+        value.to(torch.int32) if isinstance(value, torch.Tensor) else value
+        for value in (given["cu_seq_lens_q"], given["cu_seq_lens_k"])
     )
-    return out, None
+    return PackedBatch(cu_seqlens_q, cu_seqlens_k, given["max_length_q"], given["max_length_k"])
+
+
+def _packed_attention(q, k, v, packed: PackedBatch, options: dict) -> torch.Tensor:
+    """flash_attn_varlen_func on the one row of a packed batch: the (total, heads, d) views q[0],
+    k[0] and v[0]; the output as the row, (1, total, heads, d)."""
+    if q.shape[0] != 1:
+        raise NotImplementedError(
+            f"cu_seq_lens_q: flash_attention runs a packed batch as one row of sequences (batch 1), got {q.shape[0]} "
+            f"rows; put every sequence in one row, or {_INSTEAD}"
+        )
+    out = flash_attention.flash_attn_varlen_func(
+        q[0], k[0], v[0], packed.cu_seqlens_q, packed.cu_seqlens_k, packed.max_seqlen_q, packed.max_seqlen_k, **options
+    )
+    return out.unsqueeze(0)
+
+
+def _padded_attention(q, k, v, padded: PaddedBatch, options: dict) -> torch.Tensor:
+    """The varlen kernels on the (batch, seq, heads, d) views, each batch entry's tokens where
+    ``padded`` says; the rows of padding come out 0."""
+    if (q.shape[1], k.shape[1]) != (padded.q_length, padded.kv_length):
+        raise ValueError(
+            f"attention_mask: made by create_mask for {padded.q_length} queries and {padded.kv_length} keys, but "
+            f"this layer has {q.shape[1]} and {k.shape[1]} (a layer whose cache holds other positions than the "
+            f"mask's?); {_INSTEAD}"
+        )
+    return _attention(
+        None, q, k, v, None, options["causal"], options["softmax_scale"], options["window_size"], options["softcap"],
+        None, False, sequences=padded.sequence_arguments(),
+    )
 
 
 def _check_mask_is_computed(attention_mask: torch.Tensor, seqlen_q: int, seqlen_k: int, causal: bool, window) -> None:
@@ -171,8 +296,8 @@ def _check_mask_is_computed(attention_mask: torch.Tensor, seqlen_q: int, seqlen_
     if tuple(allowed.shape[-2:]) != (seqlen_q, seqlen_k) or not torch.equal(allowed, expected.expand_as(allowed)):
         raise NotImplementedError(
             f"attention_mask: a {tuple(attention_mask.shape)} mask reached the attention function that is not the "
-            f"{_describe(causal, window)} mask flash_attention computes (padding or a custom pattern?); remove "
-            f"the padding or {_INSTEAD}"
+            f"{_describe(causal, window)} mask flash_attention computes (padding or a custom pattern?); give the "
+            f"model the 2D attention_mask for padding, or {_INSTEAD}"
         )
 
 
@@ -190,36 +315,39 @@ def create_mask(
     mask_function=None,
     attention_mask: torch.Tensor | None = None,
     **kwargs,
-) -> None:
+) -> PaddedBatch | PackedBatch | None:
     """The AttentionMaskInterface function: returns None (no mask: attention_forward computes the
-    pattern from the causal flag and the sliding window) or raises.
+    pattern from the causal flag and the sliding window), a PaddedBatch, a PackedBatch, or raises.
 
     transformers calls it once per forward with the pattern as ``mask_function`` (a function of
     batch, head, query and key positions; None meaning causal, as in transformers), the queries at
     positions q_offset .. q_offset + q_length - 1 and the keys at kv_offset .. kv_offset +
     kv_length - 1, and the 2D attention_mask (batch, positions; False or 0 at padding) the model
-    was given. Raises NotImplementedError when
-    - attention_mask masks any of the keys (padding; positions it does not reach count as masked);
+    was given. Returns
+    - a PackedBatch where the pattern is transformers' packed-sequence pattern (position_ids that
+      restart, no attention_mask, no cache) over a causal or windowed one, in one row;
+    - a PaddedBatch where attention_mask masks some of the keys (positions it does not reach count
+      as masked, as transformers pads it), each row's tokens being one run;
+    - None otherwise.
+    Each of the first two reads its tensors once, in one host synchronization. Raises
+    NotImplementedError when
     - the pattern is not causal or bidirectional, with or without a sliding window (custom
-      or_mask/and_mask functions, packed sequences, block or chunked attention);
+      or_mask/and_mask functions, block or chunked attention), or packs sequences into more than
+      one row;
     - the pattern depends on positions (causal or windowed) and the last key is not at the last
       query's position: bottom-right alignment would then shift it (a static cache, whose keys
-      run to its maximum length).
+      run to its maximum length);
+    - a row of attention_mask is not one run of tokens among the keys.
     """
-    if attention_mask is not None:
-        keys = attention_mask[:, kv_offset : kv_offset + kv_length]
-        if keys.shape[-1] < kv_length or not keys.all():
-            raise NotImplementedError(
-                "attention_mask: padding masks (a 0 in the 2D attention_mask) are not supported by flash_attention "
-                f"yet; remove the padding (batch sequences of equal length, or one at a time) or {_INSTEAD}"
-            )
-    positional = _positional(mask_function)
+    packing = _packed_sequences(mask_function)
+    pattern = mask_function if packing is None else packing.pattern
+    positional = _positional(pattern)
     if positional is None:
         name = getattr(mask_function, "__qualname__", type(mask_function).__name__)
         raise NotImplementedError(
-            f"mask_function: the mask pattern {name} (a custom, packed-sequence, block or chunked pattern) is "
-            f"not supported by flash_attention, which runs causal and bidirectional masks with or without a "
-            f"sliding window; {_INSTEAD}"
+            f"mask_function: the mask pattern {name} (a custom, block or chunked pattern) is not supported by "
+            f"flash_attention, which runs causal and bidirectional masks with or without a sliding window, "
+            f"padded or packed; {_INSTEAD}"
         )
     last_query = int(q_offset) + q_length
     if positional and kv_offset + kv_length != last_query:
@@ -228,6 +356,93 @@ def create_mask(
             f"{int(q_offset)} to {last_query - 1}; flash_attention aligns masks to the last key, so the keys must "
             f"end with the queries (a static cache holds keys past them: use a dynamic cache) or {_INSTEAD}"
         )
+    if packing is not None:
+        return _packed_batch(packing.sequence_ids)
+    if attention_mask is None:
+        return None
+    return _padded_batch(attention_mask, q_length, kv_length, kv_offset, positional)
+
+
+def _packed_batch(sequence_ids: torch.Tensor) -> PackedBatch:
+    """The PackedBatch of transformers' packed-sequence indices (batch, tokens: the index of the
+    sequence each token belongs to, counting from 0 in each row)."""
+    if sequence_ids.shape[0] != 1:
+        raise NotImplementedError(
+            f"position_ids: flash_attention runs packed sequences (position_ids that restart) in one row (batch 1), "
+            f"got {sequence_ids.shape[0]} rows; put every sequence in one row, or {_INSTEAD}"
+        )
+    ids = sequence_ids[0]
+    # Where a new sequence starts; the host needs them to size cu_seqlens and max_seqlen.
+    starts = torch.nonzero((ids[1:] != ids[:-1]).cpu()).flatten() + 1
+    bounds = torch.cat([starts.new_zeros(1), starts, starts.new_tensor([ids.shape[0]])])
+    max_seqlen = int(bounds.diff().max())
+    cu_seqlens = bounds.to(device=ids.device, dtype=torch.int32)
+    return PackedBatch(cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
+
+
+def _padded_batch(
+    attention_mask: torch.Tensor, q_length: int, kv_length: int, kv_offset: int, positional: bool
+) -> PaddedBatch | None:
+    """The PaddedBatch of a 2D attention_mask (batch, positions; True at tokens) for a layer whose
+    keys are positions kv_offset .. kv_offset + kv_length - 1 and whose queries are the last
+    q_length of them; None where no key is padding. One host synchronization."""
+    keys = attention_mask[:, kv_offset : kv_offset + kv_length].bool()
+    if keys.shape[1] < kv_length:
+        # Positions past the mask are padding, as transformers' own mask functions pad it.
+        keys = torch.nn.functional.pad(keys, (0, kv_length - keys.shape[1]))
+    positions = torch.arange(kv_length, device=keys.device, dtype=torch.int32)
+    length = keys.sum(dim=1, dtype=torch.int32)
+    start = torch.where(keys, positions, kv_length).amin(dim=1)  # kv_length where a row has no token
+    end = torch.where(keys, positions + 1, 0).amax(dim=1)
+    one_run = (end - start == length) | (length == 0)
+    unpadded, runs, first_broken = (
+        torch.stack([(length == kv_length).all().int(), one_run.all().int(), (~one_run).int().argmax().int()]).tolist()
+    )
+    if unpadded:
+        return None
+    if not runs:
+        raise NotImplementedError(
+            f"attention_mask: row {first_broken}'s tokens are not one run among the keys (padding inside the sequence, "
+            f"as a right-padded prompt extended by generate() has); flash_attention runs left or right padding: pad "
+            f"prompts on the left (tokenizer.padding_side = 'left') or {_INSTEAD}"
+        )
+    if not positional:
+        # Every query row attends its batch entry's tokens, as with SDPA (the queries may not even be
+        # positions of this mask: cross-attention).
+        return PaddedBatch(start, length, None, None, q_length, kv_length)
+    # The queries are the last q_length key positions: their run is the part of the keys' run there,
+    # and ends where it does, so each batch entry's bottom-right corner is where transformers has it.
+    shift = kv_length - q_length
+    q_start = (start - shift).clamp(0, q_length)
+    q_end = (start + length - shift).clamp(0, q_length)
+    return PaddedBatch(start, length, q_start, q_end - q_start, q_length, kv_length)
+
+
+class _PackedPattern(NamedTuple):
+    pattern: object  # the pattern each packed sequence has (transformers' mask function)
+    sequence_ids: torch.Tensor  # (batch, tokens): the index of the sequence of each token
+
+
+def _packed_sequences(mask_function) -> _PackedPattern | None:
+    """The pattern inside transformers' packed-sequence pattern, and the sequence of each token; None
+    for any other pattern.
+
+    transformers builds it (masking_utils, for position_ids that restart) as the and_mask of the
+    pattern remapped to each sequence's own positions and of "the same sequence"; both are
+    recognised by the code objects their factories' closures share.
+    """
+    from transformers import masking_utils
+
+    parts = _intersected_patterns(mask_function)
+    if parts is None or len(parts) != 2:
+        return None
+    remapped, same_sequence = parts
+    remapped_code = _code(masking_utils.remap_positions_for_packed_sequence(None, None))
+    same_sequence_code = _code(masking_utils.packed_sequence_mask_function(None))
+    if _code(remapped) is not remapped_code or _code(same_sequence) is not same_sequence_code:
+        return None
+    pattern = inspect.getclosurevars(remapped).nonlocals["mask_function"]
+    return _PackedPattern(pattern, inspect.getclosurevars(same_sequence).nonlocals["packed_sequence_mask"])
 
 
 def _positional(mask_function) -> bool | None:
@@ -248,16 +463,24 @@ def _positional(mask_function) -> bool | None:
         return True
     if mask_function in base_patterns:
         return base_patterns[mask_function]
-    if _code(mask_function) is not _code(masking_utils.and_masks()):
-        return None
     windows = {
         masking_utils.causal_mask_function: masking_utils.sliding_window_overlay(1),
         masking_utils.bidirectional_mask_function: masking_utils.sliding_window_bidirectional_overlay(1),
     }
-    parts = inspect.getclosurevars(mask_function).nonlocals.get("mask_functions", ())
+    parts = _intersected_patterns(mask_function) or ()
     if len(parts) == 2 and parts[1] in windows and _code(parts[0]) is _code(windows[parts[1]]):
         return True
     return None
+
+
+def _intersected_patterns(mask_function) -> tuple | None:
+    """The patterns that transformers' and_masks intersects in ``mask_function``; None where it is
+    no and_masks pattern."""
+    from transformers import masking_utils
+
+    if _code(mask_function) is not _code(masking_utils.and_masks()):
+        return None
+    return inspect.getclosurevars(mask_function).nonlocals.get("mask_functions", ())
 
 
 def _code(function):

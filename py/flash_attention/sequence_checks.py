@@ -1,0 +1,102 @@
+"""A debug check of the per-sequence arguments' contents, on request: FLASH_ATTENTION_CHECK_SEQLENS=1.
+
+The extension checks the shapes, dtypes and devices of cu_seqlens, seqused and leftpad but not
+their contents: reading them would synchronize with the GPU on every call. Its kernels clamp
+contents that break the rules instead of reading or writing out of bounds, so a wrong length gives
+a wrong answer, not an error. With the environment variable FLASH_ATTENTION_CHECK_SEQLENS set to 1
+(read on every call that has per-sequence arguments; calls without them never look), each such call
+first reads them (this synchronizes) and raises ValueError, naming the argument, at the first
+rule broken:
+
+- cu_seqlens_q / cu_seqlens_k start at >= 0, never decrease, and end at <= the rows of q / k;
+- leftpad_q / leftpad_k are >= 0 and at most the slot's length (a slot: a sequence's rows between
+  two cu_seqlens entries, or a batch entry of a 4-D tensor);
+- seqused_q / seqused_k are >= 0, and leftpad + seqused is at most the slot's length;
+- every sequence's used length (seqused, or the slot's length less leftpad) is at most
+  max_seqlen_q / max_seqlen_k.
+
+Arguments whose shapes disagree with the tensors are left to the extension, which names them. Under
+torch.compile the contents are not known while tracing, and nothing is checked.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+__all__ = ["ENVIRONMENT_VARIABLE", "check_sequence_contents", "requested"]
+
+ENVIRONMENT_VARIABLE = "FLASH_ATTENTION_CHECK_SEQLENS"
+
+
+def requested() -> bool:
+    """Whether FLASH_ATTENTION_CHECK_SEQLENS=1 asks for the check (read now: it may change between calls)."""
+    return os.environ.get(ENVIRONMENT_VARIABLE) == "1"
+
+
+def check_sequence_contents(q, k, sequences: dict) -> None:
+    """Raises ValueError at the first rule the contents of ``sequences`` (the per-sequence
+    arguments given, by name) break for these q and k."""
+    for side, tensor in (("q", q), ("k", k)):
+        if isinstance(tensor, torch.Tensor):
+            _check_side(side, tensor, sequences)
+
+
+def _check_side(side: str, tensor, sequences: dict) -> None:
+    """The rules of one side: q, or k (whose sequences v shares)."""
+    cu_seqlens = sequences.get(f"cu_seqlens_{side}")
+    slots = _slot_lengths(side, tensor, cu_seqlens) if cu_seqlens is not None else _batch_entries(tensor)
+    leftpad, seqused = sequences.get(f"leftpad_{side}"), sequences.get(f"seqused_{side}")
+    if slots is None or not all(_per_sequence(t, len(slots)) for t in (leftpad, seqused) if t is not None):
+        return
+    lefts = [0] * len(slots) if leftpad is None else leftpad.tolist()
+    used_rows = None if seqused is None else seqused.tolist()
+    # max_seqlen without cu_seqlens is the extension's error to name.
+    max_seqlen = sequences.get(f"max_seqlen_{side}") if cu_seqlens is not None else None
+    for b, (slot, left) in enumerate(zip(slots, lefts)):
+        if not 0 <= left <= slot:
+            raise ValueError(f"leftpad_{side}: must be in [0, the slot's length]; sequence {b} has {left} in a slot of {slot}")
+        used = slot - left if used_rows is None else used_rows[b]
+        if not 0 <= used <= slot - left:
+            raise ValueError(
+                f"seqused_{side}: must be >= 0 with leftpad + seqused at most the slot's length; sequence {b} uses "
+                f"{used} rows from row {left} of a slot of {slot}"
+            )
+        if isinstance(max_seqlen, int) and used > max_seqlen:
+            raise ValueError(
+                f"max_seqlen_{side}: must be at least every sequence's length; sequence {b} uses {used} rows, "
+                f"max_seqlen_{side} is {max_seqlen}"
+            )
+
+
+def _slot_lengths(side: str, tensor, cu_seqlens) -> list[int] | None:
+    """The slots' lengths from cu_seqlens, checked against the (total, heads, d) tensor's rows; None
+    where the shapes disagree."""
+    if tensor.dim() != 3 or not (_readable(cu_seqlens) and cu_seqlens.dim() == 1 and cu_seqlens.numel() >= 1):
+        return None
+    name, total = f"cu_seqlens_{side}", tensor.shape[0]
+    bounds = cu_seqlens.tolist()
+    if bounds[0] < 0:
+        raise ValueError(f"{name}: must start at >= 0, got {bounds[0]}")
+    for b, (start, end) in enumerate(zip(bounds, bounds[1:])):
+        if end < start:
+            raise ValueError(f"{name}: must not decrease; entry {b} is {start} and entry {b + 1} is {end}")
+    if bounds[-1] > total:
+        raise ValueError(f"{name}: must end at <= {total} (the rows of {side}), got {bounds[-1]}")
+    return [end - start for start, end in zip(bounds, bounds[1:])]
+
+
+def _batch_entries(tensor) -> list[int] | None:
+    """The slots of a 4-D (batch, seqlen, heads, d) tensor: each batch entry, seqlen rows long."""
+    return [tensor.shape[1]] * tensor.shape[0] if tensor.dim() == 4 else None
+
+
+def _per_sequence(values, batch: int) -> bool:
+    """Whether seqused or leftpad has one entry per sequence (the extension names it otherwise)."""
+    return _readable(values) and values.dim() == 1 and values.numel() == batch
+
+
+def _readable(values) -> bool:
+    """Whether ``values`` is a tensor whose contents exist (meta tensors have none)."""
+    return isinstance(values, torch.Tensor) and values.device.type != "meta"
