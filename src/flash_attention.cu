@@ -284,7 +284,7 @@ at::Tensor forward_out_autograd(const at::Tensor &q, const at::Tensor &k, const 
 
 // The per-sequence arguments of both operators, at the end of their schemas.
 #define FLASH_SEQUENCE_SCHEMA                                                                                           \
-    "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, int? max_seqlen_q=None, int? max_seqlen_k=None, "          \
+    "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None, "          \
     "Tensor? seqused_q=None, Tensor? seqused_k=None, Tensor? leftpad_q=None, Tensor? leftpad_k=None"
 
 TORCH_LIBRARY(flash_attention, m) {

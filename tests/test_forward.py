@@ -662,8 +662,8 @@ def test_compiled_kernels_are_the_build_set_in_python_order():
     kernels = _C.compiled_kernels()
     assert {family for family, _, _ in kernels} <= set(FAMILIES)
     from_cpp = [
-        (FAMILIES[family](*fields), ProblemVariant(MaskKind(mask), masked_tails, score_mods))
-        for family, fields, (mask, masked_tails, score_mods) in kernels
+        (FAMILIES[family](*fields), ProblemVariant(MaskKind(mask), *flags))
+        for family, fields, (mask, *flags) in kernels
     ]
     # The C++ map iterates in operator< order (configuration, then variant): it must be the
     # dataclasses' order, without repeats.

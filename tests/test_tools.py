@@ -41,6 +41,7 @@ from flash_helpers.problem import (  # noqa: E402
     BENCHMARK_VARIANTS,
     MaskKind,
     ProblemVariant,
+    VARLEN_VARIANTS,
     attention_flop,
     total_flop,
 )
@@ -89,7 +90,7 @@ def nvcc_demangled_name(cfg, variant=ProblemVariant()) -> str:
         return str(value).lower()  # true / false, or the number
 
     items = ", ".join(literal(value) for value in dataclasses.astuple(cfg))
-    flags = ", ".join(literal(flag) for flag in (variant.masked_tails, variant.score_mods))
+    flags = ", ".join(literal(flag) for flag in variant.flags())
     return (
         "void flash::sm80::flash_forward_kernel<flash::sm80::StaticForwardKernelConfig<"
         f"flash::sm80::FlashForwardKernelConfig{{{items}}}>, (flash::MaskKind){int(variant.mask)}, {flags}>"
@@ -106,7 +107,7 @@ def nvcc_device_symbol(cfg, variant=ProblemVariant()) -> str:
         return f"Lb{int(value)}E" if isinstance(value, bool) else f"Li{value}E"
 
     items = "".join(literal(value) for value in dataclasses.astuple(cfg))
-    flags = "".join(literal(flag) for flag in (variant.masked_tails, variant.score_mods))
+    flags = "".join(literal(flag) for flag in variant.flags())
     return (
         "_ZN5flash4sm8020flash_forward_kernelINS0_25StaticForwardKernelConfigIXtlNS0_24FlashForwardKernelConfigE"
         f"{items}EEEELNS_8MaskKindE{int(variant.mask)}E{flags}EEvNS_13ForwardParamsE"
@@ -1089,17 +1090,17 @@ def test_sass_functions_map_to_their_configurations_and_variants():
 
 def test_sass_symbols_of_every_variant_with_trailing_zero_fields_left_out():
     """Host compilers leave the configuration's trailing zero fields out of a symbol; nvcc keeps them.
-    Either way each of the nine variants maps back to its configuration."""
+    Either way each of the twelve variants maps back to its configuration."""
     cfg = parse_kernel_name_into_config("(FP16, 128, 128, 64, 4): async")  # every field after async_copy is 0
     symbols = sass_counts.KernelSymbols([CFG_A, cfg])
-    for variant in ALL_VARIANTS:
+    for variant in ALL_VARIANTS + VARLEN_VARIANTS:
         nvcc = cfg.mangled_kernel_name(variant)
         config_end = nvcc.index("EEEELNS_8MaskKindE")
         host = nvcc[:config_end].removesuffix("Lb0ELi0ELi0ELi0ELb0ELb0E") + nvcc[config_end:]
         assert host != nvcc
         assert symbols.lookup(nvcc) == symbols.lookup(host) == (cfg, variant)
         assert symbols.lookup(CFG_A.mangled_kernel_name(variant)) == (CFG_A, variant)
-    assert len(sass_counts.VARIANTS_BY_NAME) == 9 and "local+tails+mods" in sass_counts.VARIANTS_BY_NAME
+    assert len(sass_counts.VARIANTS_BY_NAME) == 12 and "local+tails+mods+varlen" in sass_counts.VARIANTS_BY_NAME
     assert symbols.lookup("_Z12other_kernelPf") is None
 
 
@@ -1191,7 +1192,7 @@ SASS_SM90_KERNELS = [(SM90_128, ProblemVariant()), (SM90_128, CAUSAL_TAILS), (SM
 # The first symbol as nvcc 13 writes it for sm_90a (read off a cubin); the others written by the class.
 SASS_SM90_SYMBOLS = [
     "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
-    "LNS_5DTypeE5ELi128ELi128ELi128ELi2ELb1ELb1ELb1EEEEELNS_8MaskKindE0ELb0ELb0EEEvNS0_12KernelParamsE",
+    "LNS_5DTypeE5ELi128ELi128ELi128ELi2ELb1ELb1ELb1EEEEELNS_8MaskKindE0ELb0ELb0ELb0EEEvNS0_12KernelParamsE",
     *(cfg.mangled_kernel_name(variant) for cfg, variant in SASS_SM90_KERNELS[1:]),
 ]
 # An sm_80 and sm_90a build: the SM80 kernels for both, the Hopper ones for sm_90a, where the SM80

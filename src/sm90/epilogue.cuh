@@ -1,5 +1,5 @@
 // The Hopper epilogue of one work tile: the shared normalisation and log-sum-exp
-// (finish_softmax), then O through shared memory by TMA.
+// (finish_softmax), then O through shared memory by TMA (a varlen call's, by 16-byte stores).
 #pragma once
 
 #include <cstdint>
@@ -17,10 +17,33 @@
 
 namespace flash::sm90 {
 
+// A warpgroup's 64 rows of O, from first_row of (batch, head) of a sequence (params: its lengths,
+// o at its first row), from the swizzled block in shared memory to the rows before the sequence's
+// end, in 16-byte stores: a TMA box would write past it, over the next sequence's rows.
+template <typename Kernel>
+__device__ __forceinline__ void store_sequence_rows(const ForwardParams &params, const uint8_t *O_smem, int first_row,
+                                                    int head, int batch) {
+    using Swizzle = typename Kernel::Swizzle;
+    constexpr int row_chunks = Kernel::d_head * ELEMENT_BYTES / COPY_BYTES;
+    constexpr int block_chunks = Swizzle::bytes / COPY_BYTES; // per row of one column block
+    const int rows = min(WGMMA_M, params.seqlen_q - first_row);
+    uint8_t *const O = static_cast<uint8_t *>(params.o) +
+                       (batch * params.o_strides.batch + head * params.o_strides.head) * ELEMENT_BYTES;
+    for (int i = threadIdx.x % WARPGROUP_THREADS; i < rows * row_chunks; i += WARPGROUP_THREADS) {
+        const int row = i / row_chunks;
+        const int chunk = i % row_chunks;
+        const uint8_t *const from = O_smem + chunk / block_chunks * Kernel::Q_col_block_bytes + row * Swizzle::bytes +
+                                    Swizzle::chunk_in_row(row, chunk % block_chunks) * COPY_BYTES;
+        *reinterpret_cast<uint4 *>(O + (first_row + row) * params.o_strides.seq * ELEMENT_BYTES + chunk * COPY_BYTES) =
+            *reinterpret_cast<const uint4 *>(from);
+    }
+}
+
 // A consumer warpgroup's 64 rows of the work tile starting at Q_first_row of (batch, head), whose
-// sequence's lengths are params' and whose boxes of O are at O_boxes.
-template <typename Kernel, typename Softmax, typename Boxes>
-__device__ __forceinline__ void write_outputs(const KernelParams &kp, const ForwardParams &params, const Boxes &O_boxes,
+// sequence's lengths are params' and whose boxes of O are at O_boxes (with VARLEN, stored row by
+// row instead: store_sequence_rows).
+template <typename Kernel, bool VARLEN, typename Softmax>
+__device__ __forceinline__ void write_outputs(const KernelParams &kp, const ForwardParams &params, const BoxCoordinates &O_boxes,
                                               const ConsumerWarpgroup<Kernel> &consumer, const Softmax &softmax,
                                               typename Kernel::O_accumulators &O_acc, float score_scale, int Q_first_row,
                                               int head, int batch) {
@@ -52,6 +75,11 @@ __device__ __forceinline__ void write_outputs(const KernelParams &kp, const Forw
             *reinterpret_cast<uint32_t *>(at) =
                 pack_pair<typename Kernel::value_t>(O_acc.r[0][n][2 * h], O_acc.r[0][n][2 * h + 1]);
         }
+    }
+    if constexpr (VARLEN) {
+        named_barrier_sync(consumer.warpgroup_barrier, WARPGROUP_THREADS);
+        store_sequence_rows<Kernel>(params, O_smem, Q_first_row + consumer.wg * WGMMA_M, head, batch);
+        return;
     }
     fence_async_shared();
     named_barrier_sync(consumer.warpgroup_barrier, WARPGROUP_THREADS);

@@ -66,7 +66,7 @@ __device__ __forceinline__ void consume_work_tile(const KernelParams &kp, Consum
     const int head = work.head;
     const int batch = work.batch;
     const Tiles tiles(params, Q_first_row);
-    const BoxCoordinates<VARLEN> Q_boxes = q_boxes(sequence);
+    const BoxCoordinates Q_boxes = q_boxes(sequence);
     const Loader loader{kp, smem, head, head / group_size, Q_boxes, kv_boxes(sequence), rank};
     // Without warp specialization (one work tile per block) the first consumer thread also
     // loads: Q and the first round now, each later tile once its stage has been released.
@@ -113,7 +113,7 @@ __device__ __forceinline__ void consume_work_tile(const KernelParams &kp, Consum
     if constexpr (cluster > 1)
         consumer.pass_tiles(passed_after, WithoutTurns{});
 
-    write_outputs<Kernel>(kp, params, Q_boxes, consumer, softmax, O_acc, score_mods.post_scale, Q_first_row, head, batch);
+    write_outputs<Kernel, VARLEN>(kp, params, Q_boxes, consumer, softmax, O_acc, score_mods.post_scale, Q_first_row, head, batch);
 }
 
 // The problem variant: MASK and MASKED_TAILS decide which tiles the block visits and which of

@@ -50,21 +50,16 @@ template <typename Kernel, ProblemVariant VARIANT>
 void launch(const ForwardParams &params, cudaStream_t stream) {
     const auto kernel = kernel_of<Kernel, VARIANT>;
     ensure_dynamic_smem_limit(reinterpret_cast<const void *>(kernel), Kernel::smem_bytes);
-    // A varlen call's maps stop at each sequence's end (make_sequence_tensor_map); with cu_seqlens
-    // the tensors' batch dimension is 1.
-    const auto map_of = [&](const void *data, const TensorStrides &strides, int seqlen, int rows, int heads,
-                            bool packed, int box_rows) {
-        constexpr DType dtype = Kernel::config.dtype;
-        constexpr int swizzle = Kernel::Swizzle::bytes;
-        if constexpr (VARIANT.varlen)
-            return make_sequence_tensor_map(dtype, data, strides, params.d_head, rows, heads, packed ? 1 : params.batch,
-                                            box_rows, swizzle);
-        else
-            return make_tensor_map(dtype, data, strides, params.d_head, seqlen, heads, params.batch, box_rows, swizzle);
-    };
+    // A varlen call's sequences are rows of the tensors' seq dimension (rows_q, rows_k long), and with
+    // cu_seqlens all of them are in the one batch entry.
     const SequenceLayout &layout = params.sequences;
-    const bool packed_q = layout.cu_seqlens_q != nullptr;
-    const bool packed_k = layout.cu_seqlens_k != nullptr;
+    const auto map_of = [&](const void *data, const TensorStrides &strides, int seqlen, int rows, int heads, bool packed,
+                            int box_rows) {
+        return make_tensor_map(Kernel::config.dtype, data, strides, params.d_head, VARIANT.varlen ? rows : seqlen, heads,
+                               packed ? 1 : params.batch, box_rows, Kernel::Swizzle::bytes);
+    };
+    const bool packed_q = VARIANT.varlen && layout.cu_seqlens_q != nullptr;
+    const bool packed_k = VARIANT.varlen && layout.cu_seqlens_k != nullptr;
     const KernelParams kp{
         params,
         map_of(params.q, params.q_strides, params.seqlen_q, layout.rows_q, params.heads_q, packed_q, WGMMA_M),

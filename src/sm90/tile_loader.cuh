@@ -24,8 +24,8 @@ struct TileLoader {
     const SharedTiles<Kernel> &smem;
     int head;
     int kv_head;
-    BoxCoordinates<VARLEN> q_boxes; // of the work tile's sequence
-    BoxCoordinates<VARLEN> kv_boxes;
+    BoxCoordinates q_boxes; // of the work tile's sequence
+    BoxCoordinates kv_boxes;
     uint32_t rank; // in the cluster
 
     // Q of the n-th work tile, numbered `index`; a persistent block's producer also tells each

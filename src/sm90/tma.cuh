@@ -65,33 +65,6 @@ __device__ __forceinline__ void tma_load_4d_multicast(void *smem_dst, const CUte
                  : "memory");
 }
 
-// The same three copies for a 5-dimensional tensor map (a varlen call's: tensor_maps.h).
-__device__ __forceinline__ void tma_load_5d(void *smem_dst, const CUtensorMap *map, uint64_t *barrier, int c0, int c1,
-                                            int c2, int c3, int c4) {
-    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
-                 "%5, %6}], [%7];\n" ::"r"(ptx::shared_address(smem_dst)),
-                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
-                 "r"(ptx::shared_address(barrier))
-                 : "memory");
-}
-
-__device__ __forceinline__ void tma_load_5d_multicast(void *smem_dst, const CUtensorMap *map, uint64_t *barrier,
-                                                      uint16_t cta_mask, int c0, int c1, int c2, int c3, int c4) {
-    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
-                 "[%1, {%2, %3, %4, %5, %6}], [%7], %8;\n" ::"r"(ptx::shared_address(smem_dst)),
-                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
-                 "r"(ptx::shared_address(barrier)), "h"(cta_mask)
-                 : "memory");
-}
-
-__device__ __forceinline__ void tma_store_5d(const CUtensorMap *map, const void *smem_src, int c0, int c1, int c2, int c3,
-                                             int c4) {
-    asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4, %5}], [%6];\n" ::"l"(
-                     reinterpret_cast<uint64_t>(map)),
-                 "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(ptx::shared_address(smem_src))
-                 : "memory");
-}
-
 // An arrival on the barrier at the same offset in the cluster's block `cta_rank` (this one
 // included). Release at the block's scope, as a local arrival: at cluster scope every arrival
 // waited until the thread's earlier memory accesses were visible to the whole cluster, which cost
