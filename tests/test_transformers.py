@@ -2,9 +2,10 @@
 
 Without a GPU: registration, and the mask function through transformers' own mask builders
 (create_causal_mask and its siblings, as models call them): no mask for the patterns the kernels
-compute, padded and packed batches accepted, an error for custom, chunked and static-cache
-patterns; the attention function's errors (dropout, float32, masks it does not compute,
-unsupported features).
+compute, padded batches accepted, packed batches found (from the pattern transformers builds, and
+from the patterns of transformers 5.17 and of later versions), an error for custom, chunked and
+static-cache patterns; the cu_seqlens every layer of a model gets for a padding-free batch; the
+attention function's errors (dropout, float32, masks it does not compute, unsupported features).
 
 With a GPU (the ``gpu`` marker): real models built from configurations with random weights (BERT,
 ViT at 224 px, Llama with grouped and multi-query attention at head sizes 64 and 128, Mistral with
@@ -209,14 +210,93 @@ def test_static_cache_raises(name):
         _build_mask("causal", config, past_key_values=cache)
 
 
-def test_packed_sequences_are_accepted(name):
-    """Several sequences in one row, told apart by position_ids that restart (a padding-free batch)."""
-    position_ids = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]])
-    config = _decoder_config(name)
-    masking_utils.create_causal_mask(
+# Several sequences in one row, told apart by position_ids that restart (a padding-free batch): 6
+# tokens, then 10.
+PACKED_POSITIONS = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]])
+PACKED_CU_SEQLENS = [0, 6, 16]
+
+
+def _assert_packed_batch(packed) -> None:
+    assert isinstance(packed, integration.PackedBatch), packed
+    for cu_seqlens in (packed.cu_seqlens_q, packed.cu_seqlens_k):
+        assert cu_seqlens.dtype == torch.int32 and cu_seqlens.tolist() == PACKED_CU_SEQLENS
+    assert (packed.max_seqlen_q, packed.max_seqlen_k) == (10, 10)
+
+
+@pytest.mark.parametrize("builder", ["causal", "sliding_window"])
+def test_packed_sequences_make_a_packed_batch(name, builder):
+    config = _decoder_config(name, sliding_window=4)
+    packed = BUILDERS[builder](
         config=config, inputs_embeds=torch.zeros(1, SEQ, HIDDEN), attention_mask=None, past_key_values=None,
-        position_ids=position_ids,
+        position_ids=PACKED_POSITIONS,
     )  # fmt: skip
+    _assert_packed_batch(packed)
+
+
+def _packed_in_row_indices(pattern, sequence_ids):
+    """transformers 5.17's packed-sequence pattern: ``pattern`` on the tokens' indices in the row."""
+    return masking_utils.and_masks(pattern, masking_utils.packed_sequence_mask_function(sequence_ids))
+
+
+def _packed_in_sequence_positions(pattern, sequence_ids):
+    """Later versions' packed-sequence pattern: ``pattern`` on the tokens' position_ids."""
+    if not hasattr(masking_utils, "remap_positions_for_packed_sequence"):
+        pytest.skip(f"transformers {transformers.__version__} has no remap_positions_for_packed_sequence")
+    remapped = masking_utils.remap_positions_for_packed_sequence(pattern, PACKED_POSITIONS)
+    return _packed_in_row_indices(remapped, sequence_ids)
+
+
+@pytest.mark.parametrize("window", [None, 4], ids=["causal", "sliding_window"])
+@pytest.mark.parametrize("packing", [_packed_in_row_indices, _packed_in_sequence_positions])
+def test_packed_patterns_of_every_version_are_recognised(packing, window):
+    pattern = masking_utils.causal_mask_function
+    if window is not None:
+        pattern = masking_utils.sliding_window_causal_mask_function(window)
+    mask_function = packing(pattern, masking_utils.find_packed_sequence_indices(PACKED_POSITIONS))
+    _assert_packed_batch(integration.create_mask(1, SEQ, SEQ, mask_function=mask_function))
+
+
+def test_packed_custom_patterns_raise(name):
+    """A custom pattern inside the packed-sequence pattern is not dropped."""
+
+    def first_token_everywhere(batch_idx, head_idx, q_idx, kv_idx):
+        return kv_idx == 0
+
+    with pytest.raises(NotImplementedError, match="mask_function: "):
+        masking_utils.create_causal_mask(
+            config=_decoder_config(name), inputs_embeds=torch.zeros(1, SEQ, HIDDEN), attention_mask=None,
+            past_key_values=None, position_ids=PACKED_POSITIONS, and_mask_function=first_token_everywhere,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("flash_kwargs", [False, True], ids=["position_ids", "cu_seq_lens"])
+@pytest.mark.parametrize("model", ["llama", "mistral_sliding_window"])
+def test_padding_free_batch_reaches_every_layer_packed(name, monkeypatch, model, flash_kwargs):
+    """A DataCollatorWithFlattening batch through a model (use_cache=False: transformers looks for
+    packed sequences in position_ids only without a cache): every layer runs flash_attn_varlen_func
+    (recorded here, in place of the kernels) with the sequences' cu_seqlens and the model's mask."""
+    calls = []
+
+    def recorded(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **options):
+        calls.append(([t.tolist() for t in (cu_seqlens_q, cu_seqlens_k)], (max_seqlen_q, max_seqlen_k), options))
+        return torch.zeros_like(q)
+
+    monkeypatch.setattr(flash_attention, "flash_attn_varlen_func", recorded)
+    sliding = model == "mistral_sliding_window"
+    config_class = transformers.MistralConfig if sliding else transformers.LlamaConfig
+    config = _decoder_config(name, config_class, sliding_window=4)
+    decoder = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=name, dtype=torch.bfloat16)
+    collator = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs, return_tensors="pt")
+    batch = collator([{"input_ids": list(range(1, 7))}, {"input_ids": list(range(1, 11))}])
+    batch.pop("labels")
+    assert batch["position_ids"].tolist() == PACKED_POSITIONS.tolist()
+    with torch.inference_mode():
+        decoder.eval()(**batch, use_cache=False)
+    window = (3, 3) if sliding else (-1, -1)
+    assert len(calls) == config.num_hidden_layers
+    for cu_seqlens, max_seqlens, options in calls:
+        assert cu_seqlens == [PACKED_CU_SEQLENS] * 2 and max_seqlens == (10, 10)
+        assert options["causal"] and options["window_size"] == window
 
 
 @pytest.mark.parametrize("combine", ["or_mask_function", "and_mask_function"])
@@ -637,7 +717,8 @@ def test_packed_batch_matches_each_sequence_alone(name, dtype_name, flash_kwargs
     lengths = _random_lengths(rng, 5, 1, 200)
     sequences, packed = _flattened(lengths, models.ours.config, rng, flash_kwargs)
     with torch.inference_mode():
-        ours = models.ours(**packed).logits[0]
+        # Without a cache: transformers looks for packed sequences in position_ids only then.
+        ours = models.ours(**packed, use_cache=False).logits[0]
         ref16, ref32 = (
             torch.cat([model(input_ids=sequence[None]).logits[0] for sequence in sequences])
             for model in (models.ref16, models.ref32)

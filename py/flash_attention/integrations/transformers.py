@@ -37,8 +37,8 @@ A packed batch may also be given to the model as the keyword arguments cu_seq_le
 max_length_q and max_length_k (as DataCollatorWithFlattening(return_flash_attn_kwargs=True) makes
 them), which reach every layer: each runs flash_attn_varlen_func with them, with or without a
 cache. With a cache and only position_ids, transformers does not look for packed sequences (nor do
-its sdpa and eager implementations, which then attend across them): pass use_cache=False or the
-keyword arguments.
+its sdpa and eager implementations, which then attend across them): pass use_cache=False (a
+model's forward makes a cache unless told not to) or the keyword arguments.
 
 No path copies q, k, v or the output: the transposes, q[0] and the output's unsqueeze(0) are views.
 What is computed is small: the per-sequence (batch,) tensors once per forward, and in each layer an
@@ -427,21 +427,26 @@ def _packed_sequences(mask_function) -> _PackedPattern | None:
     """The pattern inside transformers' packed-sequence pattern, and the sequence of each token; None
     for any other pattern.
 
-    transformers builds it (masking_utils, for position_ids that restart) as the and_mask of the
-    pattern remapped to each sequence's own positions and of "the same sequence"; both are
-    recognised by the code objects their factories' closures share.
+    transformers builds it (masking_utils, for position_ids that restart) as the and_mask of a
+    pattern and of "the same sequence", recognised by the code object the latter's factory's
+    closures share. The pattern sees the tokens' indices in the row (transformers 5.17) or, wrapped
+    by remap_positions_for_packed_sequence (later versions, which have that function, recognised
+    the same way), their position_ids. Both give each sequence the pattern on its own positions
+    for the patterns attention_forward computes: they depend only on the distance between two
+    positions, and within a sequence both indices and position_ids go up by 1 from token to token
+    (transformers starts a new sequence wherever position_ids do not). Any other pattern inside is
+    not recognised by _positional, so that create_mask raises.
     """
     from transformers import masking_utils
 
     parts = _intersected_patterns(mask_function)
-    if parts is None or len(parts) != 2:
-        return None
-    remapped, same_sequence = parts
-    remapped_code = _code(masking_utils.remap_positions_for_packed_sequence(None, None))
     same_sequence_code = _code(masking_utils.packed_sequence_mask_function(None))
-    if _code(remapped) is not remapped_code or _code(same_sequence) is not same_sequence_code:
+    if parts is None or len(parts) != 2 or _code(parts[1]) is not same_sequence_code:
         return None
-    pattern = inspect.getclosurevars(remapped).nonlocals["mask_function"]
+    pattern, same_sequence = parts
+    remap = getattr(masking_utils, "remap_positions_for_packed_sequence", None)
+    if remap is not None and _code(pattern) is _code(remap(None, None)):
+        pattern = inspect.getclosurevars(pattern).nonlocals["mask_function"]
     return _PackedPattern(pattern, inspect.getclosurevars(same_sequence).nonlocals["packed_sequence_mask"])
 
 
