@@ -12,7 +12,14 @@ from flash_helpers.build_env import ARCH_LIST_ENV, BUILD_KERNELS_ENV, REBUILD_HI
 from flash_helpers.dtypes import DType
 from flash_helpers.kernel_names import parse_kernel_name_into_config
 from flash_helpers.kernel_sets import get_kernel_configs, get_kernels_to_build, variants_to_build
-from flash_helpers.problem import ALL_VARIANTS, BENCHMARK_LENGTH_UNIT, BENCHMARK_TAIL_VARIANTS, BENCHMARK_VARIANTS
+from flash_helpers.default_set import VARLEN_KERNELS
+from flash_helpers.problem import (
+    ALL_VARIANTS,
+    BENCHMARK_LENGTH_UNIT,
+    BENCHMARK_TAIL_VARIANTS,
+    BENCHMARK_VARIANTS,
+    VARLEN_VARIANTS,
+)
 from flash_helpers.sm80_config import FlashForwardKernelConfig
 from flash_helpers.sm90_config import HopperForwardKernelConfig
 
@@ -108,13 +115,16 @@ def test_header_lists_the_configs_in_sorted_order_with_their_short_forms(tmp_pat
 
 def test_default_configurations_get_every_variant_and_others_the_benchmark_ones():
     default = get_kernels_to_build("default")
-    assert all(variants_to_build(cfg) == ALL_VARIANTS for cfg in default)
+    varlen = {parse_kernel_name_into_config(text) for text in VARLEN_KERNELS}
+    assert varlen <= set(default)
+    assert all(variants_to_build(cfg) == ALL_VARIANTS + (VARLEN_VARIANTS if cfg in varlen else ()) for cfg in default)
     for cfg in CONFIGS:
         if cfg not in default:
             tails = cfg.needs_masked_tails(BENCHMARK_LENGTH_UNIT, BENCHMARK_LENGTH_UNIT)
             assert variants_to_build(cfg) == BENCHMARK_VARIANTS + (BENCHMARK_TAIL_VARIANTS if tails else ())
     assert len(set(ALL_VARIANTS)) == 9 and set(BENCHMARK_VARIANTS) <= set(ALL_VARIANTS)
     assert all(variant.masked_tails for variant in ALL_VARIANTS if variant.score_mods)
+    assert all(variant.masked_tails and variant.score_mods for variant in VARLEN_VARIANTS)
 
 
 def test_set_name_is_a_well_formed_cpp_string(tmp_path):
@@ -214,7 +224,7 @@ def test_hopper_units_instantiate_the_sm90_launcher(tmp_path):
     assert lines[4] == "namespace flash::sm90 {" and lines[-1] == "} // namespace flash::sm90"
     assert lines[5] == (
         "template ForwardLauncher launcher<HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true, false, false, false}, "
-        "ProblemVariant{MaskKind::NONE, false, false}>();"
+        "ProblemVariant{MaskKind::NONE, false, false, false}>();"
     )
     entries = [line for line in family_map(header_path(tmp_path).read_text(), "sm90") if line.startswith("    {{")]
     assert [parse_kernel_name_into_config(line) for line in entries] == [
@@ -226,7 +236,9 @@ def test_hopper_defaults_get_every_variant_whatever_the_architectures(monkeypatc
     monkeypatch.setenv(ARCH_LIST_ENV, "8.0")
     sm90_defaults = [cfg for cfg in get_kernels_to_build("default", "9.0") if cfg.family == "sm90"]
     assert sm90_defaults
-    assert all(variants_to_build(cfg) == ALL_VARIANTS for cfg in sm90_defaults)
+    varlen = {parse_kernel_name_into_config(text) for text in VARLEN_KERNELS}
+    assert all(variants_to_build(cfg)[: len(ALL_VARIANTS)] == ALL_VARIANTS for cfg in sm90_defaults)
+    assert all((VARLEN_VARIANTS[0] in variants_to_build(cfg)) == (cfg in varlen) for cfg in sm90_defaults)
 
 
 @pytest.mark.parametrize(("arch_list", "with_sm90"), [("8.0", False), ("9.0", True), ("8.0;9.0a", True), ("8.6+PTX", False)])
