@@ -82,8 +82,9 @@ DEFAULT_BUILD_KERNELS = (
 )
 
 # The configurations compiled with the varlen variants too: per family, dtype and head size, a
-# default configuration; in the Hopper family a persistent one where the default set has one, so
-# that its blocks take the work tiles of a ragged batch as they free up, longest first.
+# default configuration; in the Hopper family persistent ones where the default set has them, so
+# that its blocks take the work tiles of a ragged batch as they free up (the dispatch table's
+# rankings at the longest sequence's length choose among them).
 VARLEN_KERNELS = tuple(
     short_form.replace("(DTYPE", f"({dtype}")
     for dtype in ("FP16", "BF16")
@@ -96,8 +97,11 @@ VARLEN_KERNELS = tuple(
         "(DTYPE, 256, 128, 32, 8): async+eager+swizzled+load_0_2_1_tiles+buffer+opt_softmax",
         "sm90(DTYPE, 32, 192, 128, 2): ws+pingpong+overlap+persistent",
         "sm90(DTYPE, 64, 192, 128, 2): ws+pingpong+overlap+persistent",
+        "sm90(DTYPE, 64, 128, 128, 2): ws+pingpong+overlap+persistent+qregs",
         "sm90(DTYPE, 96, 128, 128, 2): ws+pingpong+overlap+persistent+qregs",
+        # d_head 128: the dispatch table's rankings choose between them (qregs is faster without a mask).
         "sm90(DTYPE, 128, 128, 128, 2): ws+pingpong+overlap+persistent",
+        "sm90(DTYPE, 128, 128, 128, 2): ws+pingpong+overlap+persistent+qregs",
         # d_head 192 and 256: the default set has no persistent configuration.
         "sm90(DTYPE, 192, 128, 112, 2): ws+pingpong+overlap",
         "sm90(DTYPE, 256, 128, 64, 2): ws+pingpong+overlap",

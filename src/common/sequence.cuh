@@ -18,6 +18,12 @@ struct UsedRows {
     int length;
 };
 
+// Both sides' rows of one sequence.
+struct SequenceRows {
+    UsedRows q;
+    UsedRows k;
+};
+
 // The slot of batch entry `batch` (cu_seqlens, or the whole seq dimension), then leftpad and
 // seqused, each clamped to what remains.
 __device__ __forceinline__ UsedRows used_rows(const int *cu_seqlens, const int *seqused, const int *leftpad, int rows,
@@ -59,10 +65,15 @@ struct Sequence<true> {
     UsedRows q_rows;
     UsedRows k_rows;
 
-    __device__ __forceinline__ Sequence(const ForwardParams &call, int batch_) : params(call), batch(batch_) {
-        const SequenceLayout &layout = call.sequences;
-        q_rows = used_rows(layout.cu_seqlens_q, layout.seqused_q, layout.leftpad_q, layout.rows_q, batch);
-        k_rows = used_rows(layout.cu_seqlens_k, layout.seqused_k, layout.leftpad_k, layout.rows_k, batch);
+    __device__ __forceinline__ Sequence(const ForwardParams &call, int batch_)
+        : Sequence(call, batch_,
+                   SequenceRows{used_rows(call.sequences.cu_seqlens_q, call.sequences.seqused_q, call.sequences.leftpad_q,
+                                          call.sequences.rows_q, batch_),
+                                used_rows(call.sequences.cu_seqlens_k, call.sequences.seqused_k, call.sequences.leftpad_k,
+                                          call.sequences.rows_k, batch_)}) {}
+    // A sequence whose rows were read from the layout already (by a persistent block's producer).
+    __device__ __forceinline__ Sequence(const ForwardParams &call, int batch_, SequenceRows rows)
+        : params(call), batch(batch_), q_rows(rows.q), k_rows(rows.k) {
         params.seqlen_q = q_rows.length;
         params.seqlen_k = k_rows.length;
         params.q = moved(call.q, q_rows.start * call.q_strides.seq);
@@ -72,6 +83,7 @@ struct Sequence<true> {
         if (call.lse != nullptr)
             params.lse = call.lse + q_rows.start;
     }
+    __device__ __forceinline__ SequenceRows rows() const { return {q_rows, k_rows}; }
     // The batch coordinate of q's and k's tensors: with cu_seqlens their batch dimension is 1, and
     // every slot is in entry 0.
     __device__ __forceinline__ int tensor_batch_q() const { return params.sequences.cu_seqlens_q ? 0 : batch; }

@@ -29,6 +29,11 @@ struct BoxCoordinates {
     }
 };
 
+// A sequence's rows, as a persistent block's producer hands them to the consumers (a dense
+// sequence's are not handed off).
+__device__ __forceinline__ SequenceRows rows_of(const Sequence<false> &) { return {}; }
+__device__ __forceinline__ SequenceRows rows_of(const Sequence<true> &sequence) { return sequence.rows(); }
+
 // The boxes of a sequence's q and o rows, and of its k and v rows.
 __device__ __forceinline__ BoxCoordinates q_boxes(const Sequence<false> &sequence) { return {0, sequence.batch}; }
 __device__ __forceinline__ BoxCoordinates kv_boxes(const Sequence<false> &sequence) { return {0, sequence.batch}; }

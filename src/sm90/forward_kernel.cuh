@@ -60,14 +60,20 @@ __device__ __forceinline__ void consume_work_tile(const KernelParams &kp, Consum
     const SharedTiles<Kernel> &smem = consumer.smem;
     const int wg = consumer.wg;
 
-    const auto [work, sequence] = locate_work<VARLEN, Kernel::B_r>(kp.params, scheduler, index);
+    const auto [work, sequence] = [&] {
+        if constexpr (VARLEN && Kernel::persistent)
+            return locate_work<VARLEN, Kernel::B_r>(kp.params, scheduler, index,
+                                                    Scheduler::handed_off_rows(smem.work_slot(wg)));
+        else
+            return locate_work<VARLEN, Kernel::B_r>(kp.params, scheduler, index);
+    }();
     const ForwardParams &params = sequence.params;
     const int Q_first_row = work.Q_block * Kernel::B_r;
     const int head = work.head;
     const int batch = work.batch;
     const Tiles tiles(params, Q_first_row);
     const BoxCoordinates Q_boxes = q_boxes(sequence);
-    const Loader loader{kp, smem, head, head / group_size, Q_boxes, kv_boxes(sequence), rank};
+    const Loader loader{kp, smem, head, head / group_size, Q_boxes, kv_boxes(sequence), rows_of(sequence), rank};
     // Without warp specialization (one work tile per block) the first consumer thread also
     // loads: Q and the first round now, each later tile once its stage has been released.
     const bool loads = !Kernel::warp_specialized && threadIdx.x == 0;

@@ -38,10 +38,10 @@ struct SharedTiles {
     __device__ __forceinline__ uint64_t *K_empty(int stage) const { return barrier(KV_barriers + 1 + 4 * stage); }
     __device__ __forceinline__ uint64_t *V_full(int stage) const { return barrier(KV_barriers + 2 + 4 * stage); }
     __device__ __forceinline__ uint64_t *V_empty(int stage) const { return barrier(KV_barriers + 3 + 4 * stage); }
-    // Where a persistent block's producer leaves the index of a consumer warpgroup's next work tile
-    // (WorkSlotHandOff, tile_scheduler.cuh).
+    // Where a persistent block's producer leaves the index of a consumer warpgroup's next work tile,
+    // and its sequence's rows (WorkSlotHandOff, tile_scheduler.cuh).
     __device__ __forceinline__ int *work_slot(int warpgroup) const {
-        return reinterpret_cast<int *>(barrier(Kernel::n_barriers + warpgroup));
+        return reinterpret_cast<int *>(barrier(Kernel::n_barriers + Kernel::work_slot_words * warpgroup));
     }
 
     // One thread, before any other touches the barriers. A full barrier completes on its loader's

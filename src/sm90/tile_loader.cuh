@@ -26,7 +26,8 @@ struct TileLoader {
     int kv_head;
     BoxCoordinates q_boxes; // of the work tile's sequence
     BoxCoordinates kv_boxes;
-    uint32_t rank; // in the cluster
+    SequenceRows rows; // with VARLEN, handed off to the consumers with the index
+    uint32_t rank;     // in the cluster
 
     // Q of the n-th work tile, numbered `index`; a persistent block's producer also tells each
     // warpgroup that index. A work tile whose rows attend no key loads no Q.
@@ -35,6 +36,8 @@ struct TileLoader {
         for (int wg = 0; wg < Kernel::consumer_warpgroups; ++wg) {
             mbarrier_wait(smem.Q_empty(wg), (n & 1) ^ 1);
             Scheduler::hand_off(smem.work_slot(wg), index); // the arrival below releases it to the waiters
+            if constexpr (VARLEN)
+                Scheduler::hand_off_rows(smem.work_slot(wg), rows);
             if (!loads) {
                 mbarrier_arrive(smem.Q_full(wg));
                 continue;
@@ -96,7 +99,8 @@ __device__ __forceinline__ void produce(const KernelParams &kp, const SharedTile
         const ForwardParams &params = sequence.params;
         const Tiles tiles(params, work.Q_block * Kernel::B_r);
         const auto [first_tile, end_tile] = loaded_tiles<Kernel::cluster_size>(params, work, tiles, Kernel::B_r);
-        const Loader loader{kp, smem, work.head, work.head / group_size, q_boxes(sequence), kv_boxes(sequence), rank};
+        const Loader loader{kp,    smem, work.head, work.head / group_size, q_boxes(sequence), kv_boxes(sequence),
+                            rows_of(sequence), rank};
         loader.load_Q(work.Q_block * Kernel::B_r, n, index, !tiles.empty() && work.Q_block < work.Q_blocks);
         for (int tile = first_tile; tile < end_tile; ++tile)
             loader.load_KV(tile, KV_loads++);
@@ -105,7 +109,7 @@ __device__ __forceinline__ void produce(const KernelParams &kp, const SharedTile
     }
     // The end, as a work tile past the last that loads nothing.
     if constexpr (Kernel::persistent)
-        Loader{kp, smem, 0, 0, {}, {}, rank}.load_Q(0, n, scheduler.end(), false);
+        Loader{kp, smem, 0, 0, {}, {}, {}, rank}.load_Q(0, n, scheduler.end(), false);
 }
 
 } // namespace flash::sm90

@@ -62,12 +62,13 @@ struct LocatedWork {
     Sequence<VARLEN> sequence;
 };
 
-// The work tile numbered `index`, with its sequence's lengths.
-template <bool VARLEN, int B_r, typename Scheduler>
+// The work tile numbered `index`, with its sequence's lengths: read from the sequence layout, or
+// (with VARLEN) handed off with the index.
+template <bool VARLEN, int B_r, typename Scheduler, typename... HandedOffRows>
 __device__ __forceinline__ LocatedWork<VARLEN> locate_work(const ForwardParams &params, const Scheduler &scheduler,
-                                                           int index) {
+                                                           int index, HandedOffRows... rows) {
     const WorkTile work = scheduler.work_tile(index);
-    LocatedWork<VARLEN> located{work, Sequence<VARLEN>(params, work.batch)};
+    LocatedWork<VARLEN> located{work, Sequence<VARLEN>(params, work.batch, rows...)};
     if constexpr (VARLEN)
         located.work.limit_to((located.sequence.params.seqlen_q + B_r - 1) / B_r);
     return located;
@@ -128,6 +129,7 @@ struct WorkTileNumbering {
 // A block computes one work tile and knows it from its index: nothing is handed off.
 struct NoHandOff {
     __device__ __forceinline__ static void hand_off(int *, int) {}
+    __device__ __forceinline__ static void hand_off_rows(int *, SequenceRows) {}
 };
 
 // The producer leaves the index in the work slot before its arrival on the warpgroup's Q full
@@ -140,6 +142,18 @@ struct WorkSlotHandOff {
     __device__ __forceinline__ static int handed_off(int *slot) {
         const int lane = threadIdx.x % WARP_SIZE;
         return __shfl_sync(FULL_WARP_MASK, lane == 0 ? atomicOr(slot, 0) : 0, 0);
+    }
+    // With per-sequence lengths the producer, which has read the work tile's sequence from global
+    // memory already, leaves its rows after the index: a consumer reading them there starts the
+    // work tile a global memory latency sooner, which a short sequence's few KV tiles feel.
+    __device__ __forceinline__ static void hand_off_rows(int *slot, SequenceRows rows) {
+        atomicExch(slot + 1, rows.q.start);
+        atomicExch(slot + 2, rows.q.length);
+        atomicExch(slot + 3, rows.k.start);
+        atomicExch(slot + 4, rows.k.length);
+    }
+    __device__ __forceinline__ static SequenceRows handed_off_rows(int *slot) {
+        return {{handed_off(slot + 1), handed_off(slot + 2)}, {handed_off(slot + 3), handed_off(slot + 4)}};
     }
 };
 

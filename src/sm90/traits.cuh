@@ -88,9 +88,11 @@ struct StaticHopperKernelConfig {
     static constexpr int O_offset = persistent ? V_offset + stages * KV_tile_bytes : 0;
     static constexpr int barriers_offset = V_offset + stages * KV_tile_bytes + (persistent ? Q_bytes : 0);
     // Per consumer warpgroup Q full and Q empty, then per stage K full, K empty, V full, V empty;
-    // then, per consumer warpgroup, the slot where the producer leaves its next work tile's index.
+    // then, per consumer warpgroup, the slot where the producer leaves its next work tile's index
+    // (and with per-sequence lengths that tile's sequence's rows: five ints in three 8-byte words).
     static constexpr int n_barriers = 2 * consumer_warpgroups + 4 * stages;
-    static constexpr int n_slots = n_barriers + consumer_warpgroups;
+    static constexpr int work_slot_words = 3;
+    static constexpr int n_slots = n_barriers + work_slot_words * consumer_warpgroups;
     // The dynamic shared memory base is only 16-byte aligned: up to 1024 bytes go to aligning it.
     static constexpr int smem_bytes = barriers_offset + n_slots * static_cast<int>(sizeof(uint64_t)) + TILE_ALIGNMENT_BYTES;
 
