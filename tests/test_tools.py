@@ -1090,7 +1090,7 @@ def test_sass_functions_map_to_their_configurations_and_variants():
 
 def test_sass_symbols_of_every_variant_with_trailing_zero_fields_left_out():
     """Host compilers leave the configuration's trailing zero fields out of a symbol; nvcc keeps them.
-    Either way each of the twelve variants maps back to its configuration."""
+    Either way each of the fifteen variants maps back to its configuration."""
     cfg = parse_kernel_name_into_config("(FP16, 128, 128, 64, 4): async")  # every field after async_copy is 0
     symbols = sass_counts.KernelSymbols([CFG_A, cfg])
     for variant in ALL_VARIANTS + VARLEN_VARIANTS:
@@ -1100,7 +1100,7 @@ def test_sass_symbols_of_every_variant_with_trailing_zero_fields_left_out():
         assert host != nvcc
         assert symbols.lookup(nvcc) == symbols.lookup(host) == (cfg, variant)
         assert symbols.lookup(CFG_A.mangled_kernel_name(variant)) == (CFG_A, variant)
-    assert len(sass_counts.VARIANTS_BY_NAME) == 12 and "local+tails+mods+varlen" in sass_counts.VARIANTS_BY_NAME
+    assert len(sass_counts.VARIANTS_BY_NAME) == 15 and "local+tails+mods+varlen" in sass_counts.VARIANTS_BY_NAME
     assert symbols.lookup("_Z12other_kernelPf") is None
 
 

@@ -70,9 +70,9 @@ ALL_VARIANTS = tuple(
     for score_mods in (False, True)
     if masked_tails or not score_mods
 )
-# The variants of a batch whose sequences have lengths of their own: any lengths (masked tails), and
-# the score modifications checked at run time, so a configuration compiles three more kernels, not six.
-VARLEN_VARIANTS = tuple(ProblemVariant(mask, True, True, True) for mask in MaskKind)
+# The variants of a batch whose sequences have lengths of their own: any lengths (masked tails),
+# with and without score modifications.
+VARLEN_VARIANTS = tuple(ProblemVariant(mask, True, score_mods, True) for mask in MaskKind for score_mods in (False, True))
 # The variants the benchmark shapes need: unmasked and causal attention over whole blocks.
 BENCHMARK_VARIANTS = (ProblemVariant(MaskKind.NONE), ProblemVariant(MaskKind.CAUSAL))
 # The same over lengths that leave partial blocks: what the benchmark shapes need of a configuration
@@ -102,7 +102,7 @@ def needed_variant(
     needs one of VARLEN_VARIANTS."""
     mask = mask_kind(seqlen_q, seqlen_k, causal, window_size)
     if varlen:
-        return ProblemVariant(mask, True, True, True)
+        return ProblemVariant(mask, True, score_mods, True)
     masked_tails = score_mods or cfg.needs_masked_tails(seqlen_q, seqlen_k)
     return ProblemVariant(mask, masked_tails, score_mods)
 

@@ -62,11 +62,11 @@ struct Family : Info {
 
     // The problem variant this configuration runs a problem with: masked tails where a length is
     // not a multiple of its blocks, and always with score modifications (compiled with masked tails
-    // only); per-sequence lengths with both, the score modifications then checked at run time.
+    // only); per-sequence lengths with masked tails.
     static ProblemVariant variant_for(const Config &c, const ForwardParams &params, MaskKind mask, bool score_mods,
                                       bool varlen) {
         if (varlen)
-            return ProblemVariant{mask, true, true, true};
+            return ProblemVariant{mask, true, score_mods, true};
         const bool tails = params.seqlen_q % c.B_r != 0 || params.seqlen_k % c.B_c != 0;
         return ProblemVariant{mask, score_mods || tails, score_mods, false};
     }

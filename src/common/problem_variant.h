@@ -22,7 +22,7 @@ struct ProblemVariant {
     // of the two, the parameter block says.
     bool score_mods;
     // Each sequence of the batch has lengths of its own (ForwardParams::sequences): cu_seqlens,
-    // seqused or leftpad. Compiled with masked tails and score modifications (checked at run time).
+    // seqused or leftpad. Compiled with masked tails.
     bool varlen;
 
     constexpr auto operator<=>(const ProblemVariant &) const = default;
