@@ -47,6 +47,8 @@ _STATE_REGISTERS = 32
 # stage.
 _ALIGNMENT_SLACK_BYTES = 1024
 _MBARRIER_BYTES = 8
+# A consumer warpgroup's work slot, in 8-byte words (the traits' work_slot_words).
+_WORK_SLOT_WORDS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,12 +143,13 @@ class HopperForwardKernelConfig(KernelConfig):
         """Dynamic shared memory of one block: the Q tile and, per pipeline stage, a K and a V tile,
         of 2-byte elements, and when persistent an O tile of Q's size; slack for aligning the tiles
         to 1024 bytes; the mbarriers (a full and an empty one for each consumer warpgroup's Q block,
-        and for K and for V per stage) and a work-tile slot per consumer warpgroup, 8 bytes each. It
-        mirrors the kernel's traits, which compute the same number."""
+        and for K and for V per stage) and a work-tile slot per consumer warpgroup (its index and its
+        sequence's rows: 24 bytes). It mirrors the kernel's traits, which compute the same number."""
         O_rows = self.B_r if self.persistent else 0
         tiles = (self.B_r + self.stages * 2 * self.B_c + O_rows) * self.d_head * 2
         warpgroups = self.B_r // 64
-        return tiles + _ALIGNMENT_SLACK_BYTES + _MBARRIER_BYTES * (3 * warpgroups + 4 * self.stages)
+        barriers = 2 * warpgroups + 4 * self.stages
+        return tiles + _ALIGNMENT_SLACK_BYTES + _MBARRIER_BYTES * (barriers + _WORK_SLOT_WORDS * warpgroups)
 
     def runs_on(self, capability: tuple[int, int]) -> bool:
         """Whether a GPU of this compute capability runs the kernel: sm_90a machine code runs on
