@@ -99,11 +99,10 @@ VARLEN_KERNELS = tuple(
         "sm90(DTYPE, 64, 192, 128, 2): ws+pingpong+overlap+persistent",
         "sm90(DTYPE, 64, 128, 128, 2): ws+pingpong+overlap+persistent+qregs",
         "sm90(DTYPE, 96, 128, 128, 2): ws+pingpong+overlap+persistent+qregs",
-        # d_head 128: the dispatch table's rankings choose among them (qregs is faster without a
-        # mask, the single pass at long lengths).
+        # d_head 128: the dispatch table's rankings choose between them (qregs is faster without a
+        # mask at most lengths).
         "sm90(DTYPE, 128, 128, 128, 2): ws+pingpong+overlap+persistent",
         "sm90(DTYPE, 128, 128, 128, 2): ws+pingpong+overlap+persistent+qregs",
-        "sm90(DTYPE, 128, 128, 128, 2): ws+pingpong+overlap+qregs",
         # d_head 192 and 256: the default set has no persistent configuration.
         "sm90(DTYPE, 192, 128, 112, 2): ws+pingpong+overlap",
         "sm90(DTYPE, 256, 128, 64, 2): ws+pingpong+overlap",
