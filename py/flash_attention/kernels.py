@@ -17,6 +17,7 @@ from flash_helpers.problem import MaskKind, ProblemVariant
 from flash_helpers.sm80_config import FlashForwardKernelConfig
 
 from . import _C
+from .sequences import sequence_arguments
 
 __all__ = [
     "as_config",
@@ -96,11 +97,14 @@ def forward_timed(
     softcap=0.0,
     alibi_slopes=None,
     return_lse=False,
+    **sequences,
 ):
     """As flash_attention.forward, calling the extension directly, and also the kernel's run time in
-    milliseconds (CUDA events; synchronizes): (o, runtime_ms), or (o, lse, runtime_ms) with return_lse."""
+    milliseconds (CUDA events; synchronizes): (o, runtime_ms), or (o, lse, runtime_ms) with return_lse.
+    ``sequences`` are forward's per-sequence keywords (cu_seqlens_q, ..., leftpad_k)."""
     out, lse, runtime_ms = _C.forward(
-        as_config(cfg), q, k, v, o, True, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse
+        as_config(cfg), q, k, v, o, True, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, False,
+        **sequence_arguments(**sequences),
     )
     return (out, lse, runtime_ms) if return_lse else (out, runtime_ms)
 
