@@ -436,6 +436,16 @@ def as_layout(tensors: Sequence[torch.Tensor], layout: str) -> list[torch.Tensor
 # Parametrizing and sampling large matrices
 
 
+# The score modifications the feature tests sweep, name: (softcap, alibi slopes' shape).
+SCORE_MODS = {
+    "plain": (0.0, None),
+    "softcap": (30.0, None),
+    "alibi_per_head": (0.0, "per_head"),
+    "alibi_per_batch_head": (0.0, "per_batch_head"),
+    "softcap_alibi": (30.0, "per_batch_head"),
+}
+
+
 def gpu_cases(argnames: str, cases: Sequence[tuple], describe: Callable[..., str], empty_reason: str):
     """pytest.mark.parametrize over ``cases`` (tuples of argument values, ``describe(*case)`` their
     ids); one skipped case, with the reason, where the extension is not built or no case suits the

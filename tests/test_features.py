@@ -55,15 +55,8 @@ gpu = pytest.mark.gpu
 
 
 def gpu_cases(argnames: str, cases: list[tuple], describe, empty_reason: str = NO_FEATURE_CONFIG):
-    """parametrize over ``cases`` (tuples of argument values); one skipped case, with the reason,
-    where the extension is not built or no configuration suits."""
-    reason = None if BUILT else helpers.NOT_BUILT_REASON
-    if reason is None and not cases:
-        reason = empty_reason
-    if reason is not None:
-        placeholder = [None] * len(argnames.split(","))
-        return pytest.mark.parametrize(argnames, [pytest.param(*placeholder, marks=pytest.mark.skip(reason=reason))])
-    return pytest.mark.parametrize(argnames, [pytest.param(*case, id=describe(*case)) for case in cases])
+    """helpers.gpu_cases, where no configuration is compiled with every problem variant by default."""
+    return helpers.gpu_cases(argnames, cases, describe, empty_reason)
 
 
 def config_and_problem_id(cfg, problem: Problem) -> str:
@@ -103,25 +96,17 @@ MASKS = {
     "window_wider_than_seq": (False, (4096, 4096)),  # bounds nothing: no mask
     "causal_left_wider_than_seq": (False, (4096, 0)),  # causal
 }
-# name: (softcap, alibi slopes' shape)
-SCORE_MODS = {
-    "plain": (0.0, None),
-    "softcap": (30.0, None),
-    "alibi_per_head": (0.0, "per_head"),
-    "alibi_per_batch_head": (0.0, "per_batch_head"),
-    "softcap_alibi": (30.0, "per_batch_head"),
-}
 HEADS = [(8, 8), (8, 4), (8, 2), (8, 1), (6, 2), (6, 3)]  # (heads_q, heads_kv): MHA, GQA, MQA
 
 
 def main_matrix() -> list[tuple]:
-    axes = list(itertools.product(FEATURE_CONFIGS, SEQLENS, MASKS, SCORE_MODS, HEADS))
+    axes = list(itertools.product(FEATURE_CONFIGS, SEQLENS, MASKS, helpers.SCORE_MODS, HEADS))
     # Every (configuration, lengths, mask) triple: the tails and the mask meet in every block shape.
     sample = helpers.covering_sample(axes, lambda case: case, "main", extra_groups=[(0, 1, 2)])
     cases = []
     for cfg, (seqlen_q, seqlen_k), mask, mods, (heads_q, heads_kv) in sample:
         causal, window_size = MASKS[mask]
-        softcap, alibi = SCORE_MODS[mods]
+        softcap, alibi = helpers.SCORE_MODS[mods]
         problem = Problem(seqlen_q, seqlen_k, heads_q, heads_kv, 2, causal, window_size, softcap, alibi)
         cases.append((cfg, problem))
     return cases

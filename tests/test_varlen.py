@@ -130,24 +130,16 @@ MASKS = {
     "causal_left_64": (True, (64, -1)),
     "diagonal_only": (False, (0, 0)),
 }
-# name: (softcap, alibi slopes' shape)
-SCORE_MODS = {
-    "plain": (0.0, None),
-    "softcap": (30.0, None),
-    "alibi_per_head": (0.0, "per_head"),
-    "alibi_per_batch_head": (0.0, "per_batch_head"),
-    "softcap_alibi": (30.0, "per_batch_head"),
-}
 HEADS = [(6, 6), (8, 2), (8, 1), (6, 3)]  # (heads_q, heads_kv): MHA, GQA, MQA
 
 
 def main_matrix() -> list[tuple]:
-    axes = itertools.product(VARLEN_CONFIGS, LENGTHS, helpers.VARLEN_LAYOUTS, MASKS, SCORE_MODS, HEADS)
+    axes = itertools.product(VARLEN_CONFIGS, LENGTHS, helpers.VARLEN_LAYOUTS, MASKS, helpers.SCORE_MODS, HEADS)
     cases = []
     sample = helpers.covering_sample(list(axes), lambda case: case, "varlen")
     for cfg, lengths, layout, mask, mods, (heads_q, heads_kv) in sample:
         causal, window_size = MASKS[mask]
-        softcap, alibi = SCORE_MODS[mods]
+        softcap, alibi = helpers.SCORE_MODS[mods]
         varlen = Varlen(*LENGTHS[lengths], helpers.VARLEN_LAYOUTS[layout])
         problem = varlen_problem(
             varlen,
