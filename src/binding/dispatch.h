@@ -8,9 +8,11 @@
 // on the GPU (its architecture, and its shared memory) and were compiled with the variant the
 // problem needs, the one whose measured time, scaled by the tiles it visits at the problem's
 // lengths against those at the measured length, is shortest (ties: the better place); with
-// per-sequence lengths, the longest sequence's stand for the problem's. Where the table has no answer, the compiled configurations of
-// the dtype and head size that have the variant: the default set's first, then the largest tiles,
-// which load K and V least often per FLOP.
+// per-sequence lengths, the longest sequence's stand for the problem's. Where the table has no
+// answer, the compiled configurations of the dtype and head size that have the variant: the default
+// set's first, then the largest tiles, which load K and V least often per FLOP. The head size is
+// the served one: the smallest compiled that holds the problem's (a head size between them runs
+// with zero columns, binding/head_padding.h).
 #pragma once
 
 #include <algorithm>
@@ -153,8 +155,8 @@ inline std::optional<Choice> choose_from_table(const TableEntry &entry, const Fo
     return best;
 }
 
-inline std::optional<Choice> choose_by_rule(DType dtype, const ForwardParams &params, const Problem &problem, const Gpu &gpu,
-                                            RuleReason why) {
+inline std::optional<Choice> choose_by_rule(DType dtype, int d_head, const ForwardParams &params, const Problem &problem,
+                                            const Gpu &gpu, RuleReason why) {
     const auto &defaults = DispatchTables::instance().defaults;
     std::optional<Choice> best;
     std::tuple<bool, int, AnyConfig> best_key{};
@@ -162,7 +164,7 @@ inline std::optional<Choice> choose_by_rule(DType dtype, const ForwardParams &pa
         using Family = decltype(family);
         for (const auto &[key, launcher] : Family::kernels()) {
             const auto &[cfg, variant] = key;
-            if (cfg.dtype != dtype || cfg.d_head != params.d_head)
+            if (cfg.dtype != dtype || cfg.d_head != d_head)
                 continue;
             const AnyConfig config = cfg;
             const auto found = runnable(config, params, problem, gpu);
@@ -179,13 +181,41 @@ inline std::optional<Choice> choose_by_rule(DType dtype, const ForwardParams &pa
     return best;
 }
 
-// The kernel for a problem, or nullopt where this build has none that runs it on this GPU.
+// The head size a problem of this d_head runs at: the smallest that a compiled configuration of its
+// dtype has and this GPU runs, at least d_head (the kernels pad the columns past it with zeros).
+// The registries are ordered by dtype, then d_head: each family's search starts at (dtype, d_head).
+inline std::optional<int> served_d_head(DType dtype, int d_head, const Gpu &gpu) {
+    std::optional<int> served;
+    for_each_family([&](auto family) {
+        using Family = decltype(family);
+        if (!Family::runs_on(gpu.capability))
+            return;
+        typename Family::Config first{};
+        first.dtype = dtype;
+        first.d_head = d_head;
+        const auto &kernels = Family::kernels();
+        for (auto it = kernels.lower_bound({first, ProblemVariant{}}); it != kernels.end() && it->first.first.dtype == dtype;
+             ++it)
+            if (it->second.smem_bytes <= gpu.smem_per_block) {
+                if (!served || it->first.first.d_head < *served)
+                    served = it->first.first.d_head;
+                break;
+            }
+    });
+    return served;
+}
+
+// The kernel for a problem, or nullopt where this build has none that runs it on this GPU: the
+// configurations of the served head size (served_d_head).
 inline std::optional<Choice> choose(DType dtype, const ForwardParams &params, const Problem &problem, const Gpu &gpu) {
+    const std::optional<int> d_head = served_d_head(dtype, params.d_head, gpu);
+    if (!d_head)
+        return std::nullopt;
     const auto &tables = DispatchTables::instance().entries;
     const auto table = tables.find(gpu.capability);
     RuleReason why = RuleReason::NO_TABLE;
     if (table != tables.end()) {
-        const TableEntry *entry = entry_for(table->second, dtype, params.d_head, problem.mask != MaskKind::NONE, params.seqlen_q);
+        const TableEntry *entry = entry_for(table->second, dtype, *d_head, problem.mask != MaskKind::NONE, params.seqlen_q);
         why = RuleReason::NO_ENTRY;
         if (entry != nullptr) {
             if (auto choice = choose_from_table(*entry, params, problem, gpu))
@@ -193,7 +223,7 @@ inline std::optional<Choice> choose(DType dtype, const ForwardParams &params, co
             why = RuleReason::NONE_COMPILED;
         }
     }
-    return choose_by_rule(dtype, params, problem, gpu, why);
+    return choose_by_rule(dtype, *d_head, params, problem, gpu, why);
 }
 
 } // namespace flash::binding

@@ -3,6 +3,7 @@
 // Python function and the torch operators of src/flash_attention.cu both run.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -16,6 +17,7 @@
 #include "binding/arguments.h"
 #include "binding/dispatch.h"
 #include "binding/families.h"
+#include "binding/head_padding.h"
 #include "binding/problem.h"
 #include "binding/sequences.h"
 #include "binding/tensor_checks.h"
@@ -49,9 +51,9 @@ inline const ForwardLauncher &named_kernel(const AnyConfig &config, const at::Te
         if (q.scalar_type() != cfg_dtype)
             throw py::type_error("q: dtype " + dtype_str(q) + " does not match kernel_cfg.dtype (" +
                                  std::string(c10::toString(cfg_dtype)) + ")");
-        if (params.d_head != cfg.d_head)
+        if (params.d_head > cfg.d_head)
             throw py::value_error("q: d_head (last dimension) is " + std::to_string(params.d_head) +
-                                  " but kernel_cfg.d_head is " + std::to_string(cfg.d_head));
+                                  ", more than kernel_cfg.d_head (" + std::to_string(cfg.d_head) + ")");
         const ProblemVariant variant = Family::variant_for(cfg, params, problem.mask, problem.score_mods, problem.varlen);
         const ForwardLauncher *launcher = Family::find(cfg, variant);
         const std::string build = " in this build (kernel set '" + std::string(compiled_kernel_set) + "'); " + rebuild_hint;
@@ -142,18 +144,42 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
             if (t->dim() == 4)
                 *t = t->transpose(1, 2);
     }
+    // A head size the kernels do not read in place runs on copies of q, k and v padded with zero
+    // columns (HeadPadding), with the call's softmax scale.
+    HeadPadding padding(q, k, v);
+    ProblemArguments problem_args = args;
+    if (!problem_args.softmax_scale && padding.call_d_head > 0)
+        problem_args.softmax_scale = 1.0f / std::sqrt(static_cast<float>(padding.call_d_head));
+    if (padding.call_d_head % ELEMS_PER_COPY != 0)
+        padding.pad(q, k, v, (padding.call_d_head + ELEMS_PER_COPY - 1) / ELEMS_PER_COPY * ELEMS_PER_COPY);
     ForwardParams params{};
-    const Problem problem = checked_problem(q, k, v, args, sequences, true, params);
+    const Problem problem = checked_problem(q, k, v, problem_args, sequences, true, params);
     const Gpu gpu = gpu_of(q);
-    const ForwardLauncher &launcher =
-        named ? named_kernel(*named, q, params, problem, gpu) : *automatic_kernel(dtype_of(q), params, problem, gpu).launcher;
+    const auto [config, launcher_pointer] = [&] {
+        if (named)
+            return std::pair{*named, &named_kernel(*named, q, params, problem, gpu)};
+        const Choice choice = automatic_kernel(dtype_of(q), params, problem, gpu);
+        return std::pair{choice.config, choice.launcher};
+    }();
+    const ForwardLauncher &launcher = *launcher_pointer;
+    visit_config(config, [&](auto family, const auto &cfg) {
+        if (!decltype(family)::pads_head_in_place && cfg.d_head > params.d_head) {
+            padding.pad(q, k, v, cfg.d_head);
+            params.d_head = cfg.d_head;
+        }
+    });
 
     const c10::cuda::CUDAGuard guard(q.device());
     ForwardResult result;
     at::Tensor &o = result.o;
-    if (o_given) {
+    if (o_given && padding.copied) {
+        padding.check_caller_output(*o_given, q);
+        o = at::empty(q.sizes(), q.options());
+    } else if (o_given) {
         o = *o_given;
         check_output(o, q, k, v);
+    } else if (padding.copied) {
+        o = at::empty(q.sizes(), q.options());
     } else if (heads_first) {
         o = at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2);
     } else {
@@ -174,6 +200,8 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
             result.lse.fill_(std::numeric_limits<float>::infinity());
     }
     const auto finished = [&](std::optional<float> runtime_ms) {
+        if (padding.copied)
+            o = padding.call_columns(o, o_given);
         if (heads_first)
             o = o.transpose(1, 2);
         if (sequences.packed())

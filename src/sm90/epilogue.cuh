@@ -24,7 +24,8 @@ template <typename Kernel>
 __device__ __forceinline__ void store_sequence_rows(const ForwardParams &params, const uint8_t *O_smem, int first_row,
                                                     int head, int batch) {
     using Swizzle = typename Kernel::Swizzle;
-    constexpr int row_chunks = Kernel::d_head * ELEMENT_BYTES / COPY_BYTES;
+    // The call's columns: a smaller head size than the configuration's stops short of its tile.
+    const int row_chunks = params.d_head * ELEMENT_BYTES / COPY_BYTES;
     constexpr int block_chunks = Swizzle::bytes / COPY_BYTES; // per row of one column block
     const int rows = min(WGMMA_M, params.seqlen_q - first_row);
     uint8_t *const O = static_cast<uint8_t *>(params.o) +

@@ -1,0 +1,59 @@
+// Head sizes the chosen kernel does not read as they are: a last dimension that is not a multiple
+// of 8 elements (16 bytes, the kernels' copy width), and, for a family whose copies move whole rows
+// of its configuration's d_head (the SM80 family), any size below it. Those calls run on copies of
+// q, k and v with zero columns up to the served size, and their output is the call's columns of
+// the padded one. (The Hopper family pads in place: its tensor maps end at the call's d_head.)
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/extension.h>
+
+#include "binding/arguments.h"
+#include "binding/tensor_checks.h"
+
+namespace flash::binding {
+
+struct HeadPadding {
+    int64_t call_d_head; // the last dimension of the call's q (0 where q is not 4-D)
+    std::vector<int64_t> call_q_shape;
+    bool copied = false;
+
+    HeadPadding(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v)
+        : call_d_head(q.dim() == 4 ? q.size(3) : 0), call_q_shape(q.sizes().vec()) {}
+
+    // Replaces q, k and v by copies with zero columns up to d_head, where the three are 4-D and agree
+    // on the call's d_head (elsewhere the checks that follow name what is wrong).
+    void pad(at::Tensor &q, at::Tensor &k, at::Tensor &v, int64_t d_head) {
+        const bool agree = q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.size(3) == call_d_head &&
+                           v.size(3) == call_d_head && q.size(3) < d_head;
+        if (!agree)
+            return;
+        for (at::Tensor *t : {&q, &k, &v})
+            *t = at::constant_pad_nd(*t, {0, d_head - t->size(3)});
+        copied = true;
+    }
+
+    // An o given by the caller, where the kernel writes a padded one: q's shape before the padding,
+    // and q's dtype and device.
+    void check_caller_output(const at::Tensor &o, const at::Tensor &q) const {
+        check_device_and_dtype(o, "o", q);
+        if (o.sizes().vec() != call_q_shape)
+            throw py::value_error("o: shape " + shape_str(o) + " differs from q's; o must have q's (batch, seqlen_q, "
+                                  "heads_q, d_head) shape");
+    }
+
+    // The call's columns of the padded output, written to the caller's o where given.
+    at::Tensor call_columns(const at::Tensor &padded, const std::optional<at::Tensor> &o_given) const {
+        const at::Tensor columns = padded.narrow(3, 0, call_d_head);
+        if (!o_given)
+            return columns;
+        o_given->copy_(columns);
+        return *o_given;
+    }
+};
+
+} // namespace flash::binding

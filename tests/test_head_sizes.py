@@ -1,0 +1,97 @@
+"""Head sizes the build has no configuration of: every multiple of 8 from 8 to 256, and sizes that
+are not (59, 111), against the float32 reference. A call runs at the smallest compiled head size
+that holds its own (the Hopper family reads and writes the call's columns in place; the SM80
+family, and a size that is not a multiple of 8, run on copies padded with zero columns); the
+softmax scale stays the call's, 1/sqrt(d_head). GPU tests: they skip, with the reason, without a
+GPU or a build.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import helpers
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not helpers.extension_is_built(), reason=helpers.NOT_BUILT_REASON),
+]
+
+if helpers.extension_is_built():
+    import flash_attention
+
+# Every multiple of 8, and FlashAttention-2's test sizes that are not one.
+HEAD_SIZES = [*range(8, 257, 8), 59, 111]
+
+
+def _inputs(rng, d_head, dtype=torch.bfloat16, batch=2, seqlen_q=133, seqlen_k=197, heads=(4, 2)):
+    q = helpers.random_tensor((batch, seqlen_q, heads[0], d_head), dtype, rng)
+    k, v = (helpers.random_tensor((batch, seqlen_k, heads[1], d_head), dtype, rng) for _ in range(2))
+    return q, k, v
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["none", "causal"])
+@pytest.mark.parametrize("d_head", HEAD_SIZES)
+def test_every_head_size_matches_the_reference(d_head, causal, rng):
+    q, k, v = _inputs(rng, d_head)
+    out, lse, _ = flash_attention.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    assert out.shape == q.shape
+    reference = helpers.assert_matches_reference(out, q, k, v, causal=causal)
+    helpers.assert_lse_matches(lse, reference)
+    assert torch.equal(flash_attention.flash_attn_func(q, k, v, causal=causal), out), "repeated calls differ"
+
+
+@pytest.mark.parametrize("d_head", [40, 80, 160, 224])
+def test_the_default_scale_is_the_call_s_head_size(d_head, rng):
+    q, k, v = _inputs(rng, d_head)
+    default = flash_attention.flash_attn_func(q, k, v)
+    # 1 / sqrt(d_head) in float32, as the extension computes it.
+    scale = (torch.tensor(1.0) / torch.tensor(float(d_head)).sqrt()).item()
+    explicit = flash_attention.flash_attn_func(q, k, v, softmax_scale=scale)
+    assert torch.equal(default, explicit)
+
+
+@pytest.mark.parametrize("d_head", [24, 80, 59])
+def test_each_family_serves_a_smaller_head_size(d_head, rng):
+    """Explicit configurations of a larger head size, of each family compiled: in place (Hopper) or
+    on padded copies (SM80); an o given is written with the call's columns only."""
+    q, k, v = _inputs(rng, d_head, dtype=torch.float16)
+    configs = {}
+    for cfg in helpers.configs_under_test():
+        if cfg.dtype.to_torch_dtype() == torch.float16 and cfg.d_head >= d_head:
+            best = configs.get(cfg.family)
+            if best is None or cfg.d_head < best.d_head:
+                configs[cfg.family] = cfg
+    if not configs:
+        pytest.skip(f"no float16 configuration of d_head >= {d_head} under test")
+    for cfg in configs.values():
+        out = flash_attention.forward(cfg, q, k, v, helpers.nan_like(q), causal=True)
+        helpers.assert_matches_reference(out, q, k, v, causal=True)
+        assert torch.equal(flash_attention.forward(cfg, q, k, v, causal=True), out)
+
+
+@pytest.mark.parametrize("d_head", [48, 80, 59])
+def test_varlen_and_sdpa_at_other_head_sizes(d_head, rng):
+    lengths = [0, 1, 130, 77]
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    total = sum(lengths)
+    q = helpers.random_tensor((total, 4, d_head), torch.bfloat16, rng)
+    k, v = (helpers.random_tensor((total, 2, d_head), torch.bfloat16, rng) for _ in range(2))
+    out = flash_attention.flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max(lengths), max(lengths), causal=True)
+    assert out.shape == q.shape
+    helpers.assert_matches_reference(
+        out, q, k, v, causal=True, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max(lengths),
+        max_seqlen_k=max(lengths),
+    )
+
+    query, key, value = (t.transpose(1, 2) for t in _inputs(rng, d_head, heads=(4, 4)))
+    ours = flash_attention.scaled_dot_product_attention(query, key, value, is_causal=True)
+    theirs = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True)
+    torch.testing.assert_close(ours, theirs, atol=2e-2, rtol=2e-2)
+
+
+def test_a_head_size_past_every_configuration_raises(rng):
+    q, k, v = _inputs(rng, 264)
+    with pytest.raises(ValueError, match="^q: no configuration compiled into this build"):
+        flash_attention.flash_attn_func(q, k, v)
