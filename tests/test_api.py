@@ -209,12 +209,20 @@ def test_choice_respects_the_architectures_shared_memory():
 def test_choice_rejects_what_no_kernel_runs():
     with pytest.raises(TypeError, match="q: dtype must be float16 or bfloat16"):
         flash_attention.choose_config(_meta((1, 8, 1, 64), torch.float32), _meta((1, 8, 1, 64)), arch="sm_90")
-    with pytest.raises(ValueError, match="d_head 80"):
-        flash_attention.choose_config(_meta((1, 8, 1, 80)), _meta((1, 8, 1, 80)), arch="sm_90")
+    with pytest.raises(ValueError, match="d_head 264"):
+        flash_attention.choose_config(_meta((1, 8, 1, 264)), _meta((1, 8, 1, 264)), arch="sm_90")
     with pytest.raises(ValueError, match="arch"):
         flash_attention.choose_config(_meta((1, 8, 1, 64)), _meta((1, 8, 1, 64)), arch="ampere")
     with pytest.raises(ValueError, match="q: must be a CUDA tensor"):
         flash_attention.choose_config(torch.empty(1, 8, 1, 64, dtype=torch.float16), _meta((1, 8, 1, 64)))
+
+
+def test_choice_serves_a_head_size_with_the_smallest_compiled_that_holds_it():
+    served = {cfg.d_head for cfg in flash_attention.compiled_configs() if cfg.dtype.name == "FP16" and cfg.d_head >= 80}
+    if not served:
+        pytest.skip("no float16 configuration of d_head 80 or more compiled")
+    choice = flash_attention.choose_config(_meta((1, 8, 1, 80)), _meta((1, 8, 1, 80)), arch="sm_90")
+    assert choice.config.d_head == min(served)
 
 
 def test_choice_checks_the_problem_as_a_call_does():
