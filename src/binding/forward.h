@@ -146,7 +146,7 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     }
     // A head size the kernels do not read in place runs on copies of q, k and v padded with zero
     // columns (HeadPadding), with the call's softmax scale.
-    HeadPadding padding(q, k, v);
+    HeadPadding padding(q);
     ProblemArguments problem_args = args;
     if (!problem_args.softmax_scale && padding.call_d_head > 0)
         problem_args.softmax_scale = 1.0f / std::sqrt(static_cast<float>(padding.call_d_head));
@@ -173,7 +173,7 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     ForwardResult result;
     at::Tensor &o = result.o;
     if (o_given && padding.copied) {
-        padding.check_caller_output(*o_given, q);
+        padding.check_caller_output(*o_given);
         o = at::empty(q.sizes(), q.options());
     } else if (o_given) {
         o = *o_given;

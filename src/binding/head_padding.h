@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include <torch/extension.h>
 
@@ -18,12 +17,11 @@
 namespace flash::binding {
 
 struct HeadPadding {
-    int64_t call_d_head; // the last dimension of the call's q (0 where q is not 4-D)
-    std::vector<int64_t> call_q_shape;
+    at::Tensor call_q; // the call's q, before any padding
+    int64_t call_d_head; // its last dimension (0 where q is not 4-D)
     bool copied = false;
 
-    HeadPadding(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v)
-        : call_d_head(q.dim() == 4 ? q.size(3) : 0), call_q_shape(q.sizes().vec()) {}
+    explicit HeadPadding(const at::Tensor &q) : call_q(q), call_d_head(q.dim() == 4 ? q.size(3) : 0) {}
 
     // Replaces q, k and v by copies with zero columns up to d_head, where the three are 4-D and agree
     // on the call's d_head (elsewhere the checks that follow name what is wrong).
@@ -37,13 +35,13 @@ struct HeadPadding {
         copied = true;
     }
 
-    // An o given by the caller, where the kernel writes a padded one: q's shape before the padding,
-    // and q's dtype and device.
-    void check_caller_output(const at::Tensor &o, const at::Tensor &q) const {
-        check_device_and_dtype(o, "o", q);
-        if (o.sizes().vec() != call_q_shape)
-            throw py::value_error("o: shape " + shape_str(o) + " differs from q's; o must have q's (batch, seqlen_q, "
-                                  "heads_q, d_head) shape");
+    // An o given by the caller, where the kernel writes a padded one: the call's q's shape, dtype and
+    // device.
+    void check_caller_output(const at::Tensor &o) const {
+        check_device_and_dtype(o, "o", call_q);
+        if (o.sizes() != call_q.sizes())
+            throw py::value_error("o: shape " + shape_str(o) + " differs from q's " + shape_str(call_q) +
+                                  "; o must have q's (batch, seqlen_q, heads_q, d_head) shape");
     }
 
     // The call's columns of the padded output, written to the caller's o where given.
