@@ -95,3 +95,25 @@ def test_a_head_size_past_every_configuration_raises(rng):
     q, k, v = _inputs(rng, 264)
     with pytest.raises(ValueError, match="^q: no configuration compiled into this build"):
         flash_attention.flash_attn_func(q, k, v)
+
+
+def test_an_o_given_for_a_padded_head_size_is_checked_and_written(rng):
+    """A head size run on padded copies (59) writes the call's columns into a given o, after the
+    same checks a given o always gets."""
+    q, k, v = _inputs(rng, 59)
+    cfg = flash_attention.choose_config(q, k).config
+    out = flash_attention.forward(cfg, q, k, v, helpers.nan_like(q))
+    helpers.assert_matches_reference(out, q, k, v)
+    with pytest.raises(ValueError, match="^o: shape"):
+        flash_attention.forward(cfg, q, k, v, helpers.nan_like(q)[:, :-1])
+
+
+def test_forward_timed_takes_the_per_sequence_keywords(rng):
+    lengths = [5, 130, 77]
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    q, k, v = (helpers.random_tensor((sum(lengths), 4, 64), torch.bfloat16, rng) for _ in range(3))
+    keywords = dict(cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=130, max_seqlen_k=130, causal=True)
+    cfg = flash_attention.choose_config(q, k, **keywords).config
+    out, runtime_ms = flash_attention.forward_timed(cfg, q, k, v, **keywords)
+    assert runtime_ms > 0
+    assert torch.equal(out, flash_attention.forward(cfg, q, k, v, **keywords))
