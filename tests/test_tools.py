@@ -546,6 +546,22 @@ def test_pt_bench_compares_ragged_lengths_with_the_next_multiple_of_128_per_flop
     ]
 
 
+def test_pt_bench_times_a_head_size_without_configurations_of_its_own_through_automatic_configuration():
+    problem = common.benchmark_problem(1024, 80)
+    assert (problem.heads_q, problem.d_head) == (25, 80)
+    rows = [
+        common.timing_row("bf16", problem, pt_bench.AUTO, CFG_B.short_form(), 1.0),
+        common.timing_row("bf16", problem, "sdpa_flash", "", 2.0),
+    ]
+    line = pt_bench.format_group_table(rows).splitlines()[4]
+    assert f"auto: {CFG_B.short_form()}" in line
+    assert line.split()[-4:-2] == ["2.000", "-"]  # ours/FLASH counts auto's timing; no CUDNN row
+    assert pt_bench.parse_args(["--d-heads", "40", "80", "224"]).d_heads == [40, 80, 224]
+    for bad in ("84", "264", "0"):
+        with pytest.raises(SystemExit):
+            pt_bench.parse_args(["--d-heads", bad])
+
+
 def test_pt_bench_judges_the_automatic_choice_by_its_own_timing_among_ours():
     rows = _pt_bench_rows()
     at_1024 = [row for row in rows if row.seq_len == 1024]

@@ -68,6 +68,15 @@ def heads_for_d_head(d_head: int) -> int:
 BATCH_BY_SEQ_LEN = {seq_len: batch_for_seq_len(seq_len) for seq_len in SEQ_LENS}
 HEADS_BY_D_HEAD = {d_head: heads_for_d_head(d_head) for d_head in D_HEADS}
 
+
+def served_d_head(text: str) -> int:
+    """An argparse type: a head size the package runs, any multiple of 8 from 8 to 256 (the compiled
+    head sizes run as they are, the others on the smallest compiled one that holds them)."""
+    value = int(text)
+    if value % 8 or not 8 <= value <= 256:
+        raise argparse.ArgumentTypeError(f"a head size is a multiple of 8 from 8 to 256; got {value}")
+    return value
+
 # A length that is not a multiple of this is compared per FLOP with the next multiple, where the
 # tiles of every configuration fit exactly (pt_bench, ncu_bench).
 ALIGNED_LENGTH = 128
