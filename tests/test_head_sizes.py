@@ -1,8 +1,9 @@
 """Head sizes the build has no configuration of: every multiple of 8 from 8 to 256, and sizes that
 are not (59, 111), against the float32 reference. A call runs at the smallest compiled head size
-that holds its own (the Hopper family reads and writes the call's columns in place; the SM80
-family, and a size that is not a multiple of 8, run on copies padded with zero columns); the
-softmax scale stays the call's, 1/sqrt(d_head). GPU tests: they skip, with the reason, without a
+that holds its own, reading and writing the call's columns in place (the Hopper family's tensor
+maps end there; the SM80 family runs it with masked tails, whose copies predicate the columns); a
+size that is not a multiple of 8 runs on copies padded with zero columns. The softmax scale stays
+the call's, 1/sqrt(d_head). GPU tests: they skip, with the reason, without a
 GPU or a build.
 """
 
@@ -52,23 +53,46 @@ def test_the_default_scale_is_the_call_s_head_size(d_head, rng):
     assert torch.equal(default, explicit)
 
 
-@pytest.mark.parametrize("d_head", [24, 80, 59])
-def test_each_family_serves_a_smaller_head_size(d_head, rng):
-    """Explicit configurations of a larger head size, of each family compiled: in place (Hopper) or
-    on padded copies (SM80); an o given is written with the call's columns only."""
-    q, k, v = _inputs(rng, d_head, dtype=torch.float16)
+def _smallest_configs_holding(d_head, dtype):
+    """Per family under test, its configuration of the smallest head size at least d_head."""
     configs = {}
     for cfg in helpers.configs_under_test():
-        if cfg.dtype.to_torch_dtype() == torch.float16 and cfg.d_head >= d_head:
+        if cfg.dtype.to_torch_dtype() == dtype and cfg.d_head >= d_head:
             best = configs.get(cfg.family)
             if best is None or cfg.d_head < best.d_head:
                 configs[cfg.family] = cfg
     if not configs:
-        pytest.skip(f"no float16 configuration of d_head >= {d_head} under test")
-    for cfg in configs.values():
+        pytest.skip(f"no {dtype} configuration of d_head >= {d_head} under test")
+    return configs.values()
+
+
+@pytest.mark.parametrize("lengths", [(133, 197), (256, 256)], ids=["ragged", "whole_blocks"])
+@pytest.mark.parametrize("d_head", [24, 80, 59])
+def test_each_family_serves_a_smaller_head_size(d_head, lengths, rng):
+    """Explicit configurations of a larger head size, of each family compiled, at lengths with and
+    without partial blocks (the SM80 family runs a smaller head size with masked tails either way);
+    the columns past the call's are never written."""
+    q, k, v = _inputs(rng, d_head, dtype=torch.float16, seqlen_q=lengths[0], seqlen_k=lengths[1])
+    for cfg in _smallest_configs_holding(d_head, torch.float16):
         out = flash_attention.forward(cfg, q, k, v, helpers.nan_like(q), causal=True)
         helpers.assert_matches_reference(out, q, k, v, causal=True)
         assert torch.equal(flash_attention.forward(cfg, q, k, v, causal=True), out)
+
+
+@pytest.mark.parametrize("d_head", [24, 80])
+def test_a_multiple_of_8_runs_without_copies_of_the_inputs(d_head, rng):
+    """Each family reads and writes a smaller head size in place: the call allocates its output and
+    nothing the size of q, k or v besides."""
+    q, k, v = _inputs(rng, d_head, dtype=torch.float16, seqlen_q=256, seqlen_k=256)
+    for cfg in _smallest_configs_holding(d_head, torch.float16):
+        flash_attention.forward(cfg, q, k, v)  # any one-time allocation happens here
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = flash_attention.forward(cfg, q, k, v)
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - before
+        assert extra < 2 * out.nbytes, f"{cfg}: {extra} bytes allocated for an output of {out.nbytes}"
 
 
 @pytest.mark.parametrize("d_head", [48, 80, 59])

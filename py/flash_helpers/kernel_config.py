@@ -31,6 +31,8 @@ class KernelConfig:
 
     # The family's name: the binding's and the generator's key for the class.
     family: ClassVar[str]
+    # Whether a head size below d_head runs with masked tails (the binding's FamilyInfo says why).
+    pads_head_with_masked_tails: ClassVar[bool]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", coerce_dtype(self.dtype))
@@ -72,11 +74,13 @@ class KernelConfig:
         if reason is not None:
             raise ValueError(reason)
 
-    def needs_masked_tails(self, seqlen_q: int, seqlen_k: int) -> bool:
-        """Whether these lengths leave a partial last query block or key/value tile (the binding's
-        ``Family::needs_masked_tails``): every family's blocks are B_r query rows and its K/V tiles
-        B_c keys."""
-        return seqlen_q % self.B_r != 0 or seqlen_k % self.B_c != 0
+    def needs_masked_tails(self, seqlen_q: int, seqlen_k: int, d_head: int | None = None) -> bool:
+        """Whether these lengths leave a partial last query block or key/value tile (every family's
+        blocks are B_r query rows and its K/V tiles B_c keys), or, in a family that pads the head
+        with masked tails, the call's ``d_head`` (default: the configuration's) is below the
+        configuration's (the binding's ``Family::variant_for``)."""
+        smaller_head = self.pads_head_with_masked_tails and d_head is not None and d_head < self.d_head
+        return seqlen_q % self.B_r != 0 or seqlen_k % self.B_c != 0 or smaller_head
 
     def to_cpp_struct(self) -> str:
         """The C++ aggregate initializer with every field, as the generator writes it."""

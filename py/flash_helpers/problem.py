@@ -90,20 +90,21 @@ def needed_variant(
     window_size=(-1, -1),
     score_mods: bool = False,
     varlen: bool = False,
+    d_head: int | None = None,
 ) -> ProblemVariant:
     """The problem variant the binding runs ``cfg`` with for this problem (its rule, in Python, so
     tests and tools can pick the configurations that have it; the GPU tests check the two agree).
 
     The mask kind is NONE unless a window side bounds some row (a side reaching past every key is
     unbounded), CAUSAL for a bounded right side of 0 alone (causal sets right to 0), LOCAL
-    otherwise. Masked tails where a length is not a multiple of the family's blocks
-    (``cfg.needs_masked_tails``), and always with score mods (softcap or ALiBi), which are compiled
-    with masked tails only. A varlen problem (seqlen_q and seqlen_k are then the largest sequence's)
+    otherwise. Masked tails where a length is not a multiple of the family's blocks or the call's
+    ``d_head`` (default: ``cfg``'s) needs them (``cfg.needs_masked_tails``), and always with score
+    mods (softcap or ALiBi), which are compiled with masked tails only. A varlen problem (seqlen_q and seqlen_k are then the largest sequence's)
     needs one of VARLEN_VARIANTS."""
     mask = mask_kind(seqlen_q, seqlen_k, causal, window_size)
     if varlen:
         return ProblemVariant(mask, True, score_mods, True)
-    masked_tails = score_mods or cfg.needs_masked_tails(seqlen_q, seqlen_k)
+    masked_tails = score_mods or cfg.needs_masked_tails(seqlen_q, seqlen_k, d_head)
     return ProblemVariant(mask, masked_tails, score_mods)
 
 

@@ -58,6 +58,7 @@ class FlashForwardKernelConfig(KernelConfig):
     """
 
     family: ClassVar[str] = "sm80"
+    pads_head_with_masked_tails: ClassVar[bool] = True
 
     dtype: DType
     d_head: int

@@ -61,6 +61,7 @@ class HopperForwardKernelConfig(KernelConfig):
     """
 
     family: ClassVar[str] = "sm90"
+    pads_head_with_masked_tails: ClassVar[bool] = False
 
     dtype: DType
     d_head: int

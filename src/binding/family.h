@@ -61,13 +61,15 @@ struct Family : Info {
     }
 
     // The problem variant this configuration runs a problem with: masked tails where a length is
-    // not a multiple of its blocks, and always with score modifications (compiled with masked tails
+    // not a multiple of its blocks or, in a family that pads the head with them, the call's d_head
+    // is below the configuration's; always with score modifications (compiled with masked tails
     // only); per-sequence lengths with masked tails.
     static ProblemVariant variant_for(const Config &c, const ForwardParams &params, MaskKind mask, bool score_mods,
                                       bool varlen) {
         if (varlen)
             return ProblemVariant{mask, true, score_mods, true};
-        const bool tails = params.seqlen_q % c.B_r != 0 || params.seqlen_k % c.B_c != 0;
+        const bool tails = params.seqlen_q % c.B_r != 0 || params.seqlen_k % c.B_c != 0 ||
+                           (Info::pads_head_with_masked_tails && params.d_head < c.d_head);
         return ProblemVariant{mask, score_mods || tails, score_mods, false};
     }
 

@@ -144,8 +144,8 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
             if (t->dim() == 4)
                 *t = t->transpose(1, 2);
     }
-    // A head size the kernels do not read in place runs on copies of q, k and v padded with zero
-    // columns (HeadPadding), with the call's softmax scale.
+    // A head size that is not a multiple of 8 runs on copies of q, k and v padded with zero columns
+    // (HeadPadding), with the call's softmax scale; the kernels read every other size in place.
     HeadPadding padding(q);
     ProblemArguments problem_args = args;
     if (!problem_args.softmax_scale && padding.call_d_head > 0)
@@ -155,19 +155,8 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     ForwardParams params{};
     const Problem problem = checked_problem(q, k, v, problem_args, sequences, true, params);
     const Gpu gpu = gpu_of(q);
-    const auto [config, launcher_pointer] = [&] {
-        if (named)
-            return std::pair{*named, &named_kernel(*named, q, params, problem, gpu)};
-        const Choice choice = automatic_kernel(dtype_of(q), params, problem, gpu);
-        return std::pair{choice.config, choice.launcher};
-    }();
-    const ForwardLauncher &launcher = *launcher_pointer;
-    visit_config(config, [&](auto family, const auto &cfg) {
-        if (!decltype(family)::pads_head_in_place && cfg.d_head > params.d_head) {
-            padding.pad(q, k, v, cfg.d_head);
-            params.d_head = cfg.d_head;
-        }
-    });
+    const ForwardLauncher &launcher =
+        named ? named_kernel(*named, q, params, problem, gpu) : *automatic_kernel(dtype_of(q), params, problem, gpu).launcher;
 
     const c10::cuda::CUDAGuard guard(q.device());
     ForwardResult result;

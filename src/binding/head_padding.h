@@ -1,8 +1,8 @@
-// Head sizes the chosen kernel does not read as they are: a last dimension that is not a multiple
-// of 8 elements (16 bytes, the kernels' copy width), and, for a family whose copies move whole rows
-// of its configuration's d_head (the SM80 family), any size below it. Those calls run on copies of
-// q, k and v with zero columns up to the served size, and their output is the call's columns of
-// the padded one. (The Hopper family pads in place: its tensor maps end at the call's d_head.)
+// Head sizes that are not a multiple of 8 elements (16 bytes, the kernels' copy width, as 59 or
+// 111): those calls run on copies of q, k and v with zero columns up to the next multiple of 8, and
+// their output is the call's columns of the padded one. (Every other head size below the served
+// configuration's is read and written in place: the Hopper family's tensor maps end at the call's
+// d_head, the SM80 family's masked-tails copies predicate the columns past it.)
 #pragma once
 
 #include <cstdint>

@@ -17,8 +17,9 @@ struct FamilyInfo {
     static constexpr bool supports(int capability) { return capability >= 80; }
     static constexpr const char *requirement = "sm_80 or newer";
     static constexpr const char *instructions = "mma.sync.m16n8k16, ldmatrix, cp.async";
-    // Its copies move whole rows of the configuration's d_head: a smaller head size is padded by a copy.
-    static constexpr bool pads_head_in_place = false;
+    // A head size below the configuration's runs in place with masked tails, whose copies predicate
+    // the columns past the call's d_head (the other variants move whole rows of the configuration's).
+    static constexpr bool pads_head_with_masked_tails = true;
 
     FLASH_CONFIG_PYTHON_CONVERSIONS(FlashForwardKernelConfig, FLASH_SM80_CONFIG_FIELDS)
 

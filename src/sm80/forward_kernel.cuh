@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
         int next_stage_shift = KV_stage_bytes;
 
         if constexpr (MASKED_TAILS)
-            copy_global_to_shared<async_copy, n_threads, true>(Q_smem, Q, params.q_strides.seq, Q_rows);
+            copy_global_to_shared<async_copy, n_threads, true, true>(Q_smem, Q, params.q_strides.seq, Q_rows, params.d_head);
         else
             copy_global_to_shared<async_copy, n_threads>(Q_smem, Q, params.q_strides.seq);
         using Whole = std::true_type;
@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     }
 
     finish_softmax(softmax, O_acc, score_scale, params, batch, head, Q_first_row, warp_first_row, Q_rows);
-    store_O<Kernel, MASKED_TAILS>(O, params.o_strides.seq, Q_smem, O_acc, warp_first_row, Q_rows);
+    store_O<Kernel, MASKED_TAILS>(O, params.o_strides.seq, Q_smem, O_acc, warp_first_row, Q_rows, params.d_head);
 }
 
 } // namespace flash::sm80

@@ -71,14 +71,19 @@ struct TileCopyPlan {
 // Copies a tile from global memory (rows src_row_stride elements apart, each row contiguous) into
 // shared memory. With async_copy the copies are cp.async instructions closed into one group (wait
 // with cp_async_wait); without, they are vector loads through registers, complete on return.
-// partial: only the first valid_rows rows exist in global memory; the others are not read and
-// arrive as zeros.
-template <bool async_copy, int n_threads, bool partial = false, typename Tile>
+// partial_rows: only the first valid_rows rows exist in global memory; partial_cols: only the first
+// valid_cols columns (a multiple of 8, a head size smaller than the tile's). What does not exist is
+// not read and arrives as zeros.
+template <bool async_copy, int n_threads, bool partial_rows = false, bool partial_cols = false, typename Tile>
 __device__ __forceinline__ void copy_global_to_shared(const Tile &dst, const typename Tile::value_t *src,
-                                                      int64_t src_row_stride, int valid_rows = Tile::rows) {
+                                                      int64_t src_row_stride, int valid_rows = Tile::rows,
+                                                      int valid_cols = Tile::cols) {
     using Plan = TileCopyPlan<n_threads, Tile>;
     using value_t = typename Tile::value_t;
-    const auto row_exists = [&](int i) { return !partial || Plan::row(i) < valid_rows; };
+    constexpr bool predicated = partial_rows || partial_cols;
+    const auto chunk_exists = [&](int i) {
+        return (!partial_rows || Plan::row(i) < valid_rows) && (!partial_cols || Plan::col(i) < valid_cols);
+    };
 
     if constexpr (Plan::regular) {
         const uint32_t dst_address = ptx::shared_address(dst.at(Plan::row(0), Plan::col(0)));
@@ -89,9 +94,9 @@ __device__ __forceinline__ void copy_global_to_shared(const Tile &dst, const typ
             if constexpr (async_copy) {
 #pragma unroll
                 for (int i = 0; i < Plan::steps; ++i) {
-                    if constexpr (partial)
+                    if constexpr (predicated)
                         ptx::cp_async_16_zfill(dst_address + i * Plan::smem_step_bytes, src_thread + i * src_step,
-                                               row_exists(i) ? COPY_BYTES : 0);
+                                               chunk_exists(i) ? COPY_BYTES : 0);
                     else
                         ptx::cp_async_16(dst_address + i * Plan::smem_step_bytes, src_thread + i * src_step);
                 }
@@ -101,7 +106,7 @@ __device__ __forceinline__ void copy_global_to_shared(const Tile &dst, const typ
 #pragma unroll
                 for (int i = 0; i < Plan::steps; ++i)
                     staged[i] =
-                        row_exists(i) ? *reinterpret_cast<const uint4 *>(src_thread + i * src_step) : uint4{0, 0, 0, 0};
+                        chunk_exists(i) ? *reinterpret_cast<const uint4 *>(src_thread + i * src_step) : uint4{0, 0, 0, 0};
 #pragma unroll
                 for (int i = 0; i < Plan::steps; ++i)
                     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst_address + i * Plan::smem_step_bytes),
@@ -117,36 +122,41 @@ __device__ __forceinline__ void copy_global_to_shared(const Tile &dst, const typ
             const uint32_t dst_address = ptx::shared_address(dst.at(row, col));
             const value_t *src_chunk = src + row * src_row_stride + col;
             if constexpr (async_copy)
-                ptx::cp_async_16_zfill(dst_address, src_chunk, row_exists(i) ? COPY_BYTES : 0);
+                ptx::cp_async_16_zfill(dst_address, src_chunk, chunk_exists(i) ? COPY_BYTES : 0);
             else
                 *reinterpret_cast<uint4 *>(dst.at(row, col)) =
-                    row_exists(i) ? *reinterpret_cast<const uint4 *>(src_chunk) : uint4{0, 0, 0, 0};
+                    chunk_exists(i) ? *reinterpret_cast<const uint4 *>(src_chunk) : uint4{0, 0, 0, 0};
         }
     }
     if constexpr (async_copy)
         ptx::cp_async_commit();
 }
 
-// Copies a shared-memory tile to global memory with the same thread-to-chunk mapping; partial:
-// only its first valid_rows rows.
-template <int n_threads, bool partial = false, typename Tile>
+// Copies a shared-memory tile to global memory with the same thread-to-chunk mapping; partial_rows:
+// only its first valid_rows rows; partial_cols: only their first valid_cols columns.
+template <int n_threads, bool partial_rows = false, bool partial_cols = false, typename Tile>
 __device__ __forceinline__ void copy_shared_to_global(typename Tile::value_t *dst, int64_t dst_row_stride,
-                                                      const Tile &src, int valid_rows = Tile::rows) {
+                                                      const Tile &src, int valid_rows = Tile::rows,
+                                                      int valid_cols = Tile::cols) {
     using Plan = TileCopyPlan<n_threads, Tile>;
     using value_t = typename Tile::value_t;
+    const auto chunk_exists = [&](int i) {
+        return Plan::exists(i) && (!partial_rows || Plan::row(i) < valid_rows) &&
+               (!partial_cols || Plan::col(i) < valid_cols);
+    };
     if constexpr (Plan::regular) {
         const value_t *src_thread = src.at(Plan::row(0), Plan::col(0));
         value_t *dst_thread = dst + Plan::row(0) * dst_row_stride + Plan::col(0);
 #pragma unroll
         for (int i = 0; i < Plan::steps; ++i)
-            if (Plan::exists(i) && (!partial || Plan::row(i) < valid_rows))
+            if (chunk_exists(i))
                 *reinterpret_cast<uint4 *>(dst_thread + i * Plan::rows_per_step * dst_row_stride) =
                     *reinterpret_cast<const uint4 *>(src_thread + i * Plan::rows_per_step * Tile::row_stride);
     } else {
 #pragma unroll
         for (int i = 0; i < Plan::steps; ++i) {
             const int row = Plan::row(i), col = Plan::col(i);
-            if (Plan::exists(i) && (!partial || row < valid_rows))
+            if (chunk_exists(i))
                 *reinterpret_cast<uint4 *>(dst + row * dst_row_stride + col) =
                     *reinterpret_cast<const uint4 *>(src.at(row, col));
         }

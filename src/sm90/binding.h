@@ -17,9 +17,9 @@ struct FamilyInfo {
     static constexpr bool supports(int capability) { return capability == 90; }
     static constexpr const char *requirement = "sm_90 (H100, H200)";
     static constexpr const char *instructions = "wgmma, TMA, setmaxnreg: sm_90a machine code";
-    // A head size below the configuration's runs in place: the tensor maps' columns end at the
-    // call's d_head, so TMA reads zeros past it and drops the stores there.
-    static constexpr bool pads_head_in_place = true;
+    // A head size below the configuration's runs in every variant: the tensor maps' columns end at
+    // the call's d_head, so TMA reads zeros past it and drops the stores there.
+    static constexpr bool pads_head_with_masked_tails = false;
 
     FLASH_CONFIG_PYTHON_CONVERSIONS(HopperForwardKernelConfig, FLASH_SM90_CONFIG_FIELDS)
 
