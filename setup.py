@@ -33,7 +33,8 @@ from torch.utils.cpp_extension import BuildExtension, CUDAExtension  # noqa: E40
 
 kernel_set = resolve_build_kernels_key()
 instantiations = generate(get_kernels_to_build(kernel_set, arch_list), ROOT / "src", kernel_set)
-sources = ["src/flash_attention.cu"] + [str(path.relative_to(ROOT)) for path in instantiations]
+# The binding, the split-KV combine kernel (shared by the families), then one unit per configuration.
+sources = ["src/flash_attention.cu", "src/split_kv/combine.cu"] + [str(path.relative_to(ROOT)) for path in instantiations]
 
 setup(
     ext_modules=[

@@ -40,15 +40,16 @@ py::tuple forward(py::handle kernel_cfg, py::handle q, py::handle k, py::handle 
                   bool causal, py::handle softmax_scale, py::handle window_size, py::handle softcap,
                   py::handle alibi_slopes, bool return_lse, bool heads_first, py::handle cu_seqlens_q,
                   py::handle cu_seqlens_k, py::handle max_seqlen_q, py::handle max_seqlen_k, py::handle seqused_q,
-                  py::handle seqused_k, py::handle leftpad_q, py::handle leftpad_k) {
+                  py::handle seqused_k, py::handle leftpad_q, py::handle leftpad_k, py::handle num_splits) {
     // The configuration and the other arguments first: a bad one is named whatever the tensors are.
     const std::optional<AnyConfig> named = kernel_cfg.is_none() ? std::nullopt : std::optional(config_from_python(kernel_cfg));
+    const int splits = num_splits_argument(num_splits, named.has_value());
     const ProblemArguments args = problem_arguments(causal, softmax_scale, window_size, softcap, alibi_slopes);
     const SequenceArguments sequences = sequence_arguments(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
                                                            seqused_k, leftpad_q, leftpad_k);
     const std::optional<at::Tensor> o_given = optional_tensor(o, "o");
     const ForwardResult result = run_forward(named, tensor_argument(q, "q"), tensor_argument(k, "k"), tensor_argument(v, "v"),
-                                             o_given, args, sequences, return_lse, benchmark, heads_first);
+                                             o_given, args, sequences, return_lse, benchmark, heads_first, splits);
     return py::make_tuple(result.o, optional(return_lse, py::cast(result.lse)),
                           optional(benchmark, py::float_(result.runtime_ms.value_or(0.0f))));
 }
@@ -190,18 +191,20 @@ void ensure_dispatch_tables() {
     });
 }
 
-// The operators' per-sequence arguments, as their schema types them (all optional, at the end).
+// The operators' per-sequence arguments and num_splits, as their schema types them (all optional, at
+// the end).
 #define FLASH_SEQUENCE_PARAMETERS                                                                                   \
     const std::optional<at::Tensor> &cu_seqlens_q, const std::optional<at::Tensor> &cu_seqlens_k,                   \
         std::optional<int64_t> max_seqlen_q, std::optional<int64_t> max_seqlen_k,                                 \
         const std::optional<at::Tensor> &seqused_q, const std::optional<at::Tensor> &seqused_k,                     \
-        const std::optional<at::Tensor> &leftpad_q, const std::optional<at::Tensor> &leftpad_k
+        const std::optional<at::Tensor> &leftpad_q, const std::optional<at::Tensor> &leftpad_k,                     \
+        std::optional<int64_t> num_splits
 #define FLASH_SEQUENCE_ARGUMENTS cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, leftpad_q, leftpad_k
 
 ForwardResult run_operator(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, c10::string_view config,
                            bool causal, std::optional<double> softmax_scale, at::IntArrayRef window_size, double softcap,
                            const std::optional<at::Tensor> &alibi_slopes, bool return_lse, const std::optional<at::Tensor> &o,
-                           const SequenceArguments &sequences) {
+                           const SequenceArguments &sequences, std::optional<int64_t> num_splits) {
     if (window_size.size() != 2)
         throw py::type_error("window_size: expected a pair (left, right) of ints, got " + std::to_string(window_size.size()) +
                              " values");
@@ -210,7 +213,8 @@ ForwardResult run_operator(const at::Tensor &q, const at::Tensor &k, const at::T
     const std::optional<AnyConfig> named = config_of_short_form(config);
     if (!named)
         ensure_dispatch_tables();
-    ForwardResult result = run_forward(named, q, k, v, o, args, sequences, return_lse, false, false);
+    const int splits = num_splits ? num_splits_value(*num_splits) : default_num_splits(named.has_value());
+    ForwardResult result = run_forward(named, q, k, v, o, args, sequences, return_lse, false, false, splits);
     if (!return_lse)
         result.lse = at::empty({0}, q.options().dtype(at::kFloat));
     return result;
@@ -222,7 +226,7 @@ std::tuple<at::Tensor, at::Tensor> forward_operator(const at::Tensor &q, const a
                                                     const std::optional<at::Tensor> &alibi_slopes, bool return_lse,
                                                     FLASH_SEQUENCE_PARAMETERS) {
     ForwardResult result = run_operator(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse,
-                                        std::nullopt, SequenceArguments{FLASH_SEQUENCE_ARGUMENTS});
+                                        std::nullopt, SequenceArguments{FLASH_SEQUENCE_ARGUMENTS}, num_splits);
     return {std::move(result.o), std::move(result.lse)};
 }
 
@@ -231,7 +235,7 @@ at::Tensor forward_out_operator(const at::Tensor &q, const at::Tensor &k, const 
                                 double softcap, const std::optional<at::Tensor> &alibi_slopes, bool return_lse,
                                 at::Tensor &o, FLASH_SEQUENCE_PARAMETERS) {
     return run_operator(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, o,
-                        SequenceArguments{FLASH_SEQUENCE_ARGUMENTS})
+                        SequenceArguments{FLASH_SEQUENCE_ARGUMENTS}, num_splits)
         .lse;
 }
 
@@ -255,7 +259,7 @@ std::tuple<at::Tensor, at::Tensor> forward_autograd(const at::Tensor &q, const a
                                .typed<decltype(forward_operator)>();
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     return op.call(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse,
-                   FLASH_SEQUENCE_ARGUMENTS);
+                   FLASH_SEQUENCE_ARGUMENTS, num_splits);
 }
 
 at::Tensor forward_out_autograd(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, c10::string_view config,
@@ -270,7 +274,7 @@ at::Tensor forward_out_autograd(const at::Tensor &q, const at::Tensor &k, const 
     {
         const at::AutoDispatchBelowADInplaceOrView below_autograd;
         lse = op.call(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, o,
-                      FLASH_SEQUENCE_ARGUMENTS);
+                      FLASH_SEQUENCE_ARGUMENTS, num_splits);
     }
     torch::autograd::impl::bump_version(o);
     return lse;
@@ -282,10 +286,11 @@ at::Tensor forward_out_autograd(const at::Tensor &q, const at::Tensor &k, const 
 } // namespace
 } // namespace flash::binding
 
-// The per-sequence arguments of both operators, at the end of their schemas.
+// The per-sequence arguments and num_splits of both operators, at the end of their schemas.
 #define FLASH_SEQUENCE_SCHEMA                                                                                           \
     "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None, "          \
-    "Tensor? seqused_q=None, Tensor? seqused_k=None, Tensor? leftpad_q=None, Tensor? leftpad_k=None"
+    "Tensor? seqused_q=None, Tensor? seqused_k=None, Tensor? leftpad_q=None, Tensor? leftpad_k=None, "                   \
+    "int? num_splits=None"
 
 TORCH_LIBRARY(flash_attention, m) {
     m.def("forward(Tensor q, Tensor k, Tensor v, str config, bool causal, float? softmax_scale, int[] window_size, "
@@ -319,17 +324,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("heads_first") = false, py::arg("cu_seqlens_q") = py::none(), py::arg("cu_seqlens_k") = py::none(),
           py::arg("max_seqlen_q") = py::none(), py::arg("max_seqlen_k") = py::none(), py::arg("seqused_q") = py::none(),
           py::arg("seqused_k") = py::none(), py::arg("leftpad_q") = py::none(), py::arg("leftpad_k") = py::none(),
+          py::arg("num_splits") = py::none(),
           "forward(kernel_cfg, q, k, v, o=None, benchmark=False, causal=False, softmax_scale=None, "
           "window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_lse=False, heads_first=False, "
           "cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_q=None, "
-          "seqused_k=None, leftpad_q=None, leftpad_k=None) -> (o, lse or None, runtime_ms or None)\n\n"
+          "seqused_k=None, leftpad_q=None, leftpad_k=None, num_splits=None) -> (o, lse or None, runtime_ms or None)\n\n"
           "Attention (FlashAttention-2's semantics) with the kernel compiled for kernel_cfg (None: chosen from the "
           "dispatch tables) and the problem's variant, launched on the current stream; with benchmark=True also "
           "returns its run time in milliseconds. q, k, v and o are (batch, seq, heads, d_head), or with "
           "heads_first (batch, heads, seq, d_head), o then allocated here. With cu_seqlens_q and cu_seqlens_k "
           "(int32, batch + 1) they are (total, heads, d_head), sequence b's rows cu_seqlens[b] .. "
           "cu_seqlens[b + 1] - 1, and lse is (heads_q, total_q); seqused (int32, batch) uses that many rows of "
-          "each slot, from leftpad (int32, batch) on.");
+          "each slot, from leftpad (int32, batch) on. num_splits: how many blocks share each query block's keys "
+          "(0: the heuristic's count; None: 1 with kernel_cfg, 0 without).");
     m.def("choose", &binding::choose_kernel, py::arg("q"), py::arg("k"), py::arg("causal"), py::arg("window_size"),
           py::arg("softcap"), py::arg("alibi_slopes"), py::arg("capability"), py::arg("smem_per_block"),
           py::arg("cu_seqlens_q") = py::none(), py::arg("cu_seqlens_k") = py::none(), py::arg("max_seqlen_q") = py::none(),

@@ -12,7 +12,7 @@ from flash_helpers.build_env import ARCH_LIST_ENV, BUILD_KERNELS_ENV, REBUILD_HI
 from flash_helpers.dtypes import DType
 from flash_helpers.kernel_names import parse_kernel_name_into_config
 from flash_helpers.kernel_sets import get_kernel_configs, get_kernels_to_build, variants_to_build
-from flash_helpers.default_set import VARLEN_KERNELS
+from flash_helpers.default_set import DECODE_KERNELS, VARLEN_KERNELS
 from flash_helpers.problem import (
     ALL_VARIANTS,
     BENCHMARK_LENGTH_UNIT,
@@ -116,8 +116,12 @@ def test_header_lists_the_configs_in_sorted_order_with_their_short_forms(tmp_pat
 def test_default_configurations_get_every_variant_and_others_the_benchmark_ones():
     default = get_kernels_to_build("default")
     varlen = {parse_kernel_name_into_config(text) for text in VARLEN_KERNELS}
-    assert varlen <= set(default)
-    assert all(variants_to_build(cfg) == ALL_VARIANTS + (VARLEN_VARIANTS if cfg in varlen else ()) for cfg in default)
+    decode = {parse_kernel_name_into_config(text) for text in DECODE_KERNELS}
+    assert varlen | decode <= set(default) and not varlen & decode
+    assert all(variants_to_build(cfg) == VARLEN_VARIANTS for cfg in decode)
+    assert all(
+        variants_to_build(cfg) == ALL_VARIANTS + (VARLEN_VARIANTS if cfg in varlen else ()) for cfg in default if cfg not in decode
+    )
     for cfg in CONFIGS:
         if cfg not in default:
             tails = cfg.needs_masked_tails(BENCHMARK_LENGTH_UNIT, BENCHMARK_LENGTH_UNIT)
@@ -235,6 +239,7 @@ def test_hopper_units_instantiate_the_sm90_launcher(tmp_path):
 def test_hopper_defaults_get_every_variant_whatever_the_architectures(monkeypatch):
     monkeypatch.setenv(ARCH_LIST_ENV, "8.0")
     sm90_defaults = [cfg for cfg in get_kernels_to_build("default", "9.0") if cfg.family == "sm90"]
+    assert not any(text.startswith("sm90(") for text in DECODE_KERNELS)
     assert sm90_defaults
     varlen = {parse_kernel_name_into_config(text) for text in VARLEN_KERNELS}
     assert all(variants_to_build(cfg)[: len(ALL_VARIANTS)] == ALL_VARIANTS for cfg in sm90_defaults)

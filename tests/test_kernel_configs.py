@@ -21,7 +21,7 @@ from flash_helpers.build_env import (
     resolve_arch_list,
     sm90_in_arch_list,
 )
-from flash_helpers.default_set import DEFAULT_BUILD_KERNELS
+from flash_helpers.default_set import DECODE_KERNELS, DEFAULT_BUILD_KERNELS
 from flash_helpers.dtypes import DType
 from flash_helpers.kernel_names import parse_kernel_name_into_config
 from flash_helpers.kernel_sets import KERNELS_ENV, get_kernel_configs, get_kernels_to_build
@@ -576,7 +576,7 @@ def test_tools_select_the_default_build_by_name():
 
 def test_default_build_is_the_curated_list():
     default = get_kernels_to_build()
-    assert default == sorted(parse_kernel_name_into_config(text) for text in DEFAULT_BUILD_KERNELS)
+    assert default == sorted(parse_kernel_name_into_config(text) for text in DEFAULT_BUILD_KERNELS + DECODE_KERNELS)
     # At least one configuration per dtype and head size, so a default build serves every problem.
     assert {(cfg.dtype, cfg.d_head) for cfg in default} == {(dtype, d_head) for dtype in (FP16, BF16) for d_head in D_HEADS}
     assert set(default) <= set(get_autotuning_kernel_configs())
@@ -587,7 +587,9 @@ def test_build_env_and_keys(monkeypatch):
     assert get_kernels_to_build() == get_kernels_to_build("default")
     monkeypatch.setenv(BUILD_KERNELS_ENV, "prog")
     assert get_kernels_to_build() == get_kernel_progression_configs()
-    assert get_kernels_to_build("default") == sorted(map(parse_kernel_name_into_config, DEFAULT_BUILD_KERNELS))
+    assert get_kernels_to_build("default") == sorted(
+        map(parse_kernel_name_into_config, DEFAULT_BUILD_KERNELS + DECODE_KERNELS)
+    )
     assert get_kernels_to_build("tune") == get_autotuning_kernel_configs()
     with pytest.raises(ValueError, match="'default'"):
         get_kernels_to_build("defualt")

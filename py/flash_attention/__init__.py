@@ -7,6 +7,8 @@ For models (the configuration is chosen per call from a tuned table):
     o = flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                causal=True)       # (total, heads, d): sequences of their own lengths
     o = scaled_dot_product_attention(query, key, value, is_causal=True)   # (batch, heads, seq, d)
+    o = flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lengths,
+                                causal=True)       # decoding: appends to the cache, then attends it
 
 For kernel engineers (an explicit configuration):
 
@@ -47,6 +49,7 @@ from .functional import (
     forward,
     scaled_dot_product_attention,
 )
+from .kvcache import flash_attn_with_kvcache
 from .kernels import (
     compiled_configs,
     compiled_kernel_set,
@@ -76,6 +79,7 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
     "forward",
     "forward_timed",
     "kernel_attributes",

@@ -60,6 +60,7 @@ def forward(
     seqused_k=None,
     leftpad_q=None,
     leftpad_k=None,
+    num_splits=None,
 ):
     """Attention with FlashAttention-2's semantics; returns o, or (o, lse) with return_lse.
 
@@ -93,6 +94,11 @@ def forward(
       the rules (a wrong answer, never an access out of bounds). FLASH_ATTENTION_CHECK_SEQLENS=1 in
       the environment makes every such call read them first and raise ValueError naming the
       argument that breaks a rule (flash_attention.sequence_checks).
+
+    num_splits: how many blocks share each query block's keys (split-KV, for few queries against
+    many keys: decoding), their partial results merged by a combine kernel; 0 lets a heuristic
+    choose from the shapes, None (the default) runs cfg whole (1). Only the SM80 family's kernels
+    split, with their varlen variant.
     """
     if not isinstance(cfg, (str, *FAMILIES.values())):
         raise TypeError(f"kernel_cfg: expected a kernel configuration or its short form, got {type(cfg).__name__}")
@@ -114,7 +120,8 @@ def forward(
             leftpad_k=leftpad_k,
         )
     return _attention(
-        cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, sequences=sequences
+        cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, sequences=sequences,
+        num_splits=num_splits,
     )
 
 
@@ -132,18 +139,20 @@ def _attention(
     return_lse,
     heads_first=False,
     sequences=None,
+    num_splits=None,
 ):
     """Runs a configuration or its short form (None: the automatic choice). A plain eager call goes
     straight to the extension, which checks every argument; anything else goes through the
     operators, which take the short form (and check it when the call runs). With heads_first, q, k,
     v and the output are (batch, heads, seq, d) (SDPA's layout; o must be None). ``sequences``: the
-    per-sequence arguments given (sequences.sequence_arguments), None for a dense call."""
+    per-sequence arguments given (sequences.sequence_arguments), None for a dense call. num_splits:
+    None for the extension's default (the heuristic's without a configuration, 1 with one)."""
     if sequences is not None and not torch.compiler.is_compiling() and sequence_checks.requested():
         sequence_checks.check_sequence_contents(q, k, sequences)
     if _plain_eager(q, k, v, o, alibi_slopes, sequences):
         check_no_grad(q, k, v, alibi_slopes)
         cfg = None if cfg is None else cached_config(cfg)
-        args = (causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, heads_first, sequences)
+        args = (causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, heads_first, sequences, num_splits)
         out, lse = ops.launch(cfg, q, k, v, o, *args)
         if o is not None:
             torch.autograd.graph.increment_version(o)  # as forward_out's dispatch marks o written
@@ -155,10 +164,15 @@ def _attention(
     config = _AUTOMATIC if cfg is None else cfg if isinstance(cfg, str) else cfg.short_form()
     softmax_scale = None if softmax_scale is None else float(softmax_scale)
     args = (q, k, v, config, bool(causal), softmax_scale, list(window_size), float(softcap), alibi_slopes, bool(return_lse))
+    keywords = dict(sequences or {})
+    if num_splits is not None:
+        if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+            raise TypeError(f"num_splits: expected an int, got {type(num_splits).__name__}")
+        keywords["num_splits"] = num_splits
     if o is None:
-        out, lse = torch.ops.flash_attention.forward(*args, **(sequences or {}))
+        out, lse = torch.ops.flash_attention.forward(*args, **keywords)
     else:
-        out, lse = o, torch.ops.flash_attention.forward_out(*args, o, **(sequences or {}))
+        out, lse = o, torch.ops.flash_attention.forward_out(*args, o, **keywords)
     if heads_first:
         out = out.transpose(1, 2)
     return (out, lse) if return_lse else out

@@ -97,14 +97,16 @@ def forward_timed(
     softcap=0.0,
     alibi_slopes=None,
     return_lse=False,
+    num_splits=None,
     **sequences,
 ):
-    """As flash_attention.forward, calling the extension directly, and also the kernel's run time in
-    milliseconds (CUDA events; synchronizes): (o, runtime_ms), or (o, lse, runtime_ms) with return_lse.
-    ``sequences`` are forward's per-sequence keywords (cu_seqlens_q, ..., leftpad_k)."""
+    """As flash_attention.forward, calling the extension directly, and also the kernels' run time in
+    milliseconds (CUDA events, split and combine together; synchronizes): (o, runtime_ms), or (o,
+    lse, runtime_ms) with return_lse. ``sequences`` are forward's per-sequence keywords
+    (cu_seqlens_q, ..., leftpad_k)."""
     out, lse, runtime_ms = _C.forward(
         as_config(cfg), q, k, v, o, True, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, False,
-        **sequence_arguments(**sequences),
+        **sequence_arguments(**sequences), num_splits=num_splits,
     )
     return (out, lse, runtime_ms) if return_lse else (out, runtime_ms)
 

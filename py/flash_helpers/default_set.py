@@ -3,13 +3,14 @@ and head size, the configurations that measured fastest on the H200 (benchmarks/
 section "default-set", says how each was chosen). Every problem variant is compiled for them
 (``kernel_sets.variants_to_build``), and automatic configuration chooses among them (the dispatch
 table). The varlen variants (batches whose sequences have lengths of their own) are compiled for
-one configuration per family, dtype and head size (VARLEN_KERNELS), which serves every such call.
+one configuration per family, dtype and head size (VARLEN_KERNELS), which serves every such call,
+and for the decoding configurations (DECODE_KERNELS), which have no other.
 Importable without torch.
 """
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_BUILD_KERNELS", "VARLEN_KERNELS"]
+__all__ = ["DECODE_KERNELS", "DEFAULT_BUILD_KERNELS", "VARLEN_KERNELS"]
 
 DEFAULT_BUILD_KERNELS = (
     # d_head 32: the tuning sweep's fastest at seq 4096.
@@ -79,6 +80,17 @@ DEFAULT_BUILD_KERNELS = (
     # d_head 256: the H200 sweep's fastest.
     "sm90(FP16, 256, 128, 64, 2): ws+pingpong+overlap",
     "sm90(BF16, 256, 128, 64, 2): ws+pingpong+overlap",
+)
+
+# Decoding (a few query rows per sequence, the keys split over blocks; binding/split_kv.h): 64-row
+# blocks, the fewest the SM80 family's four warps take, so that a block's tensor-core work stays
+# below the time its K and V tiles take to arrive; 64-key tiles, so that two blocks fit a
+# multiprocessor. Compiled with the varlen variants only (the variants splits run on), for the
+# head sizes of most models.
+DECODE_KERNELS = tuple(
+    f"({dtype}, {d_head}, 64, 64, 4): async+eager+swizzled+{tiles}+buffer+opt_softmax"
+    for dtype in ("FP16", "BF16")
+    for d_head, tiles in ((64, "load_0_1_1_tiles"), (128, "load_1_1_2_tiles"))
 )
 
 # The configurations compiled with the varlen variants too: per family, dtype and head size, a

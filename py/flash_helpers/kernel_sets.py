@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from flash_helpers import sm80_config, sm90_config
 from flash_helpers.build_env import ARCH_LIST_ENV, resolve_arch_list, resolve_build_kernels_key, sm90_in_arch_list
-from flash_helpers.default_set import DEFAULT_BUILD_KERNELS, VARLEN_KERNELS
+from flash_helpers.default_set import DECODE_KERNELS, DEFAULT_BUILD_KERNELS, VARLEN_KERNELS
 from flash_helpers.kernel_config import KernelConfig
 from flash_helpers.kernel_names import parse_kernel_name_into_config
 from flash_helpers.problem import (
@@ -34,7 +34,7 @@ __all__ = ["KERNELS_ENV", "get_kernel_configs", "get_kernels_to_build", "variant
 KERNELS_ENV = "KERNELS"
 _NAMED_KERNEL_SETS: dict[str, Callable[[], list[KernelConfig]]] = {
     # What a plain install compiles.
-    "default": lambda: get_kernel_configs(";".join(DEFAULT_BUILD_KERNELS)),
+    "default": lambda: get_kernel_configs(";".join(DEFAULT_BUILD_KERNELS + DECODE_KERNELS)),
     "all": get_all_kernel_configs,
     "prog": get_kernel_progression_configs,
     "progall": functools.partial(get_kernel_progression_configs, all_block_sizes=True),
@@ -108,9 +108,12 @@ def _parse_valid_config(text: str) -> KernelConfig:
 def variants_to_build(cfg: KernelConfig) -> tuple[ProblemVariant, ...]:
     """The problem variants compiled for ``cfg``: every dense variant for the default set's
     configurations (what a plain install serves), and the varlen variants for those of
-    VARLEN_KERNELS; the benchmark shapes' for the others (what tuning and the progression measure),
+    VARLEN_KERNELS, and those alone for DECODE_KERNELS; the benchmark shapes' for the others (what
+    tuning and the progression measure),
     so large sets stay quick to build; with their masked-tail versions where the configuration's
     blocks do not divide the benchmark lengths (B_r 192, B_c 176, ...)."""
+    if cfg in _decode_configs():
+        return VARLEN_VARIANTS
     if cfg in _varlen_configs():
         return ALL_VARIANTS + VARLEN_VARIANTS
     if cfg in _default_configs():
@@ -127,13 +130,18 @@ def _default_configs() -> frozenset[KernelConfig]:
 
 
 @functools.cache
+def _decode_configs() -> frozenset[KernelConfig]:
+    return frozenset(map(parse_kernel_name_into_config, DECODE_KERNELS))
+
+
+@functools.cache
 def _varlen_configs() -> frozenset[KernelConfig]:
     return frozenset(map(parse_kernel_name_into_config, VARLEN_KERNELS))
 
 
 def get_kernels_to_build(key: str | None = None, arch_list: str | None = None) -> list[KernelConfig]:
     """The configurations to compile for ``arch_list`` (``resolve_arch_list``): ``default`` is
-    ``DEFAULT_BUILD_KERNELS``; any other key is a ``get_kernel_configs`` key (``tune``, ``prog``,
+    ``DEFAULT_BUILD_KERNELS`` and ``DECODE_KERNELS``; any other key is a ``get_kernel_configs`` key (``tune``, ``prog``,
     ``all``, short forms, ...).
 
     Hopper configurations are compiled only for a list with 9.0: without it the sets leave them out,

@@ -17,13 +17,16 @@
 #include "binding/arguments.h"
 #include "binding/dispatch.h"
 #include "binding/families.h"
+#include "binding/grouped_query_packing.h"
 #include "binding/head_padding.h"
 #include "binding/problem.h"
 #include "binding/sequences.h"
+#include "binding/split_kv.h"
 #include "binding/tensor_checks.h"
 #include "common/cuda_utils.cuh"
 #include "common/forward_params.h"
 #include "generated/kernel_registry.h"
+#include "split_kv/combine.h"
 
 namespace flash::binding {
 
@@ -125,10 +128,12 @@ struct ForwardResult {
 // With heads_first, q, k, v and the output are (batch, heads, seq, d_head) (SDPA's layout; o must
 // not be given): the kernels read them through their strides as (batch, seq, heads, d_head) views.
 // With cu_seqlens they are (total, heads, d_head), seen as one batch entry, and lse is
-// (heads_q, total_q).
+// (heads_q, total_q). num_splits: how many blocks share each query block's keys (split_kv.h): 0
+// lets the heuristic decide, 1 runs every call whole.
 inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tensor q, at::Tensor k, at::Tensor v,
                                  std::optional<at::Tensor> o_given, const ProblemArguments &args,
-                                 const SequenceArguments &sequences, bool return_lse, bool benchmark, bool heads_first) {
+                                 const SequenceArguments &sequences, bool return_lse, bool benchmark, bool heads_first,
+                                 int num_splits) {
     check_sequence_arguments(sequences, heads_first);
     to_batch_layout(sequences, q, k, v);
     if (o_given && sequences.packed()) {
@@ -146,8 +151,20 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     }
     // A head size that is not a multiple of 8 runs on copies of q, k and v padded with zero columns
     // (HeadPadding), with the call's softmax scale; the kernels read every other size in place.
-    HeadPadding padding(q);
     ProblemArguments problem_args = args;
+    // Single-query decoding with grouped heads runs packed (GroupedQueryPacking): o is allocated in
+    // the call's layout first, so that the packed output is a view of it.
+    const GroupedQueryPacking packing(q, k, v, o_given, args, sequences);
+    std::optional<at::Tensor> o_call;
+    if (packing.active()) {
+        o_call = o_given ? *o_given
+                 : heads_first ? at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2)
+                               : at::empty(q.sizes(), q.options());
+        o_given = packing.pack(*o_call);
+        q = packing.pack(q);
+        problem_args = packing.arguments(problem_args);
+    }
+    HeadPadding padding(q);
     if (!problem_args.softmax_scale && padding.call_d_head > 0)
         problem_args.softmax_scale = 1.0f / std::sqrt(static_cast<float>(padding.call_d_head));
     if (padding.call_d_head % ELEMS_PER_COPY != 0)
@@ -155,10 +172,33 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     ForwardParams params{};
     const Problem problem = checked_problem(q, k, v, problem_args, sequences, true, params);
     const Gpu gpu = gpu_of(q);
-    const ForwardLauncher &launcher =
-        named ? named_kernel(*named, q, params, problem, gpu) : *automatic_kernel(dtype_of(q), params, problem, gpu).launcher;
+    const ForwardLauncher *launcher =
+        named ? &named_kernel(*named, q, params, problem, gpu) : automatic_kernel(dtype_of(q), params, problem, gpu).launcher;
 
     const c10::cuda::CUDAGuard guard(q.device());
+    // The split over the keys, where the heuristic or the caller asks for one.
+    std::optional<SplitChoice> split;
+    if (num_splits != 1) {
+        if (named) {
+            split = visit_config(*named, [&](auto family, const auto &cfg) {
+                using Family = decltype(family);
+                if (num_splits > 1 && !Family::splits_keys)
+                    throw py::value_error("num_splits: " + Family::describe(cfg) +
+                                          " does not split the keys (only the SM80 family's kernels do); pass 0 or 1");
+                auto choice = split_with<Family>(cfg, params, problem, num_splits, multiprocessor_count());
+                if (num_splits > 1 && !choice && Family::splits_keys && params.seqlen_k > cfg.B_c)
+                    throw py::value_error("num_splits: " + Family::describe(cfg) + " has no varlen kernel for this problem (" +
+                                          describe(Family::variant_for(cfg, params, problem.mask, problem.score_mods, true)) +
+                                          "), which splits run on in this build (kernel set '" +
+                                          std::string(compiled_kernel_set) + "'); " + rebuild_hint);
+                return choice;
+            });
+        } else if (const std::optional<int> d_head = served_d_head(dtype_of(q), params.d_head, gpu)) {
+            split = automatic_split(dtype_of(q), *d_head, params, problem, gpu, num_splits, multiprocessor_count());
+        }
+        if (split)
+            launcher = split->launcher;
+    }
     ForwardResult result;
     at::Tensor &o = result.o;
     if (o_given && padding.copied) {
@@ -191,6 +231,11 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     const auto finished = [&](std::optional<float> runtime_ms) {
         if (padding.copied)
             o = padding.call_columns(o, o_given);
+        if (packing.active()) {
+            o = *o_call;
+            if (return_lse)
+                result.lse = packing.unpack_lse(result.lse);
+        }
         if (heads_first)
             o = o.transpose(1, 2);
         if (sequences.packed())
@@ -224,18 +269,30 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     }
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
     at::Tensor work_counter; // zeroed on the kernel's stream, by a memset that compute-sanitizer's initcheck sees
-    if (launcher.needs_work_counter) {
+    if (launcher->needs_work_counter) {
         work_counter = at::empty({1}, q.options().dtype(at::kInt));
         params.work_counter = work_counter.data_ptr<int>();
         check_cuda(cudaMemsetAsync(params.work_counter, 0, sizeof(int), stream), "zeroing the work counter");
     }
+    std::optional<SplitBuffers> split_buffers;
+    if (split) {
+        // The varlen variant runs a dense call too: every sequence is then its batch entry's rows.
+        params.sequences.rows_q = static_cast<int>(q.size(1));
+        params.sequences.rows_k = static_cast<int>(k.size(1));
+        split_buffers.emplace(split->num_splits, o, sequences.packed(), params);
+    }
+    const auto run = [&] {
+        launcher->launch(params, stream);
+        if (split)
+            combine_splits(dtype_of(q), params, static_cast<int>(o.size(0)), static_cast<int>(o.size(1)), stream);
+    };
     if (!benchmark) {
-        launcher.launch(params, stream);
+        run();
         return finished(std::nullopt);
     }
     EventTimer timer(stream);
     timer.start();
-    launcher.launch(params, stream);
+    run();
     timer.stop();
     return finished(timer.elapsed_ms());
 }

@@ -51,6 +51,21 @@ struct SequenceLayout {
     int rows_k;
 };
 
+// A split over the keys (split-KV, for few query rows against many keys): num_splits blocks share
+// each query block's key tiles, in contiguous runs of equal length, and each writes its rows'
+// output, normalized by its own sums, and log-sum-exp in float32 to its split's partial buffers;
+// a combine kernel (split_kv/combine.h) then merges them into o and lse. The partial output of
+// split s has o's element strides, at o_partial + s * o_split_stride; its log-sum-exp has lse's
+// strides (always set when splitting), at lse_partial + s * lse_split_stride. Read by the varlen
+// variant of the SM80 family only.
+struct SplitKV {
+    int num_splits = 1; // 1: no split
+    float *o_partial;
+    float *lse_partial;
+    int64_t o_split_stride;
+    int64_t lse_split_stride;
+};
+
 struct ForwardParams {
     const void *q; // (batch, seqlen_q, heads_q, d_head)
     const void *k; // (batch, seqlen_k, heads_kv, d_head)
@@ -75,6 +90,7 @@ struct ForwardParams {
     float softmax_scale; // multiplies Q K^T before the softmax
     MaskParams mask;
     SequenceLayout sequences; // read by the varlen variant only
+    SplitKV split;
     // A zeroed counter in device memory for a kernel that hands out its work tiles as blocks ask for
     // them (ForwardLauncher::needs_work_counter); null for the others.
     int *work_counter;

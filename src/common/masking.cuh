@@ -62,6 +62,16 @@ struct KVTileRange {
         unmasked_end = max(unmasked_begin, min(unmasked_end, end));
     }
 
+    // Keeps split `split` of num_splits contiguous runs of the tiles, of equal length but the last's
+    // (some splits are empty where there are fewer tiles than splits).
+    __device__ __forceinline__ void keep_split(int split, int num_splits) {
+        const int per_split = (end - begin + num_splits - 1) / num_splits;
+        begin = min(end, begin + split * per_split);
+        end = min(end, begin + per_split);
+        unmasked_begin = min(max(unmasked_begin, begin), end);
+        unmasked_end = min(max(unmasked_end, unmasked_begin), end);
+    }
+
     // Without a mask every block of a dense problem visits at least one tile (seqlen_k >= 1): saying
     // so at compile time lets the compiler fold the outputs' zeroing into the first tile's products.
     static constexpr bool may_be_empty = MASK != MaskKind::NONE || VARLEN;

@@ -82,6 +82,10 @@ struct Sequence<true> {
         params.v = moved(call.v, k_rows.start * call.v_strides.seq);
         if (call.lse != nullptr)
             params.lse = call.lse + q_rows.start;
+        if (call.split.num_splits > 1) {
+            params.split.o_partial = call.split.o_partial + q_rows.start * call.o_strides.seq;
+            params.split.lse_partial = call.split.lse_partial + q_rows.start;
+        }
     }
     __device__ __forceinline__ SequenceRows rows() const { return {q_rows, k_rows}; }
     // The batch coordinate of q's and k's tensors: with cu_seqlens their batch dimension is 1, and

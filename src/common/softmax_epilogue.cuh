@@ -11,21 +11,22 @@
 namespace flash {
 
 // A warp's rows, from first_row + warp_first_row of (batch, head); the block's rows at or past
-// first_row + valid_rows do not exist. valid_rows is a number, or a callable that gives it, called
-// only where the log-sum-exp is stored (so its computation stays in that branch).
+// first_row + valid_rows do not exist. The log-sum-exp goes to lse (null: not asked for; params.lse,
+// or a split's partial buffer) at params' lse strides. valid_rows is a number, or a callable that
+// gives it, called only where the log-sum-exp is stored (so its computation stays in that branch).
 template <typename Softmax, typename OAccumulators, typename ValidRows>
 __device__ __forceinline__ void finish_softmax(const Softmax &softmax, OAccumulators &O_acc, float score_scale,
-                                               const ForwardParams &params, int batch, int head, int first_row,
-                                               int warp_first_row, ValidRows valid_rows) {
+                                               float *lse, const ForwardParams &params, int batch, int head,
+                                               int first_row, int warp_first_row, ValidRows valid_rows) {
     softmax.normalize(O_acc);
-    if (params.lse != nullptr) {
+    if (lse != nullptr) {
         int rows;
         if constexpr (std::is_invocable_v<ValidRows>)
             rows = valid_rows();
         else
             rows = valid_rows;
         store_log_sum_exp(softmax, score_scale,
-                          params.lse + batch * params.lse_batch_stride + head * params.lse_head_stride + first_row,
+                          lse + batch * params.lse_batch_stride + head * params.lse_head_stride + first_row,
                           warp_first_row, rows);
     }
 }

@@ -20,6 +20,8 @@ struct FamilyInfo {
     // A head size below the configuration's runs in place with masked tails, whose copies predicate
     // the columns past the call's d_head (the other variants move whole rows of the configuration's).
     static constexpr bool pads_head_with_masked_tails = true;
+    // Its varlen variant splits the keys over several blocks (SplitKV) where the call asks.
+    static constexpr bool splits_keys = true;
 
     FLASH_CONFIG_PYTHON_CONVERSIONS(FlashForwardKernelConfig, FLASH_SM80_CONFIG_FIELDS)
 

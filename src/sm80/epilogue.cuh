@@ -21,4 +21,29 @@ __device__ __forceinline__ void store_O(typename Kernel::value_t *O, int64_t O_r
     copy_shared_to_global<Kernel::n_threads, MASKED_TAILS, MASKED_TAILS>(O, O_row_stride, Q_smem, valid_rows, valid_cols);
 }
 
+// A split's float32 partial O (SplitKV), straight from the accumulators: each lane's pairs of
+// columns as 8-byte stores, rows at or past valid_rows and columns at or past valid_cols skipped.
+template <int M, int N>
+__device__ __forceinline__ void store_partial_O(float *O, int64_t O_row_stride, const Accumulators<M, N> &O_acc,
+                                                int warp_first_row, int valid_rows, int valid_cols) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int lane_row = warp_first_row + lane / QUAD_SIZE;
+    const int lane_col = 2 * (lane % QUAD_SIZE);
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int half_row = 0; half_row < 2; ++half_row) {
+            const int row = lane_row + m * MMA_M + half_row * 8;
+            if (row >= valid_rows)
+                continue;
+#pragma unroll
+            for (int n = 0; n < N; ++n) {
+                const int col = n * MMA_N + lane_col;
+                if (col < valid_cols)
+                    *reinterpret_cast<float2 *>(O + row * O_row_stride + col) =
+                        make_float2(O_acc.r[m][n][2 * half_row], O_acc.r[m][n][2 * half_row + 1]);
+            }
+        }
+}
+
 } // namespace flash::sm80

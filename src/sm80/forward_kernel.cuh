@@ -58,7 +58,9 @@ struct QKChunkFragments {
 // are masked element by element (KVTileRange); the unmasked tiles in between run exactly the code
 // of an unmasked problem. SCORE_MODS applies softcap and ALiBi to every tile's scores. With
 // VARLEN each sequence has lengths of its own (Sequence): the grid covers the longest, and the
-// blocks past a shorter one's rows have nothing to do. The variant's fields are separate template
+// blocks past a shorter one's rows have nothing to do; it also splits the keys when the call asks
+// (SplitKV): the grid's x then counts num_splits runs of query blocks, and each block walks its
+// split's tiles and writes partial results. The variant's fields are separate template
 // arguments: nvcc's host stubs cannot spell a class-type template argument whose fields are all zero.
 template <typename Kernel, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS, bool VARLEN>
 __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const __grid_constant__ ForwardParams call) {
@@ -74,9 +76,13 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     const typename Kernel::Q_tile Q_smem{reinterpret_cast<value_t *>(smem)};
     constexpr int KV_stage_bytes = Kernel::KV_stage_elems * static_cast<int>(sizeof(value_t));
 
-    const int Q_block = blockIdx.x;
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
+    // With a split over the keys, blockIdx.x = split * query blocks + query block.
+    const int num_splits = VARLEN ? max(call.split.num_splits, 1) : 1;
+    const int Q_blocks = gridDim.x / num_splits;
+    const int split = VARLEN ? blockIdx.x / Q_blocks : 0;
+    const int Q_block = VARLEN ? blockIdx.x % Q_blocks : blockIdx.x;
     const Sequence<VARLEN> sequence(call, batch);
     const ForwardParams &params = sequence.params;
     const int Q_first_row = Q_block * B_r;
@@ -87,7 +93,9 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     // Rows of this block that exist (all of them unless the last block is partial).
     const int Q_rows = MASKED_TAILS ? min(B_r, params.seqlen_q - Q_first_row) : B_r;
     using Tiles = KVTileRange<B_r, B_c, MASK, MASKED_TAILS, VARLEN>;
-    const Tiles tiles(params, Q_first_row);
+    Tiles tiles(params, Q_first_row);
+    if (num_splits > 1)
+        tiles.keep_split(split, num_splits);
 
     const value_t *Q = tensor_rows<const value_t>(params.q, params.q_strides, batch, head, Q_first_row);
     value_t *O = tensor_rows<value_t>(params.o, params.o_strides, batch, head, Q_first_row);
@@ -202,7 +210,15 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
             });
     }
 
-    finish_softmax(softmax, O_acc, score_scale, params, batch, head, Q_first_row, warp_first_row, Q_rows);
+    if (num_splits > 1) {
+        float *lse = params.split.lse_partial + split * params.split.lse_split_stride;
+        finish_softmax(softmax, O_acc, score_scale, lse, params, batch, head, Q_first_row, warp_first_row, Q_rows);
+        float *O_partial = tensor_rows<float>(params.split.o_partial, params.o_strides, batch, head, Q_first_row) +
+                           split * params.split.o_split_stride;
+        store_partial_O(O_partial, params.o_strides.seq, O_acc, warp_first_row, Q_rows, params.d_head);
+        return;
+    }
+    finish_softmax(softmax, O_acc, score_scale, params.lse, params, batch, head, Q_first_row, warp_first_row, Q_rows);
     store_O<Kernel, MASKED_TAILS>(O, params.o_strides.seq, Q_smem, O_acc, warp_first_row, Q_rows, params.d_head);
 }
 

@@ -1,6 +1,9 @@
 // The SM80 family's launcher: one thread block per B_r query rows of one (batch, head) (of the
-// longest sequence, with per-sequence lengths), n_warps warps, the traits' dynamic shared memory.
+// longest sequence, with per-sequence lengths) and split of the keys, n_warps warps, the traits'
+// dynamic shared memory.
 #pragma once
+
+#include <algorithm>
 
 #include <cuda_runtime.h>
 
@@ -19,7 +22,9 @@ template <typename Kernel, ProblemVariant VARIANT>
 void launch(const ForwardParams &params, cudaStream_t stream) {
     const auto kernel = kernel_of<Kernel, VARIANT>;
     ensure_dynamic_smem_limit(reinterpret_cast<const void *>(kernel), Kernel::smem_bytes);
-    const dim3 grid((params.seqlen_q + Kernel::B_r - 1) / Kernel::B_r, static_cast<unsigned>(params.heads_q),
+    // With a split over the keys (varlen variant only), num_splits runs of the query blocks.
+    const int splits = VARIANT.varlen ? std::max(params.split.num_splits, 1) : 1;
+    const dim3 grid((params.seqlen_q + Kernel::B_r - 1) / Kernel::B_r * splits, static_cast<unsigned>(params.heads_q),
                     static_cast<unsigned>(params.batch));
     kernel<<<grid, Kernel::n_threads, Kernel::smem_bytes, stream>>>(params);
     check_cuda(cudaGetLastError(), "kernel launch");

@@ -20,6 +20,8 @@ struct FamilyInfo {
     // A head size below the configuration's runs in every variant: the tensor maps' columns end at
     // the call's d_head, so TMA reads zeros past it and drops the stores there.
     static constexpr bool pads_head_with_masked_tails = false;
+    // Its kernels walk every key tile of a query block: a call is never split over the keys.
+    static constexpr bool splits_keys = false;
 
     FLASH_CONFIG_PYTHON_CONVERSIONS(HopperForwardKernelConfig, FLASH_SM90_CONFIG_FIELDS)
 

@@ -50,7 +50,7 @@ __device__ __forceinline__ void write_outputs(const KernelParams &kp, const Forw
                                               int head, int batch) {
     using Swizzle = typename Kernel::Swizzle;
     const int warp_first_row = consumer.warp_first_row;
-    finish_softmax(softmax, O_acc, score_scale, params, batch, head, Q_first_row, warp_first_row,
+    finish_softmax(softmax, O_acc, score_scale, params.lse, params, batch, head, Q_first_row, warp_first_row,
                    [&] { return params.seqlen_q - Q_first_row; });
 
     // O leaves through shared memory, in the swizzled layout TMA reads, once every warp

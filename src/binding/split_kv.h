@@ -1,0 +1,164 @@
+// Splitting the keys of a call over several blocks (SplitKV in common/forward_params.h): whether
+// and how many splits, which kernel runs them, and the partial buffers. Few query rows against many
+// keys leave most multiprocessors idle with one block per query block (decoding: one query per
+// sequence); num_splits blocks per query block, each over a contiguous run of the key tiles, fill
+// them, and a combine kernel merges their results. Only families whose FamilyInfo says
+// splits_keys run them, with their varlen variant (whose tile ranges may be empty).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+
+#include <torch/extension.h>
+
+#include "binding/arguments.h"
+#include "binding/dispatch.h"
+#include "binding/families.h"
+#include "binding/problem.h"
+#include "common/forward_params.h"
+
+namespace flash::binding {
+
+// The most splits a call takes (the combine reads each row's partial log-sum-exps, and the
+// partial buffers grow with the count).
+constexpr int MAX_SPLITS = 128;
+// A split gets at least this many key tiles, so that its block's pipeline has something to overlap.
+constexpr int MIN_TILES_PER_SPLIT = 2;
+// Blocks of a splitting configuration resident per multiprocessor (two fit its shared memory).
+constexpr int BLOCKS_PER_SM = 2;
+// The heuristic takes the fewest splits whose last wave fills at least this fraction of what the
+// best count's does (a wave of blocks that is mostly empty costs as much as a full one).
+constexpr double WAVE_EFFICIENCY_KEPT = 0.85;
+
+inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+
+// num_splits where the caller gives none: the heuristic's where the kernel is chosen automatically,
+// the call whole for a named configuration (which then runs as configured).
+inline int default_num_splits(bool named) { return named ? 1 : 0; }
+
+inline int num_splits_value(int64_t value) {
+    if (value < 0 || value > std::numeric_limits<int>::max())
+        throw py::value_error("num_splits: must be 0 (chosen by the heuristic) or a positive count, got " +
+                              std::to_string(value));
+    return static_cast<int>(value);
+}
+
+inline int num_splits_argument(py::handle value, bool named) {
+    if (value.is_none())
+        return default_num_splits(named);
+    if (py::isinstance<py::bool_>(value) || !py::isinstance<py::int_>(value))
+        throw py::type_error("num_splits: expected an int, got " + type_name(value));
+    return num_splits_value(value.cast<int64_t>());
+}
+
+// The number of splits that fills the GPU's waves: the wave efficiency of s splits is the share
+// of the resident slots (BLOCKS_PER_SM per multiprocessor) its blocks fill, over all the waves they
+// take; the heuristic takes the fewest splits within WAVE_EFFICIENCY_KEPT of the best, up to one
+// per MIN_TILES_PER_SPLIT tiles and MAX_SPLITS (measured on the H200, benchmarks/HISTORY.md
+// #2026-11-26-decode: 5 splits of 64 blocks, 1.2 waves, ran 30% slower than 4).
+inline int heuristic_splits(int64_t query_blocks, int key_tiles, int multiprocessors) {
+    const int64_t slots = static_cast<int64_t>(BLOCKS_PER_SM) * multiprocessors;
+    const int most = std::max(1, std::min(key_tiles / MIN_TILES_PER_SPLIT, MAX_SPLITS));
+    const auto efficiency = [&](int splits) {
+        const int64_t blocks = query_blocks * splits;
+        return static_cast<double>(blocks) / static_cast<double>((blocks + slots - 1) / slots * slots);
+    };
+    double best = 0.0;
+    for (int splits = 1; splits <= most; ++splits)
+        best = std::max(best, efficiency(splits));
+    for (int splits = 1; splits <= most; ++splits)
+        if (efficiency(splits) >= WAVE_EFFICIENCY_KEPT * best)
+            return splits;
+    return 1;
+}
+
+// A kernel that runs a call split: its configuration, launcher and number of splits.
+struct SplitChoice {
+    AnyConfig config;
+    const ForwardLauncher *launcher;
+    int num_splits;
+};
+
+// The splits for `cfg` (of a splitting family) on this problem: `requested` (0: the heuristic's),
+// capped at the key tiles and MAX_SPLITS; nullopt where that is 1 or the varlen variant is not
+// compiled for cfg (the caller then runs the call whole).
+template <typename Family, typename Config>
+std::optional<SplitChoice> split_with(const Config &cfg, const ForwardParams &params, const Problem &problem, int requested,
+                                      int multiprocessors) {
+    if constexpr (!Family::splits_keys) {
+        return std::nullopt;
+    } else {
+        const ProblemVariant variant = Family::variant_for(cfg, params, problem.mask, problem.score_mods, true);
+        const ForwardLauncher *launcher = Family::find(cfg, variant);
+        if (launcher == nullptr)
+            return std::nullopt;
+        const int key_tiles = ceil_div(params.seqlen_k, cfg.B_c);
+        const int64_t query_blocks = static_cast<int64_t>(ceil_div(params.seqlen_q, cfg.B_r)) * params.heads_q * params.batch;
+        const int splits = requested > 0 ? std::min({requested, key_tiles, MAX_SPLITS})
+                                         : heuristic_splits(query_blocks, key_tiles, multiprocessors);
+        if (splits <= 1)
+            return std::nullopt;
+        return SplitChoice{AnyConfig{cfg}, launcher, splits};
+    }
+}
+
+// For automatic configuration: among the splitting families' configurations of the served head
+// size whose varlen variant is compiled and runs on this GPU, the one with the fewest query rows
+// per block (a split call has few), then the largest key tiles; split as split_with says, where
+// every sequence's queries fit one block of it (decoding; longer ones run whole on the family the
+// dispatch table chose, whose prefill is faster).
+inline std::optional<SplitChoice> automatic_split(DType dtype, int d_head, const ForwardParams &params,
+                                                  const Problem &problem, const Gpu &gpu, int requested,
+                                                  int multiprocessors) {
+    std::optional<SplitChoice> best;
+    std::pair<int, int> best_rank{};
+    for_each_family([&](auto family) {
+        using Family = decltype(family);
+        if constexpr (Family::splits_keys) {
+            if (!Family::runs_on(gpu.capability))
+                return;
+            for (const auto &[key, launcher] : Family::kernels()) {
+                const auto &[cfg, variant] = key;
+                if (cfg.dtype != dtype || cfg.d_head != d_head || !variant.varlen || launcher.smem_bytes > gpu.smem_per_block)
+                    continue;
+                const std::pair<int, int> rank{cfg.B_r, -cfg.B_c};
+                if ((best && rank >= best_rank) || params.seqlen_q > cfg.B_r)
+                    continue;
+                if (auto choice = split_with<Family>(cfg, params, problem, requested, multiprocessors)) {
+                    best = choice;
+                    best_rank = rank;
+                }
+            }
+        }
+    });
+    return best;
+}
+
+// Where a call's splits write: float32 partial outputs at o's strides and partial log-sum-exps at
+// lse's layout, one of each per split; the log-sum-exps start at +infinity ("no key"), so rows no
+// block writes (outside every sequence) merge to zeros.
+struct SplitBuffers {
+    at::Tensor o_partial;
+    at::Tensor lse_partial;
+
+    // Sets params.split (and lse's strides, which the partial log-sum-exps share) for o (batch
+    // entries, rows, heads, d_head); packed (cu_seqlens): lse is (heads, rows).
+    SplitBuffers(int num_splits, const at::Tensor &o, bool packed, ForwardParams &params) {
+        int64_t o_span = 1;
+        for (int dim = 0; dim < o.dim(); ++dim)
+            o_span += (o.size(dim) - 1) * o.stride(dim);
+        const int64_t batch_entries = o.size(0), rows = o.size(1), heads = o.size(2);
+        o_partial = at::empty({num_splits, o_span}, o.options().dtype(at::kFloat));
+        lse_partial = at::full({num_splits, batch_entries * heads * rows}, std::numeric_limits<float>::infinity(),
+                               o.options().dtype(at::kFloat));
+        params.lse_head_stride = rows;
+        params.lse_batch_stride = packed ? 0 : heads * rows;
+        params.split = SplitKV{num_splits, o_partial.data_ptr<float>(), lse_partial.data_ptr<float>(), o_span,
+                               batch_entries * heads * rows};
+    }
+};
+
+} // namespace flash::binding

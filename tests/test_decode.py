@@ -1,0 +1,218 @@
+"""Decoding: few queries against many keys. A split over the keys (num_splits, and the heuristic's
+choice), single-query calls with grouped heads packed into one block, and flash_attn_with_kvcache
+(new keys appended in place, rotary embedding, cache_leftpad, CUDA graphs), each against the
+float32 reference. GPU tests: they skip, with the reason, without a GPU or a build.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import helpers
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not helpers.extension_is_built(), reason=helpers.NOT_BUILT_REASON),
+]
+
+if helpers.extension_is_built():
+    import flash_attention
+
+
+def _splitting_configs():
+    """Per dtype and head size under test, an SM80 configuration with its varlen variants (those
+    splits run on) and the dense ones (a call that does not split)."""
+    chosen = {}
+    for cfg in helpers.configs_under_test():
+        variants = flash_attention.compiled_variants(cfg)
+        if cfg.family == "sm80" and any(v.varlen for v in variants) and not all(v.varlen for v in variants):
+            chosen.setdefault((cfg.dtype, cfg.d_head), cfg)
+    return list(chosen.values())
+
+
+def _decode_inputs(rng, dtype, d_head, batch=2, seqlen_q=1, seqlen_k=1000, heads=(8, 2)):
+    q = helpers.random_tensor((batch, seqlen_q, heads[0], d_head), dtype, rng)
+    k, v = (helpers.random_tensor((batch, seqlen_k, heads[1], d_head), dtype, rng) for _ in range(2))
+    return q, k, v
+
+
+@pytest.mark.parametrize("num_splits", [2, 3, 7, 64])
+@pytest.mark.parametrize("causal", [False, True], ids=["none", "causal"])
+def test_a_split_over_the_keys_matches_the_reference_and_repeats_bitwise(num_splits, causal, rng):
+    configs = _splitting_configs()
+    if not configs:
+        pytest.skip("no SM80 configuration with varlen kernels under test")
+    for cfg in configs[:4]:
+        dtype = cfg.dtype.to_torch_dtype()
+        q, k, v = _decode_inputs(rng, dtype, cfg.d_head, seqlen_q=5, seqlen_k=1003)
+        out, lse = flash_attention.forward(
+            cfg, q, k, v, helpers.nan_like(q), causal=causal, return_lse=True, num_splits=num_splits
+        )
+        reference = helpers.assert_matches_reference(out, q, k, v, causal=causal)
+        helpers.assert_lse_matches(lse, reference)
+        again, lse_again = flash_attention.forward(cfg, q, k, v, causal=causal, return_lse=True, num_splits=num_splits)
+        assert torch.equal(out, again) and torch.equal(lse, lse_again), f"{cfg}: repeated split calls differ"
+
+
+def test_splits_run_with_every_per_sequence_argument_and_empty_splits(rng):
+    """Sequences whose keys are fewer than the splits (some splits see no key), one without keys,
+    seqused and leftpad, and a packed batch."""
+    configs = _splitting_configs()
+    if not configs:
+        pytest.skip("no SM80 configuration with varlen kernels under test")
+    cfg = configs[0]
+    dtype = cfg.dtype.to_torch_dtype()
+    q, k, v = _decode_inputs(rng, dtype, cfg.d_head, batch=4, seqlen_q=3, seqlen_k=700)
+    seqused_k = torch.tensor([700, 5, 0, 333], dtype=torch.int32, device="cuda")
+    leftpad_k = torch.tensor([0, 2, 0, 100], dtype=torch.int32, device="cuda")
+    keywords = dict(seqused_k=seqused_k - leftpad_k.clamp(max=seqused_k), leftpad_k=leftpad_k, causal=True)
+    out, lse = flash_attention.forward(cfg, q, k, v, helpers.nan_like(q), return_lse=True, num_splits=16, **keywords)
+    reference = helpers.assert_matches_reference(out, q, k, v, **keywords)
+    helpers.assert_lse_matches(lse, reference)
+    helpers.assert_rows_without_keys_are_zero(out, reference)
+
+    lengths = [1, 900, 0, 64]
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    q = helpers.random_tensor((sum(lengths), 4, cfg.d_head), dtype, rng)
+    k, v = (helpers.random_tensor((sum(lengths), 2, cfg.d_head), dtype, rng) for _ in range(2))
+    packed = dict(cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=900, max_seqlen_k=900, causal=True)
+    out = flash_attention.forward(cfg, q, k, v, helpers.nan_like(q), num_splits=5, **packed)
+    helpers.assert_matches_reference(out, q, k, v, **packed)
+
+
+@pytest.mark.parametrize("heads", [(32, 8), (8, 1), (4, 4)], ids=["gqa4", "mqa8", "mha"])
+@pytest.mark.parametrize("causal", [False, True], ids=["none", "causal"])
+@pytest.mark.parametrize("d_head", [64, 128])
+def test_single_query_decoding_runs_split_and_packed_automatically(d_head, causal, heads, rng):
+    """flash_attn_func on one query against a long cache: the heuristic splits, and grouped heads are
+    packed; the output, lse and run-to-run bits as always."""
+    q, k, v = _decode_inputs(rng, torch.bfloat16, d_head, batch=1, seqlen_q=1, seqlen_k=8000, heads=heads)
+    out, lse, _ = flash_attention.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    reference = helpers.assert_matches_reference(out, q, k, v, causal=causal)
+    helpers.assert_lse_matches(lse, reference)
+    assert torch.equal(flash_attention.flash_attn_func(q, k, v, causal=causal), out)
+    # SDPA's layout (heads first), as transformers calls it: one query aligned to the last key sees
+    # every key (SDPA's is_causal aligns to the first, so it is left off).
+    ours = flash_attention.scaled_dot_product_attention(
+        *(t.transpose(1, 2) for t in (q, k, v)), enable_gqa=heads[0] != heads[1]
+    )
+    torch.testing.assert_close(ours.transpose(1, 2), out, atol=0, rtol=0)
+
+
+def test_num_splits_is_checked(rng):
+    q, k, v = _decode_inputs(rng, torch.bfloat16, 128)
+    with pytest.raises(ValueError, match="^num_splits: must be 0"):
+        flash_attention.forward(flash_attention.choose_config(q, k).config, q, k, v, num_splits=-1)
+    with pytest.raises(TypeError, match="^num_splits: expected an int"):
+        flash_attention.forward(flash_attention.choose_config(q, k).config, q, k, v, num_splits=1.5)
+    hopper = [c for c in helpers.configs_under_test() if c.family == "sm90" and c.d_head == 128 and c.dtype.name == "BF16"]
+    if hopper:
+        with pytest.raises(ValueError, match="^num_splits: .* does not split the keys"):
+            flash_attention.forward(hopper[0], q, k, v, num_splits=4)
+
+
+# ----------------------------------------------------------------------------------------------
+# flash_attn_with_kvcache
+
+
+def _rotary_reference(x, cos, sin, positions, interleaved):
+    """x (batch, n, heads, d) rotated at positions (batch, n), as complex multiplications in float64."""
+    half = cos.shape[1]
+    x = x.double()
+    angle_cos = cos.double()[positions][:, :, None, :]
+    angle_sin = sin.double()[positions][:, :, None, :]
+    rotation = torch.complex(angle_cos, angle_sin)
+    part = x[..., : 2 * half]
+    if interleaved:
+        pairs = torch.complex(part[..., 0::2], part[..., 1::2]) * rotation
+        rotated = torch.stack((pairs.real, pairs.imag), dim=-1).flatten(-2)
+    else:
+        pairs = torch.complex(part[..., :half], part[..., half:]) * rotation
+        rotated = torch.cat((pairs.real, pairs.imag), dim=-1)
+    return torch.cat((rotated, x[..., 2 * half :]), dim=-1)
+
+
+@pytest.mark.parametrize("rotary", [None, "interleaved", "neox"])
+@pytest.mark.parametrize("seqlen_q", [1, 4, 16])
+@pytest.mark.parametrize("causal", [False, True], ids=["none", "causal"])
+@pytest.mark.parametrize("with_leftpad", [False, True], ids=["no_leftpad", "leftpad"])
+def test_kvcache_appends_rotates_and_attends(seqlen_q, causal, rotary, with_leftpad, rng):
+    dtype, d_head, heads, batch, cache_len = torch.bfloat16, 128, (8, 2), 3, 600
+    k_cache, v_cache = (helpers.random_tensor((batch, cache_len, heads[1], d_head), dtype, rng) for _ in range(2))
+    q = helpers.random_tensor((batch, seqlen_q, heads[0], d_head), dtype, rng)
+    k_new, v_new = (helpers.random_tensor((batch, seqlen_q, heads[1], d_head), dtype, rng) for _ in range(2))
+    cache_seqlens = torch.tensor([0, 517, 250], dtype=torch.int32, device="cuda")
+    leftpad = torch.tensor([0, 17, 200], dtype=torch.int32, device="cuda") if with_leftpad else None
+    keywords = {}
+    q_expected, k_expected = q.double(), k_new.double()
+    if rotary:
+        rotary_dim = 64
+        angles = torch.rand((cache_len, rotary_dim // 2), generator=rng, device="cuda") * 2 * math.pi
+        cos, sin = angles.cos(), angles.sin()
+        interleaved = rotary == "interleaved"
+        keywords = dict(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved)
+        new_positions = cache_seqlens.long()[:, None] + torch.arange(seqlen_q, device="cuda")
+        q_positions = new_positions if causal else cache_seqlens.long()[:, None].expand(-1, seqlen_q)
+        q_expected = _rotary_reference(q, cos, sin, q_positions, interleaved)
+        k_expected = _rotary_reference(k_new, cos, sin, new_positions, interleaved)
+    expected_k_cache, expected_v_cache = k_cache.double().clone(), v_cache.double().clone()
+    for b, start in enumerate(cache_seqlens.tolist()):
+        expected_k_cache[b, start : start + seqlen_q] = k_expected[b]
+        expected_v_cache[b, start : start + seqlen_q] = v_new[b].double()
+    q_before = q.clone()
+
+    out, lse = flash_attention.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_seqlens, cache_leftpad=leftpad, causal=causal,
+        return_softmax_lse=True, **keywords,
+    )
+    assert torch.equal(q, q_before), "q was modified"
+    # The appended rows: the rotated keys rounded once to bf16.
+    torch.testing.assert_close(k_cache.double(), expected_k_cache.to(dtype).double(), atol=1e-2, rtol=0)
+    assert torch.equal(v_cache.double(), expected_v_cache)
+    used = cache_seqlens + seqlen_q - (leftpad if leftpad is not None else 0)
+    reference = helpers.assert_matches_reference(
+        out, q_expected.to(dtype), k_cache, v_cache, causal=causal, seqused_k=used, leftpad_k=leftpad
+    )
+    helpers.assert_lse_matches(lse, reference)
+
+
+def test_kvcache_rejects_what_it_cannot_run(rng):
+    q, k, v = _decode_inputs(rng, torch.bfloat16, 64)
+    with pytest.raises(NotImplementedError, match="^block_table"):
+        flash_attention.flash_attn_with_kvcache(q, k, v, cache_seqlens=3, block_table=torch.zeros(2, 1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="^cache_seqlens: expected an int32 tensor of shape"):
+        flash_attention.flash_attn_with_kvcache(q, k, v, cache_seqlens=torch.zeros(3, dtype=torch.int32, device="cuda"))
+    with pytest.raises(ValueError, match="^k, v: give both"):
+        flash_attention.flash_attn_with_kvcache(q, k, v, k=k[:, :1], cache_seqlens=3)
+
+
+def test_a_decode_step_is_captured_once_and_replayed_as_the_lengths_grow(rng):
+    """CUDA graphs: cache_seqlens a tensor, updated in place between replays; no host sync."""
+    dtype, d_head, heads, batch, cache_len = torch.bfloat16, 128, (32, 8), 2, 4096
+    k_cache, v_cache = (helpers.random_tensor((batch, cache_len, heads[1], d_head), dtype, rng) for _ in range(2))
+    q = helpers.random_tensor((batch, 1, heads[0], d_head), dtype, rng)
+    k_new, v_new = (helpers.random_tensor((batch, 1, heads[1], d_head), dtype, rng) for _ in range(2))
+    cache_seqlens = torch.tensor([1000, 3000], dtype=torch.int32, device="cuda")
+
+    def step():
+        return flash_attention.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_seqlens, causal=True)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # warm-up outside the capture (first-call allocations)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for lengths in ([1001, 3001], [1500, 10], [4000, 2047]):
+        cache_seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = step()
+        torch.testing.assert_close(out, eager, atol=0, rtol=0)
+        used = cache_seqlens + 1
+        helpers.assert_matches_reference(out, q, k_cache, v_cache, causal=True, seqused_k=used)

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Times decoding: few queries against a long KV cache, ours against FlashAttention-3 and PyTorch SDPA.
+
+For each batch x keys shape (default: the issue's 1x8192, 1x131072, 8x8192, 8x32768, 32x4096 and
+128x2048), --seqlen-q queries per sequence (default 1), 32 query heads over 8 key/value heads of
+128 (--heads, --d-head), every sequence's cache full (cache_seqlens = keys, a tensor, as a decode
+step passes it), times in one run, in a seeded random order per shape:
+
+  ours       flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=..., causal=True),
+             num_splits=0 (the heuristic)
+  ours/N     the same with num_splits=N for each N of --splits (the heuristic against fixed choices)
+  FA3        FlashAttention-3's flash_attn_with_kvcache (the fa3-fwd package, module
+             fa3_fwd_interface, bfloat16 only), num_splits=0
+  SDPA       torch.nn.functional.scaled_dot_product_attention with enable_gqa (its default backend
+             choice), on (batch, heads, seq, d) views of the same tensors; one query needs no mask,
+             several get the bottom-right causal mask as a boolean attn_mask
+
+With --graphs each call is captured once in a CUDA graph and its replays are timed: the GPU's time
+alone, as a serving loop that replays a captured decode step sees it (the eager timings of small
+shapes include the host's time per call).
+
+GB/s = bytes of K and V read (batch x keys x heads_kv x d_head x 2 bytes x 2) / time; the H200's
+copy ceiling is about 4.3 TB/s. Time is the median of triton.testing.do_bench. Outputs are compared
+with SDPA's once per shape; a mismatch is reported and makes the exit status 1. FA3's wheel is
+installed apart:
+
+    python3 -m pip install --no-deps --target /tmp/fa3 fa3_fwd-0.0.3-cp39-abi3-manylinux_2_24_x86_64.whl
+    PYTHONPATH=/tmp/fa3 python3 tools/benchmark/decode_bench.py --csv decode.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import math
+import sys
+
+import bench_common as common
+from model_bench import markdown_table
+
+SHAPES = ((1, 8192), (1, 131072), (8, 8192), (8, 32768), (32, 4096), (128, 2048))
+OURS, FA3, SDPA = "ours", "FA3", "SDPA"
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeTiming:
+    dtype: str
+    batch: int
+    keys: int
+    seqlen_q: int
+    implementation: str
+    time_ms: float
+    gbps: float
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    try:
+        batch, keys = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a shape is BATCHxKEYS, e.g. 8x32768; got {text!r}") from None
+    if batch < 1 or keys < 1:
+        raise argparse.ArgumentTypeError(f"batch and keys must be positive; got {text!r}")
+    return batch, keys
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", type=parse_shape, default=list(SHAPES), metavar="BxK")
+    parser.add_argument("--seqlen-q", nargs="+", type=common.positive_int, default=[1], help="(default: 1)")
+    parser.add_argument("--dtypes", nargs="+", choices=common.DTYPE_NAMES, default=["bf16"], help="(default: bf16)")
+    parser.add_argument("--heads", type=common.positive_int, nargs=2, default=[32, 8], metavar=("Q", "KV"))
+    parser.add_argument("--d-head", type=common.served_d_head, default=128)
+    parser.add_argument("--splits", type=common.positive_int, nargs="*", default=[], help="fixed num_splits to time too")
+    parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays of each call")
+    parser.add_argument("--rep-ms", type=float, default=common.DEFAULT_REP_MS)
+    parser.add_argument("--csv", metavar="PATH", help="also write every timing to PATH")
+    return parser.parse_args(argv)
+
+
+def load_fa3():
+    try:
+        from fa3_fwd_interface import flash_attn_with_kvcache
+    except (ImportError, OSError) as error:
+        return None, f"{type(error).__name__}: {error}"
+    return flash_attn_with_kvcache, ""
+
+
+def graphed(fn):
+    """fn captured once in a CUDA graph (after a warm-up on a side stream): its replay."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def time_shape(args, dtype_name: str, batch: int, keys: int, seqlen_q: int, fa3, timer) -> tuple[list, str | None]:
+    import flash_attention
+    import torch
+    import torch.nn.functional as F
+
+    dtype = common.dtype_from_name(dtype_name).to_torch_dtype()
+    heads_q, heads_kv = args.heads
+    generator = torch.Generator(device="cuda").manual_seed(batch * 1_000_003 + keys)
+    q = torch.randn((batch, seqlen_q, heads_q, args.d_head), generator=generator, device="cuda", dtype=dtype)
+    k_cache, v_cache = (
+        torch.randn((batch, keys, heads_kv, args.d_head), generator=generator, device="cuda", dtype=dtype)
+        for _ in range(2)
+    )
+    cache_seqlens = torch.full((batch,), keys, dtype=torch.int32, device="cuda")
+    calls = {
+        OURS: functools.partial(
+            flash_attention.flash_attn_with_kvcache, q, k_cache, v_cache, cache_seqlens=cache_seqlens, causal=True
+        )
+    }
+    for splits in args.splits:
+        calls[f"{OURS}/{splits}"] = functools.partial(calls[OURS], num_splits=splits)
+    if fa3 is not None and dtype == torch.bfloat16:
+        calls[FA3] = functools.partial(fa3, q, k_cache, v_cache, cache_seqlens=cache_seqlens, causal=True, num_splits=0)
+    query, key, value = (t.transpose(1, 2) for t in (q, k_cache, v_cache))
+    # SDPA's is_causal aligns to the first key: the bottom-right mask of several queries is given.
+    mask = None
+    if seqlen_q > 1:
+        rows = torch.arange(seqlen_q, device="cuda")[:, None] + keys - seqlen_q
+        mask = torch.arange(keys, device="cuda")[None, :] <= rows
+    calls[SDPA] = functools.partial(F.scaled_dot_product_attention, query, key, value, attn_mask=mask, enable_gqa=True)
+
+    kv_bytes = 2 * batch * keys * heads_kv * args.d_head * q.element_size()
+    rows = []
+    for name in common.timing_order(list(calls), 0, (dtype_name, batch, keys, seqlen_q)):
+        time_ms = timer(graphed(calls[name]) if args.graphs else calls[name])
+        rows.append(DecodeTiming(dtype_name, batch, keys, seqlen_q, name, time_ms, kv_bytes / time_ms / 1e6))
+    reference = calls[SDPA]().transpose(1, 2)
+    ours = calls[OURS]()
+    error = (ours.float() - reference.float()).abs().max().item()
+    failure = None if error < 2e-2 else f"{dtype_name} {batch}x{keys} q{seqlen_q}: ours differs from SDPA by {error:.3g}"
+    return rows, failure
+
+
+def format_table(rows: list[DecodeTiming], implementations: list[str]) -> str:
+    shapes = sorted({(r.dtype, r.seqlen_q, r.batch, r.keys) for r in rows}, key=lambda s: (s[0], s[1], s[2] * s[3], s[2]))
+    headers = ["dtype", "q", "batch x keys", *(f"{name} GB/s" for name in implementations), "ours/FA3", "ours/SDPA"]
+    table = []
+    for dtype, seqlen_q, batch, keys in shapes:
+        at = {r.implementation: r.gbps for r in rows if (r.dtype, r.seqlen_q, r.batch, r.keys) == (dtype, seqlen_q, batch, keys)}
+        ours = at.get(OURS, math.nan)
+        table.append(
+            [dtype, seqlen_q, f"{batch} x {keys:,}", *(at.get(name, math.nan) for name in implementations),
+             ours / at.get(FA3, math.nan), ours / at.get(SDPA, math.nan)]
+        )  # fmt: skip
+    ratio_columns = {len(headers) - 2: ".3f", len(headers) - 1: ".3f"}
+    return markdown_table(headers, table, {**{i: ".0f" for i in range(3, len(headers) - 2)}, **ratio_columns})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not common.gpu_available():
+        print(common.no_gpu_message("decode_bench"), file=sys.stderr)
+        return 1
+    import torch
+
+    fa3, fa3_error = load_fa3()
+    timer, timing = common.make_timer(args.rep_ms)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {timing}")
+    print(f"FA3: {'fa3_fwd_interface' if fa3 else f'not installed ({fa3_error})'}")
+    rows, failures = [], []
+    for dtype_name in args.dtypes:
+        for seqlen_q in args.seqlen_q:
+            for batch, keys in args.shapes:
+                shape_rows, failure = time_shape(args, dtype_name, batch, keys, seqlen_q, fa3, timer)
+                rows += shape_rows
+                if failure:
+                    failures.append(failure)
+    implementations = [OURS, *(f"{OURS}/{s}" for s in args.splits), FA3, SDPA]
+    print(format_table(rows, implementations))
+    if args.csv:
+        common.write_csv(args.csv, rows)
+    for failure in failures:
+        print(failure, file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
