@@ -108,13 +108,13 @@ std::optional<SplitChoice> split_with(const Config &cfg, const ForwardParams &pa
 // For automatic configuration: among the splitting families' configurations of the served head
 // size whose varlen variant is compiled and runs on this GPU, the one with the fewest query rows
 // per block (a split call has few), then the largest key tiles; split as split_with says, where
-// every sequence's queries fit one block of it (decoding; longer ones run whole on the family the
-// dispatch table chose, whose prefill is faster).
+// every sequence's queries fit one block of it (decoding: with DECODE_KERNELS, 64 rows; longer
+// ones run whole on the configuration the dispatch table chose, whose prefill is faster).
 inline std::optional<SplitChoice> automatic_split(DType dtype, int d_head, const ForwardParams &params,
                                                   const Problem &problem, const Gpu &gpu, int requested,
                                                   int multiprocessors) {
     std::optional<SplitChoice> best;
-    std::pair<int, int> best_rank{};
+    std::optional<std::pair<int, int>> best_rank;
     for_each_family([&](auto family) {
         using Family = decltype(family);
         if constexpr (Family::splits_keys) {
@@ -125,12 +125,11 @@ inline std::optional<SplitChoice> automatic_split(DType dtype, int d_head, const
                 if (cfg.dtype != dtype || cfg.d_head != d_head || !variant.varlen || launcher.smem_bytes > gpu.smem_per_block)
                     continue;
                 const std::pair<int, int> rank{cfg.B_r, -cfg.B_c};
-                if ((best && rank >= best_rank) || params.seqlen_q > cfg.B_r)
+                if (best_rank && rank >= *best_rank)
                     continue;
-                if (auto choice = split_with<Family>(cfg, params, problem, requested, multiprocessors)) {
-                    best = choice;
-                    best_rank = rank;
-                }
+                best_rank = rank;
+                best = params.seqlen_q > cfg.B_r ? std::nullopt
+                                                 : split_with<Family>(cfg, params, problem, requested, multiprocessors);
             }
         }
     });
