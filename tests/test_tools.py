@@ -23,6 +23,7 @@ sys.path[:0] = [str(BENCHMARK_DIR), str(ANALYSIS_DIR)]
 
 import autotune  # noqa: E402
 import bench_common as common  # noqa: E402
+import decode_bench  # noqa: E402
 import ncu_bench  # noqa: E402
 import progression  # noqa: E402
 import power_bench  # noqa: E402
@@ -59,6 +60,7 @@ PYTHON_TOOLS = [
     BENCHMARK_DIR / "progression.py",
     BENCHMARK_DIR / "model_bench.py",
     BENCHMARK_DIR / "power_bench.py",
+    BENCHMARK_DIR / "decode_bench.py",
     ANALYSIS_DIR / "sass_counts.py",
     ANALYSIS_DIR / "sass_diff.py",
 ]
@@ -167,6 +169,7 @@ def test_autotune_script_passes_lengths_and_options_on(tmp_path):
         [BENCHMARK_DIR / "progression.py", "--csv", "unused.csv"],
         [BENCHMARK_DIR / "model_bench.py", "--csv", "unused.csv"],
         [BENCHMARK_DIR / "power_bench.py", "4096", "128"],
+        [BENCHMARK_DIR / "decode_bench.py", "--csv", "unused.csv"],
     ],
     ids=lambda command: command[0].name,
 )
@@ -175,6 +178,25 @@ def test_timing_tools_refuse_without_a_gpu(command, tmp_path):
     assert result.returncode == 1
     assert "no CUDA GPU visible" in result.stderr
     assert not (tmp_path / "unused.csv").exists()
+
+
+def test_decode_bench_reads_shapes_and_tabulates_bandwidth_and_ratios():
+    args = decode_bench.parse_args(["--shapes", "8x32768", "1X131072", "--splits", "4", "--graphs"])
+    assert args.shapes == [(8, 32768), (1, 131072)] and args.splits == [4] and args.graphs
+    for bad in ("8", "0x10", "axb"):
+        with pytest.raises(SystemExit):
+            decode_bench.parse_args(["--shapes", bad])
+    rows = [
+        decode_bench.DecodeTiming("bf16", 8, 32768, 1, decode_bench.OURS, 0.1, 4000.0),
+        decode_bench.DecodeTiming("bf16", 8, 32768, 1, decode_bench.FA3, 0.1, 3200.0),
+        decode_bench.DecodeTiming("bf16", 8, 32768, 1, decode_bench.SDPA, 0.1, 5000.0),
+        decode_bench.DecodeTiming("bf16", 1, 8192, 1, decode_bench.OURS, 0.1, 1000.0),
+    ]
+    lines = decode_bench.format_table(rows, [decode_bench.OURS, decode_bench.FA3, decode_bench.SDPA]).splitlines()
+    assert lines[0] == "| dtype | q | batch x keys | ours GB/s | FA3 GB/s | SDPA GB/s | ours/FA3 | ours/SDPA |"
+    # Ordered by tokens: 1 x 8192 first; a peer that did not run reads '-'.
+    assert lines[2] == "| bf16 | 1 | 1 x 8,192 | 1000 | - | - | - | - |"
+    assert lines[3] == "| bf16 | 1 | 8 x 32,768 | 4000 | 3200 | 5000 | 1.250 | 0.800 |"
 
 
 def test_power_bench_reads_nvidia_smi_samples_and_leaves_out_the_settling():
