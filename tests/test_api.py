@@ -615,3 +615,19 @@ def test_python_m_flash_attention_describes_the_build():
         assert f"dispatch table: {dispatch.device_arch()}" in result.stdout or "the rule chooses" in result.stdout
     else:
         assert "GPUs: none visible" in lines
+
+
+def test_the_cache_check_names_cache_seqlens_and_cache_leftpad():
+    """FLASH_ATTENTION_CHECK_SEQLENS's check of flash_attn_with_kvcache's lengths (CPU tensors: it
+    only reads them)."""
+    from flash_attention.sequence_checks import check_cache_contents
+
+    lengths = torch.tensor([0, 90, 99], dtype=torch.int32)
+    check_cache_contents(100, 1, lengths, None)
+    check_cache_contents(100, 1, lengths, torch.tensor([0, 90, 3], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"^cache_seqlens: .* sequence 2 has 99"):
+        check_cache_contents(100, 2, lengths, None)
+    with pytest.raises(ValueError, match=r"^cache_seqlens: .* sequence 0 has -1"):
+        check_cache_contents(100, 0, torch.tensor([-1], dtype=torch.int32), None)
+    with pytest.raises(ValueError, match=r"^cache_leftpad: .* sequence 1 has 91 with cache_seqlens 90"):
+        check_cache_contents(100, 1, lengths, torch.tensor([0, 91, 0], dtype=torch.int32))

@@ -189,6 +189,17 @@ def test_kvcache_rejects_what_it_cannot_run(rng):
         flash_attention.flash_attn_with_kvcache(q, k, v, k=k[:, :1], cache_seqlens=3)
 
 
+def test_the_debug_check_names_cache_seqlens(rng, monkeypatch):
+    """FLASH_ATTENTION_CHECK_SEQLENS=1: lengths whose new keys would pass the cache's end raise,
+    naming cache_seqlens, before anything is written."""
+    monkeypatch.setenv("FLASH_ATTENTION_CHECK_SEQLENS", "1")
+    q, k, v = _decode_inputs(rng, torch.bfloat16, 64, seqlen_k=100)
+    k_before = k.clone()
+    with pytest.raises(ValueError, match="^cache_seqlens: "):
+        flash_attention.flash_attn_with_kvcache(q, k, v, k[:, :2].clone(), v[:, :2].clone(), cache_seqlens=99)
+    assert torch.equal(k, k_before)
+
+
 def test_a_decode_step_is_captured_once_and_replayed_as_the_lengths_grow(rng):
     """CUDA graphs: cache_seqlens a tensor, updated in place between replays; no host sync."""
     dtype, d_head, heads, batch, cache_len = torch.bfloat16, 128, (32, 8), 2, 4096

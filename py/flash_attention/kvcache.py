@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from . import sequence_checks
 from .functional import _attention
 from .sequences import sequence_arguments
 
@@ -53,7 +54,10 @@ def flash_attn_with_kvcache(
     columns of q and of the new k at their cache positions: the new keys at cache_seqlens[b] + i;
     the queries at cache_seqlens[b] + i with causal or a window, else all at cache_seqlens[b].
     rotary_interleaved pairs columns (0, 1), (2, 3), ... (GPT-J); otherwise i with i + rotary_dim / 2
-    (GPT-NeoX). The caller's q and k are not modified.
+    (GPT-NeoX). The caller's q and k are not modified. Nothing reads cache_seqlens or cache_leftpad
+    on the host (the kernels and the append clamp contents past the cache);
+    FLASH_ATTENTION_CHECK_SEQLENS=1 makes each call read them first and raise ValueError naming the
+    one that breaks a rule (flash_attention.sequence_checks).
 
     softmax_scale, causal, window_size, softcap and alibi_slopes are flash_attn_func's, aligned to
     each sequence's last key. num_splits: blocks sharing each query block's keys, 0 for the
@@ -78,6 +82,8 @@ def flash_attn_with_kvcache(
     leftpad = cache_leftpad
     if leftpad is not None:
         _check_per_sequence(leftpad, "cache_leftpad", batch, q.device)
+    if not torch.compiler.is_compiling() and sequence_checks.requested():
+        sequence_checks.check_cache_contents(k_cache.shape[1], 0 if k is None else k.shape[1], seqlens, leftpad)
     local = causal or tuple(window_size) != (-1, -1)
     if rotary_cos is not None:
         q = _rotate(q, rotary_cos, rotary_sin, seqlens, rotary_interleaved, per_token=local, name="q")

@@ -15,6 +15,12 @@ rule broken:
 - every sequence's used length (seqused, or the slot's length less leftpad) is at most
   max_seqlen_q / max_seqlen_k.
 
+flash_attn_with_kvcache's cache_seqlens and cache_leftpad are checked the same way, by their own
+names (check_cache_contents), before the new keys are written:
+
+- cache_seqlens is >= 0, and cache_seqlens + the new keys at most the cache's rows;
+- cache_leftpad is >= 0 and at most cache_seqlens.
+
 Arguments whose shapes disagree with the tensors are left to the extension, which names them. Under
 torch.compile the contents are not known while tracing, and nothing is checked.
 """
@@ -25,7 +31,7 @@ import os
 
 import torch
 
-__all__ = ["ENVIRONMENT_VARIABLE", "check_sequence_contents", "requested"]
+__all__ = ["ENVIRONMENT_VARIABLE", "check_cache_contents", "check_sequence_contents", "requested"]
 
 ENVIRONMENT_VARIABLE = "FLASH_ATTENTION_CHECK_SEQLENS"
 
@@ -41,6 +47,22 @@ def check_sequence_contents(q, k, sequences: dict) -> None:
     for side, tensor in (("q", q), ("k", k)):
         if isinstance(tensor, torch.Tensor):
             _check_side(side, tensor, sequences)
+
+
+def check_cache_contents(cache_rows: int, new_rows: int, cache_seqlens, cache_leftpad) -> None:
+    """Raises ValueError at the first rule flash_attn_with_kvcache's cache_seqlens and cache_leftpad
+    ((batch,) tensors; cache_leftpad may be None) break for a cache of cache_rows rows receiving
+    new_rows new keys per sequence."""
+    lengths = cache_seqlens.tolist()
+    lefts = [0] * len(lengths) if cache_leftpad is None else cache_leftpad.tolist()
+    for b, (length, left) in enumerate(zip(lengths, lefts)):
+        if not 0 <= length <= cache_rows - new_rows:
+            raise ValueError(
+                f"cache_seqlens: must be >= 0 with cache_seqlens + the {new_rows} new keys at most the cache's "
+                f"{cache_rows} rows; sequence {b} has {length}"
+            )
+        if not 0 <= left <= length:
+            raise ValueError(f"cache_leftpad: must be in [0, cache_seqlens]; sequence {b} has {left} with cache_seqlens {length}")
 
 
 def _check_side(side: str, tensor, sequences: dict) -> None:
