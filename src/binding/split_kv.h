@@ -29,8 +29,8 @@ constexpr int MAX_SPLITS = 128;
 constexpr int MIN_TILES_PER_SPLIT = 2;
 // Blocks of a splitting configuration resident per multiprocessor (two fit its shared memory).
 constexpr int BLOCKS_PER_SM = 2;
-// The heuristic takes the fewest splits whose last wave fills at least this fraction of what the
-// best count's does (a wave of blocks that is mostly empty costs as much as a full one).
+// The heuristic takes the fewest splits whose waves are at least this fraction as full as the best
+// count's (a wave of blocks that is mostly empty costs as much as a full one).
 constexpr double WAVE_EFFICIENCY_KEPT = 0.85;
 
 inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
