@@ -24,7 +24,6 @@ namespace flash::binding {
 struct GroupedQueryPacking {
     int64_t group = 1; // query heads per key/value head; 1: not packed
 
-    // q and k in the batch layout.
     // q, k and v in the batch layout; calls whose tensors disagree are not packed, so that their
     // checks name the call's shapes.
     GroupedQueryPacking(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
@@ -42,13 +41,11 @@ struct GroupedQueryPacking {
 
     bool active() const { return group > 1; }
 
-    // (batch, 1, heads_q, d) -> (batch, group, heads_kv, d), a view.
+    // (batch, 1, heads_q, d) -> (batch, group, heads_kv, d), a view (o is allocated in the call's
+    // layout and packed, so the output needs no unpacking).
     at::Tensor pack(const at::Tensor &t) const {
         return t.unflatten(2, {t.size(2) / group, group}).squeeze(1).transpose(1, 2);
     }
-
-    // The inverse of pack.
-    at::Tensor unpack(const at::Tensor &t) const { return t.transpose(1, 2).flatten(1, 2).unsqueeze(1); }
 
     // The packed call's problem: one query, so no mask.
     ProblemArguments arguments(ProblemArguments args) const {
