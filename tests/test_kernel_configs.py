@@ -25,7 +25,7 @@ from flash_helpers.default_set import DECODE_KERNELS, DEFAULT_BUILD_KERNELS
 from flash_helpers.dtypes import DType
 from flash_helpers.kernel_names import parse_kernel_name_into_config
 from flash_helpers.kernel_sets import KERNELS_ENV, get_kernel_configs, get_kernels_to_build
-from flash_helpers.problem import MaskKind, ProblemVariant, attention_flop, total_flop
+from flash_helpers.problem import MaskKind, ProblemVariant, attention_flop, needed_variant, total_flop
 from flash_helpers.progression_steps import (
     SM80_PROGRESSION_BLOCK,
     SM80_PROGRESSION_STEPS,
@@ -906,6 +906,15 @@ def test_hopper_registers_make_no_exception_for_producer_less_kernels():
 )
 def test_hopper_runs_on_sm90_only(capability, runs):
     assert SM90_FULL.runs_on(capability) is runs
+
+
+def test_only_the_sm80_family_runs_a_smaller_head_size_with_masked_tails():
+    sm80 = Config(FP16, 96, 128, 32, 4, True)
+    assert not sm80.needs_masked_tails(512, 512) and not sm80.needs_masked_tails(512, 512, d_head=96)
+    assert sm80.needs_masked_tails(512, 512, d_head=80)
+    assert not SM90_FULL.needs_masked_tails(512, 512, d_head=SM90_FULL.d_head - 8)
+    assert needed_variant(sm80, 512, 512, d_head=80) == ProblemVariant(MaskKind.NONE, True)
+    assert needed_variant(sm80, 512, 512) == ProblemVariant(MaskKind.NONE)
 
 
 @pytest.mark.parametrize(

@@ -35,20 +35,8 @@ MISSING_BACKWARD = _C.MISSING_BACKWARD
 
 
 def launch(
-    cfg,
-    q,
-    k,
-    v,
-    o,
-    causal,
-    softmax_scale,
-    window_size,
-    softcap,
-    alibi_slopes,
-    return_lse,
-    heads_first=False,
-    sequences=None,
-    num_splits=None,
+    cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, heads_first=False,
+    sequences=None, num_splits=None,
 ):
     """The extension's forward with a checked configuration (kernels.cached_config's), or None for
     the automatic choice: (o, lse or None). ``sequences``: the per-sequence arguments that were given

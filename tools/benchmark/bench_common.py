@@ -257,6 +257,18 @@ def fitting_configs(configs: Iterable[KernelConfig], dtype: DType, problem: Prob
 # GPU, inputs and timing
 
 
+def load_fa3(function: str):
+    """FlashAttention-3's ``function`` from the fa3-fwd package (module fa3_fwd_interface) and "",
+    or None and why it cannot be imported."""
+    try:
+        import fa3_fwd_interface
+    except (ImportError, OSError) as error:
+        return None, f"{type(error).__name__}: {error}"
+    if not hasattr(fa3_fwd_interface, function):
+        return None, f"fa3_fwd_interface has no {function}"
+    return getattr(fa3_fwd_interface, function), ""
+
+
 def gpu_available() -> bool:
     import torch
 

@@ -78,14 +78,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def load_fa3():
-    try:
-        from fa3_fwd_interface import flash_attn_with_kvcache
-    except (ImportError, OSError) as error:
-        return None, f"{type(error).__name__}: {error}"
-    return flash_attn_with_kvcache, ""
-
-
 def graphed(fn):
     """fn captured once in a CUDA graph (after a warm-up on a side stream): its replay."""
     import torch
@@ -166,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     import torch
 
-    fa3, fa3_error = load_fa3()
+    fa3, fa3_error = common.load_fa3("flash_attn_with_kvcache")
     timer, timing = common.make_timer(args.rep_ms)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {timing}")
     print(f"FA3: {'fa3_fwd_interface' if fa3 else f'not installed ({fa3_error})'}")

@@ -109,15 +109,6 @@ class VarlenTiming:
     status: str  # "" where it ran, else NOT_INSTALLED or REFUSED
 
 
-def load_fa3() -> tuple[Callable | None, str]:
-    """FA3's flash_attn_varlen_func and "", or None and why it cannot be imported."""
-    try:
-        from fa3_fwd_interface import flash_attn_varlen_func
-    except (ImportError, OSError) as error:
-        return None, f"{type(error).__name__}: {error}"
-    return flash_attn_varlen_func, ""
-
-
 def packed_inputs(batch: Batch, dtype_name: str, seed: int):
     """q, k, v (total, heads, d_head) and the int32 cu_seqlens of ``batch``, on the GPU."""
     import torch
@@ -325,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    fa3, fa3_error = load_fa3()
+    fa3, fa3_error = common.load_fa3("flash_attn_varlen_func")
     timer, timing_description = common.make_timer(args.rep_ms)
     lengths = ragged_lengths(args.total_tokens, args.min_len, args.max_len, args.seed)
     versions = f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}"
