@@ -40,13 +40,14 @@ py::tuple forward(py::handle kernel_cfg, py::handle q, py::handle k, py::handle 
                   bool causal, py::handle softmax_scale, py::handle window_size, py::handle softcap,
                   py::handle alibi_slopes, bool return_lse, bool heads_first, py::handle cu_seqlens_q,
                   py::handle cu_seqlens_k, py::handle max_seqlen_q, py::handle max_seqlen_k, py::handle seqused_q,
-                  py::handle seqused_k, py::handle leftpad_q, py::handle leftpad_k, py::handle num_splits) {
+                  py::handle seqused_k, py::handle leftpad_q, py::handle leftpad_k, py::handle kv_batch_idx,
+                  py::handle block_table, py::handle num_splits) {
     // The configuration and the other arguments first: a bad one is named whatever the tensors are.
     const std::optional<AnyConfig> named = kernel_cfg.is_none() ? std::nullopt : std::optional(config_from_python(kernel_cfg));
     const int splits = num_splits_argument(num_splits, named.has_value());
     const ProblemArguments args = problem_arguments(causal, softmax_scale, window_size, softcap, alibi_slopes);
     const SequenceArguments sequences = sequence_arguments(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
-                                                           seqused_k, leftpad_q, leftpad_k);
+                                                           seqused_k, leftpad_q, leftpad_k, kv_batch_idx, block_table);
     const std::optional<at::Tensor> o_given = optional_tensor(o, "o");
     const ForwardResult result = run_forward(named, tensor_argument(q, "q"), tensor_argument(k, "k"), tensor_argument(v, "v"),
                                              o_given, args, sequences, return_lse, benchmark, heads_first, splits);
@@ -62,10 +63,11 @@ py::tuple forward(py::handle kernel_cfg, py::handle q, py::handle k, py::handle 
 py::tuple choose_kernel(py::handle q_obj, py::handle k_obj, bool causal, py::handle window_size, py::handle softcap,
                         py::handle alibi_slopes, int capability, int64_t smem_per_block, py::handle cu_seqlens_q,
                         py::handle cu_seqlens_k, py::handle max_seqlen_q, py::handle max_seqlen_k, py::handle seqused_q,
-                        py::handle seqused_k, py::handle leftpad_q, py::handle leftpad_k) {
+                        py::handle seqused_k, py::handle leftpad_q, py::handle leftpad_k, py::handle kv_batch_idx,
+                        py::handle block_table) {
     const ProblemArguments args = problem_arguments(causal, py::none(), window_size, softcap, alibi_slopes);
     const SequenceArguments sequences = sequence_arguments(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
-                                                           seqused_k, leftpad_q, leftpad_k);
+                                                           seqused_k, leftpad_q, leftpad_k, kv_batch_idx, block_table);
     check_sequence_arguments(sequences, false);
     at::Tensor q = tensor_argument(q_obj, "q");
     at::Tensor k = tensor_argument(k_obj, "k");
@@ -198,8 +200,11 @@ void ensure_dispatch_tables() {
         std::optional<int64_t> max_seqlen_q, std::optional<int64_t> max_seqlen_k,                                 \
         const std::optional<at::Tensor> &seqused_q, const std::optional<at::Tensor> &seqused_k,                     \
         const std::optional<at::Tensor> &leftpad_q, const std::optional<at::Tensor> &leftpad_k,                     \
+        const std::optional<at::Tensor> &kv_batch_idx, const std::optional<at::Tensor> &block_table,                \
         std::optional<int64_t> num_splits
-#define FLASH_SEQUENCE_ARGUMENTS cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, leftpad_q, leftpad_k
+#define FLASH_SEQUENCE_ARGUMENTS                                                                                    \
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, leftpad_q, leftpad_k, kv_batch_idx, \
+        block_table
 
 ForwardResult run_operator(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, c10::string_view config,
                            bool causal, std::optional<double> softmax_scale, at::IntArrayRef window_size, double softcap,
@@ -290,7 +295,7 @@ at::Tensor forward_out_autograd(const at::Tensor &q, const at::Tensor &k, const 
 #define FLASH_SEQUENCE_SCHEMA                                                                                           \
     "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None, "          \
     "Tensor? seqused_q=None, Tensor? seqused_k=None, Tensor? leftpad_q=None, Tensor? leftpad_k=None, "                   \
-    "int? num_splits=None"
+    "Tensor? kv_batch_idx=None, Tensor? block_table=None, int? num_splits=None"
 
 TORCH_LIBRARY(flash_attention, m) {
     m.def("forward(Tensor q, Tensor k, Tensor v, str config, bool causal, float? softmax_scale, int[] window_size, "
@@ -324,24 +329,28 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("heads_first") = false, py::arg("cu_seqlens_q") = py::none(), py::arg("cu_seqlens_k") = py::none(),
           py::arg("max_seqlen_q") = py::none(), py::arg("max_seqlen_k") = py::none(), py::arg("seqused_q") = py::none(),
           py::arg("seqused_k") = py::none(), py::arg("leftpad_q") = py::none(), py::arg("leftpad_k") = py::none(),
-          py::arg("num_splits") = py::none(),
+          py::arg("kv_batch_idx") = py::none(), py::arg("block_table") = py::none(), py::arg("num_splits") = py::none(),
           "forward(kernel_cfg, q, k, v, o=None, benchmark=False, causal=False, softmax_scale=None, "
           "window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_lse=False, heads_first=False, "
           "cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_q=None, "
-          "seqused_k=None, leftpad_q=None, leftpad_k=None, num_splits=None) -> (o, lse or None, runtime_ms or None)\n\n"
+          "seqused_k=None, leftpad_q=None, leftpad_k=None, kv_batch_idx=None, block_table=None, num_splits=None) -> "
+          "(o, lse or None, runtime_ms or None)\n\n"
           "Attention (FlashAttention-2's semantics) with the kernel compiled for kernel_cfg (None: chosen from the "
           "dispatch tables) and the problem's variant, launched on the current stream; with benchmark=True also "
           "returns its run time in milliseconds. q, k, v and o are (batch, seq, heads, d_head), or with "
           "heads_first (batch, heads, seq, d_head), o then allocated here. With cu_seqlens_q and cu_seqlens_k "
           "(int32, batch + 1) they are (total, heads, d_head), sequence b's rows cu_seqlens[b] .. "
           "cu_seqlens[b + 1] - 1, and lse is (heads_q, total_q); seqused (int32, batch) uses that many rows of "
-          "each slot, from leftpad (int32, batch) on. num_splits: how many blocks share each query block's keys "
+          "each slot, from leftpad (int32, batch) on. kv_batch_idx (int32, batch): the entry of k and v sequence b "
+          "reads. block_table (int32, (batch, pages_per_sequence)): k and v are pages (num_pages, page_size, "
+          "heads_kv, d_head), sequence b's key j in page block_table[b, j // page_size]. num_splits: how many blocks share each query block's keys "
           "(0: the heuristic's count; None: 1 with kernel_cfg, 0 without).");
     m.def("choose", &binding::choose_kernel, py::arg("q"), py::arg("k"), py::arg("causal"), py::arg("window_size"),
           py::arg("softcap"), py::arg("alibi_slopes"), py::arg("capability"), py::arg("smem_per_block"),
           py::arg("cu_seqlens_q") = py::none(), py::arg("cu_seqlens_k") = py::none(), py::arg("max_seqlen_q") = py::none(),
           py::arg("max_seqlen_k") = py::none(), py::arg("seqused_q") = py::none(), py::arg("seqused_k") = py::none(),
-          py::arg("leftpad_q") = py::none(), py::arg("leftpad_k") = py::none(),
+          py::arg("leftpad_q") = py::none(), py::arg("leftpad_k") = py::none(), py::arg("kv_batch_idx") = py::none(),
+          py::arg("block_table") = py::none(),
           "The automatic choice for a problem on a GPU of this compute capability (major * 10 + minor) and shared "
           "memory per block, without running it.");
     m.def("load_dispatch_tables", &binding::load_dispatch_tables, py::arg("tables"), py::arg("defaults"),

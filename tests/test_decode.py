@@ -1,7 +1,9 @@
 """Decoding: few queries against many keys. A split over the keys (num_splits, and the heuristic's
-choice), single-query calls with grouped heads packed into one block, and flash_attn_with_kvcache
-(new keys appended in place, rotary embedding, cache_leftpad, CUDA graphs), each against the
-float32 reference. GPU tests: they skip, with the reason, without a GPU or a build.
+choice), single-query calls with grouped heads packed into one block, paged caches (block_table)
+and caches indexed per sequence (kv_batch_idx), and flash_attn_with_kvcache (new keys appended in
+place, rotary embedding, cache_leftpad, cache_batch_idx, paged caches, CUDA graphs), each against
+the float32 reference, and the paged and indexed calls bit for bit against the same call on the
+keys laid out densely. GPU tests: they skip, with the reason, without a GPU or a build.
 """
 
 from __future__ import annotations
@@ -181,8 +183,12 @@ def test_kvcache_appends_rotates_and_attends(seqlen_q, causal, rotary, with_left
 
 def test_kvcache_rejects_what_it_cannot_run(rng):
     q, k, v = _decode_inputs(rng, torch.bfloat16, 64)
-    with pytest.raises(NotImplementedError, match="^block_table"):
-        flash_attention.flash_attn_with_kvcache(q, k, v, cache_seqlens=3, block_table=torch.zeros(2, 1, dtype=torch.int32))
+    table = torch.zeros(2, 1, dtype=torch.int32, device="cuda")
+    index = torch.zeros(2, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="^cache_batch_idx: is not given with block_table"):
+        flash_attention.flash_attn_with_kvcache(q, k, v, cache_seqlens=3, block_table=table, cache_batch_idx=index)
+    with pytest.raises(ValueError, match="^block_table: expected an int32 tensor"):
+        flash_attention.flash_attn_with_kvcache(q, k, v, k[:, :1], v[:, :1], cache_seqlens=3, block_table=table.long())
     with pytest.raises(ValueError, match="^cache_seqlens: expected an int32 tensor of shape"):
         flash_attention.flash_attn_with_kvcache(q, k, v, cache_seqlens=torch.zeros(3, dtype=torch.int32, device="cuda"))
     with pytest.raises(ValueError, match="^k, v: give both"):
@@ -200,16 +206,27 @@ def test_the_debug_check_names_cache_seqlens(rng, monkeypatch):
     assert torch.equal(k, k_before)
 
 
-def test_a_decode_step_is_captured_once_and_replayed_as_the_lengths_grow(rng):
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_a_decode_step_is_captured_once_and_replayed_as_the_lengths_grow(paged, rng):
     """CUDA graphs: cache_seqlens a tensor, updated in place between replays; no host sync."""
     dtype, d_head, heads, batch, cache_len = torch.bfloat16, 128, (32, 8), 2, 4096
     k_cache, v_cache = (helpers.random_tensor((batch, cache_len, heads[1], d_head), dtype, rng) for _ in range(2))
     q = helpers.random_tensor((batch, 1, heads[0], d_head), dtype, rng)
     k_new, v_new = (helpers.random_tensor((batch, 1, heads[1], d_head), dtype, rng) for _ in range(2))
     cache_seqlens = torch.tensor([1000, 3000], dtype=torch.int32, device="cuda")
+    paging = _Pages(k_cache, v_cache, 16, rng) if paged else None
 
     def step():
-        return flash_attention.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_seqlens, causal=True)
+        if paging is None:
+            return flash_attention.flash_attn_with_kvcache(
+                q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_seqlens, causal=True
+            )
+        out = flash_attention.flash_attn_with_kvcache(
+            q, paging.k, paging.v, k_new, v_new, cache_seqlens=cache_seqlens, block_table=paging.table, causal=True
+        )
+        k_cache.copy_(paging.dense(paging.k))  # what the reference reads
+        v_cache.copy_(paging.dense(paging.v))
+        return out
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -227,3 +244,171 @@ def test_a_decode_step_is_captured_once_and_replayed_as_the_lengths_grow(rng):
         torch.testing.assert_close(out, eager, atol=0, rtol=0)
         used = cache_seqlens + 1
         helpers.assert_matches_reference(out, q, k_cache, v_cache, causal=True, seqused_k=used)
+
+
+# ----------------------------------------------------------------------------------------------
+# Paged caches (block_table) and caches indexed per sequence (kv_batch_idx)
+
+
+class _Pages:
+    """A paged copy of a dense (batch, seqlen, heads, d) k and v: each sequence's rows on pages of
+    page_size rows, the pages in random order in a pool with spare pages, and the table's columns
+    past a sequence's last page holding entries past the pool (which nothing may read)."""
+
+    def __init__(self, k, v, page_size, rng, spare_pages=3):
+        batch, seqlen, heads, d_head = k.shape
+        per_sequence = -(-seqlen // page_size)
+        num_pages = batch * per_sequence + spare_pages
+        order = torch.randperm(num_pages, generator=rng, device="cuda")[: batch * per_sequence]
+        self.table = order.view(batch, per_sequence).to(torch.int32)
+        self.page_size, self.seqlen = page_size, seqlen
+        self.k, self.v = (self._scatter(t, num_pages, rng) for t in (k, v))
+
+    def _scatter(self, dense, num_pages, rng):
+        batch, seqlen, heads, d_head = dense.shape
+        pool = helpers.random_tensor((num_pages, self.page_size, heads, d_head), dense.dtype, rng)
+        padded = torch.zeros((batch, self.table.shape[1] * self.page_size, heads, d_head), dtype=dense.dtype, device="cuda")
+        padded[:, :seqlen] = dense
+        pool[self.table.long().flatten()] = padded.view(-1, self.page_size, heads, d_head)
+        return pool
+
+    def dense(self, pool):
+        """The dense (batch, seqlen, heads, d) rows the pool holds."""
+        gathered = pool[self.table.long()]  # (batch, per_sequence, page_size, heads, d)
+        return gathered.flatten(1, 2)[:, : self.seqlen]
+
+    def table_with_garbage(self, used):
+        """The table, with the columns past each sequence's used keys pointing past the pool."""
+        table = self.table.clone()
+        columns = torch.arange(table.shape[1], device="cuda")[None, :]
+        past = columns >= (used.long()[:, None] + self.page_size - 1) // self.page_size
+        return torch.where(past, torch.full_like(table, 1 << 30), table)
+
+
+def _paged_config():
+    configs = _splitting_configs()
+    if not configs:
+        pytest.skip("no SM80 configuration with varlen kernels under test")
+    by_size = {cfg.d_head: cfg for cfg in configs if cfg.dtype.name == "BF16"}
+    return by_size.get(128, configs[0])
+
+
+@pytest.mark.parametrize("page_size", [16, 48, 64, 256])
+@pytest.mark.parametrize("num_splits", [1, 6])
+@pytest.mark.parametrize("seqlen_q", [1, 5])
+@pytest.mark.parametrize("causal", [False, True], ids=["none", "causal"])
+def test_a_paged_cache_gives_the_bits_of_the_same_keys_in_rows(page_size, num_splits, seqlen_q, causal, rng):
+    cfg = _paged_config()
+    dtype = cfg.dtype.to_torch_dtype()
+    q, k, v = _decode_inputs(rng, dtype, cfg.d_head, batch=3, seqlen_q=seqlen_q, seqlen_k=700)
+    used = torch.tensor([700, 1, 333], dtype=torch.int32, device="cuda")
+    pages = _Pages(k, v, page_size, rng)
+    keywords = dict(causal=causal, return_lse=True, num_splits=num_splits, seqused_k=used)
+    out, lse = flash_attention.forward(
+        cfg, q, pages.k, pages.v, helpers.nan_like(q), block_table=pages.table_with_garbage(used), **keywords
+    )
+    dense_out, dense_lse = flash_attention.forward(cfg, q, k, v, **keywords)
+    assert torch.equal(out, dense_out) and torch.equal(lse, dense_lse), f"{cfg}: paged and dense calls differ"
+    reference = helpers.assert_matches_reference(out, q, k, v, causal=causal, seqused_k=used)
+    helpers.assert_lse_matches(lse, reference)
+
+
+def test_a_packed_batch_reads_a_paged_cache(rng):
+    """flash_attn_varlen_func with block_table: q packed, cu_seqlens_k giving only the key counts."""
+    cfg = _paged_config()
+    dtype = cfg.dtype.to_torch_dtype()
+    lengths_q, lengths_k = [3, 0, 1, 7], [100, 0, 257, 64]
+    cu_q, cu_k = (
+        torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device="cuda") for n in (lengths_q, lengths_k)
+    )
+    q = helpers.random_tensor((sum(lengths_q), 4, cfg.d_head), dtype, rng)
+    k, v = _decode_inputs(rng, dtype, cfg.d_head, batch=4, seqlen_q=1, seqlen_k=300, heads=(4, 2))[1:]
+    pages = _Pages(k, v, 32, rng)
+    packed = dict(cu_seqlens_q=cu_q, max_seqlen_q=7, max_seqlen_k=257, causal=True)
+    out = flash_attention.forward(cfg, q, pages.k, pages.v, helpers.nan_like(q), block_table=pages.table, cu_seqlens_k=cu_k, **packed)
+    k_packed, v_packed = (torch.cat([t[b, :n] for b, n in enumerate(lengths_k)]) for t in (k, v))
+    dense = flash_attention.forward(cfg, q, k_packed, v_packed, cu_seqlens_k=cu_k, **packed)
+    assert torch.equal(out, dense), "the paged and packed calls differ"
+    helpers.assert_matches_reference(out, q, k_packed, v_packed, cu_seqlens_k=cu_k, **packed)
+    automatic = flash_attention.flash_attn_varlen_func(
+        q, pages.k, pages.v, cu_q, cu_k, 7, 257, causal=True, block_table=pages.table
+    )
+    helpers.assert_matches_reference(automatic, q, k_packed, v_packed, cu_seqlens_k=cu_k, **packed)
+
+
+def test_kv_batch_idx_picks_each_sequences_cache_entry(rng):
+    """Every family with a varlen kernel under test, and the automatic choice: bit for bit the call
+    on the entries gathered."""
+    q, k, v = _decode_inputs(rng, torch.bfloat16, 128, batch=3, seqlen_q=4, seqlen_k=500)
+    k_cache, v_cache = (helpers.random_tensor((5, 500, 2, 128), torch.bfloat16, rng) for _ in range(2))
+    index = torch.tensor([4, 0, 2], dtype=torch.int32, device="cuda")
+    used = torch.tensor([500, 77, 1], dtype=torch.int32, device="cuda")
+    gathered = [t[index.long()] for t in (k_cache, v_cache)]
+    configs = {c.family: c for c in helpers.configs_under_test() if c.d_head == 128 and c.dtype.name == "BF16"
+               and any(variant.varlen for variant in flash_attention.compiled_variants(c))}
+    for cfg in [*configs.values(), None]:
+        out = flash_attention.forward(cfg, q, k_cache, v_cache, kv_batch_idx=index, seqused_k=used, causal=True)
+        gathered_out = flash_attention.forward(cfg, q, *gathered, seqused_k=used, causal=True)
+        assert torch.equal(out, gathered_out), f"{cfg}: indexed and gathered differ"
+        helpers.assert_matches_reference(out, q, *gathered, seqused_k=used, causal=True)
+
+
+@pytest.mark.parametrize("seqlen_q", [1, 4])
+@pytest.mark.parametrize("layout", ["paged", "batch_idx"])
+def test_kvcache_appends_to_pages_and_indexed_entries(layout, seqlen_q, rng):
+    dtype, d_head, heads, batch = torch.bfloat16, 128, (8, 2), 3
+    k_dense, v_dense = (helpers.random_tensor((batch, 640, heads[1], d_head), dtype, rng) for _ in range(2))
+    q = helpers.random_tensor((batch, seqlen_q, heads[0], d_head), dtype, rng)
+    k_new, v_new = (helpers.random_tensor((batch, seqlen_q, heads[1], d_head), dtype, rng) for _ in range(2))
+    cache_seqlens = torch.tensor([0, 600, 255], dtype=torch.int32, device="cuda")
+    if layout == "paged":
+        pages = _Pages(k_dense, v_dense, 16, rng)
+        k_cache, v_cache, keywords = pages.k, pages.v, dict(block_table=pages.table)
+        read_back = pages.dense
+    else:
+        index = torch.tensor([1, 3, 0], dtype=torch.int32, device="cuda")
+        k_cache, v_cache = (helpers.random_tensor((4, 640, heads[1], d_head), dtype, rng) for _ in range(2))
+        k_cache[index.long()], v_cache[index.long()] = k_dense, v_dense
+        keywords = dict(cache_batch_idx=index)
+        read_back = lambda cache: cache[index.long()]  # noqa: E731
+    out = flash_attention.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_seqlens, causal=True, **keywords
+    )
+    for b, start in enumerate(cache_seqlens.tolist()):
+        k_dense[b, start : start + seqlen_q], v_dense[b, start : start + seqlen_q] = k_new[b], v_new[b]
+    assert torch.equal(read_back(k_cache), k_dense) and torch.equal(read_back(v_cache), v_dense), "appended rows misplaced"
+    helpers.assert_matches_reference(out, q, k_dense, v_dense, causal=True, seqused_k=cache_seqlens + seqlen_q)
+
+
+def test_paged_and_indexed_calls_are_checked(rng):
+    q, k, v = _decode_inputs(rng, torch.bfloat16, 128, batch=2, seqlen_k=64)
+    table = torch.zeros((2, 4), dtype=torch.int32, device="cuda")
+    hopper = [c for c in helpers.configs_under_test() if c.family == "sm90" and c.d_head == 128 and c.dtype.name == "BF16"]
+    if hopper:
+        with pytest.raises(ValueError, match="^block_table: .* does not read paged caches"):
+            flash_attention.forward(hopper[0], q, k, v, block_table=table)
+    with pytest.raises(ValueError, match="^k: a paged cache is .* page_size a multiple of 16"):
+        flash_attention.forward(None, q, k[:, :8], v[:, :8], block_table=table)
+    with pytest.raises(TypeError, match="^block_table: dtype must be int32"):
+        flash_attention.forward(None, q, k, v, block_table=table.long())
+    with pytest.raises(ValueError, match="^block_table: shape"):
+        flash_attention.forward(None, q, k, v, block_table=table[:1])
+    with pytest.raises(ValueError, match="^leftpad_k: is not given with block_table"):
+        flash_attention.forward(None, q, k, v, block_table=table, leftpad_k=table[:, 0])
+    with pytest.raises(ValueError, match="^kv_batch_idx: is not given with block_table"):
+        flash_attention.forward(None, q, k, v, block_table=table, kv_batch_idx=table[:, 0])
+    with pytest.raises(ValueError, match="^kv_batch_idx: shape"):
+        flash_attention.forward(None, q, k, v, kv_batch_idx=table[0])
+
+
+def test_the_debug_check_names_pages_and_entries_past_the_cache(rng, monkeypatch):
+    monkeypatch.setenv("FLASH_ATTENTION_CHECK_SEQLENS", "1")
+    q, k, v = _decode_inputs(rng, torch.bfloat16, 128, batch=2, seqlen_k=64)
+    table = torch.tensor([[0, 1], [2, 9]], dtype=torch.int32, device="cuda")
+    used = torch.tensor([40, 20], dtype=torch.int32, device="cuda")
+    pool_k, pool_v = k.view(4, 32, *k.shape[2:]), v.view(4, 32, *v.shape[2:])
+    with pytest.raises(ValueError, match="^block_table: entries must be in \\[0, 4\\) .* sequence 1 has 9"):
+        flash_attention.forward(None, q, pool_k, pool_v, block_table=table)
+    flash_attention.forward(None, q, pool_k, pool_v, block_table=table, seqused_k=used)  # column 1 unused
+    with pytest.raises(ValueError, match="^kv_batch_idx: entries must be in \\[0, 2\\)"):
+        flash_attention.forward(None, q, k, v, kv_batch_idx=torch.tensor([0, 2], dtype=torch.int32, device="cuda"))

@@ -127,6 +127,8 @@ def choose_config(
     seqused_k=None,
     leftpad_q=None,
     leftpad_k=None,
+    kv_batch_idx=None,
+    block_table=None,
     arch: str | None = None,
 ) -> ConfigChoice:
     """The configuration that flash_attn_func, flash_attn_varlen_func and the operators use for this
@@ -154,6 +156,8 @@ def choose_config(
         seqused_k=seqused_k,
         leftpad_q=leftpad_q,
         leftpad_k=leftpad_k,
+        kv_batch_idx=kv_batch_idx,
+        block_table=block_table,
     )
     load_dispatch_tables()
     gpu = (_capability_number(arch), smem_limit(_capability(arch)))

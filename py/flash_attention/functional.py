@@ -60,11 +60,13 @@ def forward(
     seqused_k=None,
     leftpad_q=None,
     leftpad_k=None,
+    kv_batch_idx=None,
+    block_table=None,
     num_splits=None,
 ):
     """Attention with FlashAttention-2's semantics; returns o, or (o, lse) with return_lse.
 
-    cfg is a kernel configuration or its short form. q is (batch, seqlen_q, heads_q, d_head); k and
+    cfg is a kernel configuration, its short form, or None for the automatic choice (choose_config's). q is (batch, seqlen_q, heads_q, d_head); k and
     v are (batch, seqlen_k, heads_kv, d_head), with heads_q a multiple of heads_kv (query head h
     reads key/value head h // (heads_q // heads_kv)). d_head is any size up to 256: a configuration
     of a larger d_head runs it with zero columns past it (README, "Head sizes"). The lengths are any
@@ -88,6 +90,14 @@ def forward(
       seqused); leftpad_q, leftpad_k (batch,): its used rows start that many rows into the slot.
       Without cu_seqlens (max_seqlen is then not given), each batch entry of the 4-D q, k and v is
       a slot. With either, the rows of o that no sequence uses are 0 and their lse +inf.
+    - kv_batch_idx (batch,): sequence b's keys and values are batch entry kv_batch_idx[b] of the
+      4-D k and v, whose batch may differ from q's (a cache with more entries than the batch: FA2's
+      cache_batch_idx). Not with cu_seqlens or block_table.
+    - block_table (batch, pages_per_sequence): k and v are a paged cache, (num_pages, page_size,
+      heads_kv, d_head) with page_size a multiple of 16, and sequence b's key j is row
+      j % page_size of page block_table[b, j // page_size]. Sequence b has seqused_k[b] keys,
+      else cu_seqlens_k[b + 1] - cu_seqlens_k[b], else all that its pages hold (q is 4-D, or
+      packed with cu_seqlens). Not with leftpad_k. Only the SM80 family reads paged caches.
     - Every rule above applies to each sequence with its own lengths: its used queries attend its
       used keys, the masks and the ALiBi distance aligned to its bottom-right corner.
     - Their contents are not read, so nothing synchronizes; the kernels clamp contents that break
@@ -100,12 +110,14 @@ def forward(
     choose from the shapes, None (the default) runs cfg whole (1). Only the SM80 family's kernels
     split, with their varlen variant.
     """
-    if not isinstance(cfg, (str, *FAMILIES.values())):
-        raise TypeError(f"kernel_cfg: expected a kernel configuration or its short form, got {type(cfg).__name__}")
-    # One chain of identity tests (all eight None): what a dense call pays for them.
+    if cfg is not None and not isinstance(cfg, (str, *FAMILIES.values())):
+        raise TypeError(
+            f"kernel_cfg: expected a kernel configuration, its short form or None, got {type(cfg).__name__}"
+        )
+    # One chain of identity tests (all ten None): what a dense call pays for them.
     if (
         cu_seqlens_q is cu_seqlens_k is max_seqlen_q is max_seqlen_k
-        is seqused_q is seqused_k is leftpad_q is leftpad_k is None
+        is seqused_q is seqused_k is leftpad_q is leftpad_k is kv_batch_idx is block_table is None
     ):
         sequences = None
     else:
@@ -118,6 +130,8 @@ def forward(
             seqused_k=seqused_k,
             leftpad_q=leftpad_q,
             leftpad_k=leftpad_k,
+            kv_batch_idx=kv_batch_idx,
+            block_table=block_table,
         )
     return _attention(
         cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, sequences=sequences,
@@ -263,12 +277,16 @@ def flash_attn_varlen_func(
     alibi_slopes=None,
     deterministic=False,
     return_attn_probs=False,
+    block_table=None,
     *,
     seqused_q=None,
     seqused_k=None,
 ):
     """FlashAttention-2's flash_attn_varlen_func (with FlashAttention-3's seqused_q and seqused_k):
     a batch of sequences of different lengths, packed, the configuration chosen automatically.
+    With block_table (int32 CUDA, (batch, pages_per_sequence)), k and v are a paged cache
+    (num_pages, page_size, heads_kv, d), page_size a multiple of 16, sequence b's key j being row
+    j % page_size of page block_table[b, j // page_size]; cu_seqlens_k then gives the lengths only.
 
     q is (total_q, heads_q, d) and k, v are (total_k, heads_kv, d); cu_seqlens_q and cu_seqlens_k
     (int32 CUDA, (batch + 1,)) are the prefix sums of the lengths, sequence b being the rows
@@ -289,6 +307,7 @@ def flash_attn_varlen_func(
         max_seqlen_k=max_seqlen_k,
         seqused_q=seqused_q,
         seqused_k=seqused_k,
+        block_table=block_table,
     )
     return _flash_attn(
         q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,

@@ -103,7 +103,7 @@ def forward_timed(
     """As flash_attention.forward, calling the extension directly, and also the kernels' run time in
     milliseconds (CUDA events, split and combine together; synchronizes): (o, runtime_ms), or (o,
     lse, runtime_ms) with return_lse. ``sequences`` are forward's per-sequence keywords
-    (cu_seqlens_q, ..., leftpad_k)."""
+    (cu_seqlens_q, ..., block_table)."""
     out, lse, runtime_ms = _C.forward(
         as_config(cfg), q, k, v, o, True, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, False,
         **sequence_arguments(**sequences), num_splits=num_splits,

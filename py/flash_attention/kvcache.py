@@ -4,9 +4,10 @@ A step appends its new keys and values to the cache in place, optionally rotates
 keys (rotary embedding), then attends each sequence's cached keys. Everything runs on the GPU
 without reading the lengths on the host, so a step is captured once by a CUDA graph and replayed
 as the lengths grow (cache_seqlens a tensor). The attention is the varlen kernels' with seqused_k
-(the keys each sequence uses) and leftpad_k (cache_leftpad), split over the keys where the
-heuristic finds the GPU would otherwise idle (num_splits=0), and with one query per sequence and
-grouped heads, on the heads of a group packed into one block.
+(the keys each sequence uses), leftpad_k (cache_leftpad), kv_batch_idx (cache_batch_idx) and
+block_table (a paged cache), split over the keys where the heuristic finds the GPU would otherwise
+idle (num_splits=0), and with one query per sequence and grouped heads, on the heads of a group
+packed into one block.
 """
 
 from __future__ import annotations
@@ -43,10 +44,18 @@ def flash_attn_with_kvcache(
 ):
     """FlashAttention-2's flash_attn_with_kvcache.
 
-    q is (batch, seqlen_q, heads_q, d); k_cache and v_cache are (batch, seqlen_cache, heads_kv, d).
-    cache_seqlens (an int, or int32 (batch,)) is each sequence's cache length before this step;
-    cache_leftpad (int32 (batch,)) the index of its first valid cache row (default 0), so sequence
-    b's keys are cache rows cache_leftpad[b] .. cache_seqlens[b] - 1, then the new ones.
+    q is (batch, seqlen_q, heads_q, d); k_cache and v_cache are (batch_cache, seqlen_cache,
+    heads_kv, d), batch_cache being q's batch unless cache_batch_idx (int32 (batch,)) names the
+    entry each sequence uses. cache_seqlens (an int, or int32 (batch,)) is each sequence's cache
+    length before this step; cache_leftpad (int32 (batch,)) the index of its first valid cache row
+    (default 0), so sequence b's keys are cache rows cache_leftpad[b] .. cache_seqlens[b] - 1, then
+    the new ones.
+
+    With block_table (int32 (batch, pages_per_sequence)) the cache is paged: k_cache and v_cache
+    are (num_pages, page_size, heads_kv, d), page_size a multiple of 16 (16 is vLLM's default), and
+    sequence b's row j is row j % page_size of page block_table[b, j // page_size]. Not with
+    cache_batch_idx or cache_leftpad (FlashAttention-2's rule). Paged caches run on the SM80
+    family's kernels.
 
     k and v (batch, seqlen_new, heads_kv, d), given together, are written into the cache in place at
     rows cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 (clamped to the cache), and attended
@@ -64,12 +73,10 @@ def flash_attn_with_kvcache(
     heuristic's count. Returns o (batch, seqlen_q, heads_q, d), and with return_softmax_lse also
     lse (batch, heads_q, seqlen_q).
 
-    Not implemented yet (NotImplementedError): cache_batch_idx and block_table (paged caches).
     """
-    if block_table is not None:
-        raise NotImplementedError("block_table: paged KV caches are not implemented yet")
-    if cache_batch_idx is not None:
-        raise NotImplementedError("cache_batch_idx: not implemented yet; index k_cache and v_cache by batch instead")
+    if block_table is not None and (cache_batch_idx is not None or cache_leftpad is not None):
+        other = "cache_batch_idx" if cache_batch_idx is not None else "cache_leftpad"
+        raise ValueError(f"{other}: is not given with block_table (a paged sequence starts at its first page)")
     for name, tensor in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4:
             raise ValueError(f"{name}: expected a 4-D tensor (batch, seq, heads, d)")
@@ -82,8 +89,11 @@ def flash_attn_with_kvcache(
     leftpad = cache_leftpad
     if leftpad is not None:
         _check_per_sequence(leftpad, "cache_leftpad", batch, q.device)
+    if cache_batch_idx is not None:
+        _check_per_sequence(cache_batch_idx, "cache_batch_idx", batch, q.device)
+    rows = _CacheRows(k_cache, cache_batch_idx, block_table, batch, q.device)
     if not torch.compiler.is_compiling() and sequence_checks.requested():
-        sequence_checks.check_cache_contents(k_cache.shape[1], 0 if k is None else k.shape[1], seqlens, leftpad)
+        sequence_checks.check_cache_contents(rows.capacity, 0 if k is None else k.shape[1], seqlens, leftpad)
     local = causal or tuple(window_size) != (-1, -1)
     if rotary_cos is not None:
         q = _rotate(q, rotary_cos, rotary_sin, seqlens, rotary_interleaved, per_token=local, name="q")
@@ -96,12 +106,15 @@ def flash_attn_with_kvcache(
             )
         if rotary_cos is not None:
             k = _rotate(k, rotary_cos, rotary_sin, seqlens, rotary_interleaved, per_token=True, name="k")
-        _append(k_cache, k, seqlens, "k_cache")
-        _append(v_cache, v, seqlens, "v_cache")
+        where = rows.of(seqlens, k.shape[1])
+        _append(k_cache, k, where, "k_cache")
+        _append(v_cache, v, where, "v_cache")
         new_keys = k.shape[1]
     # The keys each sequence attends, counted from its first valid row.
     used = seqlens + new_keys if leftpad is None else seqlens + new_keys - leftpad
-    sequences = sequence_arguments(seqused_k=used.to(torch.int32), leftpad_k=leftpad)
+    sequences = sequence_arguments(
+        seqused_k=used.to(torch.int32), leftpad_k=leftpad, kv_batch_idx=cache_batch_idx, block_table=block_table
+    )
     return _attention(
         None, q, k_cache, v_cache, None, causal, softmax_scale, window_size, softcap, alibi_slopes, return_softmax_lse,
         sequences=sequences, num_splits=num_splits,
@@ -128,17 +141,55 @@ def _cache_seqlens(cache_seqlens, batch: int, device) -> torch.Tensor:
     return cache_seqlens
 
 
-def _append(cache: torch.Tensor, new: torch.Tensor, seqlens: torch.Tensor, name: str) -> None:
-    """Writes new (batch, n, heads, d) into cache rows seqlens[b] .. seqlens[b] + n - 1, in place;
-    rows past the cache are clamped to its last (never out of bounds)."""
-    if cache.shape[0] != new.shape[0] or cache.shape[2:] != new.shape[2:] or cache.dtype != new.dtype:
+class _CacheRows:
+    """Where a sequence's cache rows are: (batch entry, row) of k_cache, through cache_batch_idx or
+    a paged cache's block_table where given. Indices past the cache are clamped into it, as the
+    kernels clamp theirs, so a bad entry never writes out of bounds."""
+
+    def __init__(self, k_cache, cache_batch_idx, block_table, batch: int, device):
+        self.cache_entries, self.entry_rows = k_cache.shape[0], k_cache.shape[1]
+        self.batch_idx, self.block_table = cache_batch_idx, block_table
+        if block_table is not None:
+            tensor = isinstance(block_table, torch.Tensor)
+            shape_ok = tensor and block_table.dim() == 2 and block_table.shape[0] == batch and block_table.shape[1] >= 1
+            if not shape_ok or block_table.dtype != torch.int32:
+                described = f"a {block_table.dtype} tensor of shape {tuple(block_table.shape)}" if tensor else type(block_table).__name__
+                raise ValueError(
+                    f"block_table: expected an int32 tensor of shape ({batch}, pages_per_sequence >= 1), got {described}"
+                )
+            if block_table.device != device:
+                raise ValueError(f"block_table: on {block_table.device}, q on {device}")
+            self.capacity = block_table.shape[1] * self.entry_rows
+        else:
+            self.capacity = self.entry_rows
+        self.batch, self.device = batch, device
+
+    def of(self, seqlens: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(entries, rows), each (batch, n): where key positions seqlens[b] .. seqlens[b] + n - 1 are."""
+        if self.cache_entries < 1 or self.capacity < 1:
+            raise ValueError("k_cache: has no rows to append the new keys to")
+        positions = seqlens.long()[:, None] + torch.arange(n, device=self.device)
+        positions = positions.clamp_(0, max(self.capacity - 1, 0))
+        if self.block_table is not None:
+            slots = positions // self.entry_rows
+            pages = self.block_table.long().gather(1, slots).clamp_(0, self.cache_entries - 1)
+            return pages, positions % self.entry_rows
+        if self.batch_idx is not None:
+            entries = self.batch_idx.long().clamp(0, self.cache_entries - 1)[:, None]
+        else:
+            entries = torch.arange(self.batch, device=self.device)[:, None]
+        return entries.expand_as(positions), positions
+
+
+def _append(cache: torch.Tensor, new: torch.Tensor, where: tuple[torch.Tensor, torch.Tensor], name: str) -> None:
+    """Writes new (batch, n, heads, d) into the cache at ``where`` (_CacheRows.of's), in place."""
+    if cache.shape[2:] != new.shape[2:] or cache.dtype != new.dtype or cache.device != new.device:
         raise ValueError(
-            f"{name}: new rows {tuple(new.shape)} ({new.dtype}) do not fit the cache {tuple(cache.shape)} ({cache.dtype})"
+            f"{name}: new rows {tuple(new.shape)} ({new.dtype}, {new.device}) do not fit the cache "
+            f"{tuple(cache.shape)} ({cache.dtype}, {cache.device})"
         )
-    rows = seqlens.long()[:, None] + torch.arange(new.shape[1], device=cache.device)
-    rows = rows.clamp_(0, cache.shape[1] - 1)
-    batch_index = torch.arange(cache.shape[0], device=cache.device)[:, None]
-    cache[batch_index, rows] = new
+    entries, rows = where
+    cache[entries, rows] = new
 
 
 def _rotate(x, cos, sin, seqlens, interleaved: bool, per_token: bool, name: str) -> torch.Tensor:

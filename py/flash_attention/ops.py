@@ -6,14 +6,15 @@ implementations, for tracing, and the plain call that skips them):
                                       alibi_slopes, return_lse, cu_seqlens_q=None, cu_seqlens_k=None,
                                       max_seqlen_q=None, max_seqlen_k=None, seqused_q=None,
                                       seqused_k=None, leftpad_q=None, leftpad_k=None,
+                                      kv_batch_idx=None, block_table=None,
                                       num_splits=None) -> (o, lse)
     torch.ops.flash_attention.forward_out(...the ten before the per-sequence ones..., o,
-                                          ...the eight per-sequence ones, num_splits...) -> lse
+                                          ...the ten per-sequence ones, num_splits...) -> lse
                                           (writes o in place)
 
 ``config`` is a configuration's short form, or "" to let the automatic choice (``choose_config``'s)
 pick one when the call runs. ``window_size`` is the pair (left, right). Without ``return_lse``,
-``lse`` is an empty float32 tensor (an operator's outputs cannot be optional). The eight optional
+``lse`` is an empty float32 tensor (an operator's outputs cannot be optional). The ten optional
 per-sequence arguments are flash_attention.forward's: with cu_seqlens_q, q is (total_q, heads_q,
 d_head) and lse (heads_q, total_q); otherwise lse is (batch, heads_q, seqlen_q). ``num_splits`` is
 forward's (None: the heuristic's count with "", 1 with a configuration).
@@ -40,7 +41,7 @@ def launch(
 ):
     """The extension's forward with a checked configuration (kernels.cached_config's), or None for
     the automatic choice: (o, lse or None). ``sequences``: the per-sequence arguments that were given
-    (cu_seqlens_q, ..., leftpad_k, by name), passed on as keywords; None for a dense call, which
+    (cu_seqlens_q, ..., block_table, by name), passed on as keywords; None for a dense call, which
     passes none. num_splits: None for the extension's default. The extension checks every other
     argument. It checks no grad: callers outside the operators do (check_no_grad)."""
     if cfg is None:
@@ -69,7 +70,8 @@ def _fake_lse(q: Tensor, return_lse: bool, cu_seqlens_q) -> Tensor:
 def _forward_fake(
     q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse,
     cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-    seqused_q=None, seqused_k=None, leftpad_q=None, leftpad_k=None, num_splits=None,
+    seqused_q=None, seqused_k=None, leftpad_q=None, leftpad_k=None, kv_batch_idx=None, block_table=None,
+    num_splits=None,
 ):
     return q.new_empty(q.shape), _fake_lse(q, return_lse, cu_seqlens_q)
 
@@ -78,7 +80,8 @@ def _forward_fake(
 def _forward_out_fake(
     q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, o,
     cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-    seqused_q=None, seqused_k=None, leftpad_q=None, leftpad_k=None, num_splits=None,
+    seqused_q=None, seqused_k=None, leftpad_q=None, leftpad_k=None, kv_batch_idx=None, block_table=None,
+    num_splits=None,
 ):
     return _fake_lse(q, return_lse, cu_seqlens_q)
 

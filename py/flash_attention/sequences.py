@@ -1,7 +1,8 @@
 """The per-sequence arguments of a call whose batch holds sequences of different lengths
-(FlashAttention-2's cu_seqlens and max_seqlen, FlashAttention-3's seqused, and leftpad), gathered
-as the extension and the torch operators take them: as keywords, only those given (a dense call
-passes none of them on).
+(FlashAttention-2's cu_seqlens and max_seqlen, FlashAttention-3's seqused, and leftpad) or reads
+its keys and values through an index (kv_batch_idx: a cache's entry per sequence; block_table: a
+paged cache's pages), gathered as the extension and the torch operators take them: as keywords,
+only those given (a dense call passes none of them on).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ def sequence_arguments(
     seqused_k=None,
     leftpad_q=None,
     leftpad_k=None,
+    kv_batch_idx=None,
+    block_table=None,
 ) -> dict:
     """The per-sequence arguments that were given (not None), by name.
 
@@ -40,6 +43,8 @@ def sequence_arguments(
         "seqused_k": seqused_k,
         "leftpad_q": leftpad_q,
         "leftpad_k": leftpad_k,
+        "kv_batch_idx": kv_batch_idx,
+        "block_table": block_table,
     }
     return {name: value for name, value in given.items() if value is not None}
 

@@ -104,7 +104,7 @@ inline std::optional<std::pair<ProblemVariant, const ForwardLauncher *>>
 runnable(const AnyConfig &config, const ForwardParams &params, const Problem &problem, const Gpu &gpu) {
     return visit_config(config, [&](auto family, const auto &cfg) -> std::optional<std::pair<ProblemVariant, const ForwardLauncher *>> {
         using Family = decltype(family);
-        if (!Family::runs_on(gpu.capability))
+        if (!Family::runs_on(gpu.capability) || (problem.paged_kv && !Family::reads_paged_kv))
             return std::nullopt;
         const ProblemVariant variant = Family::variant_for(cfg, params, problem.mask, problem.score_mods, problem.varlen);
         const ForwardLauncher *launcher = Family::find(cfg, variant);

@@ -68,6 +68,9 @@ inline const ForwardLauncher &named_kernel(const AnyConfig &config, const at::Te
         if (!Family::runs_on(gpu.capability))
             throw py::value_error("q: " + q.device().str() + " is " + arch_of(gpu.capability) + "; " +
                                   Family::cannot_run_reason(gpu.capability));
+        if (problem.paged_kv && !Family::reads_paged_kv)
+            throw py::value_error("block_table: " + Family::describe(cfg) +
+                                  " does not read paged caches (the SM80 family's kernels do); name one of those, or none");
         if (launcher->smem_bytes > gpu.smem_per_block)
             throw py::value_error("kernel_cfg: needs " + std::to_string(launcher->smem_bytes) +
                                   " bytes of shared memory per block; " + q.device().str() + " allows " +
@@ -115,7 +118,7 @@ inline Problem checked_problem(const at::Tensor &q, const at::Tensor &k, const a
     check_tensor(v, "v", on_device);
     check_device_and_dtype(k, "k", q);
     check_device_and_dtype(v, "v", q);
-    check_shapes(q, k, v);
+    check_shapes(q, k, v, sequences.kv_batches_indexed());
     return decode_problem(args, sequences, q, k, on_device, params);
 }
 
@@ -263,9 +266,11 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     params.v_strides = strides_of(v);
     params.o_strides = strides_of(o);
     if (sequences.packed()) {
-        // Every sequence is in the one batch entry: the kernels' batch index must not move them.
+        // Every sequence is in the one batch entry: the kernels' batch index must not move them (a
+        // paged k and v keep theirs, which step from page to page).
         for (TensorStrides *strides : {&params.q_strides, &params.k_strides, &params.v_strides, &params.o_strides})
-            strides->batch = 0;
+            if (!sequences.paged() || (strides != &params.k_strides && strides != &params.v_strides))
+                strides->batch = 0;
     }
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
     at::Tensor work_counter; // zeroed on the kernel's stream, by a memset that compute-sanitizer's initcheck sees
@@ -277,8 +282,10 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     std::optional<SplitBuffers> split_buffers;
     if (split) {
         // The varlen variant runs a dense call too: every sequence is then its batch entry's rows.
-        params.sequences.rows_q = static_cast<int>(q.size(1));
-        params.sequences.rows_k = static_cast<int>(k.size(1));
+        if (!sequences.any()) {
+            params.sequences.rows_q = static_cast<int>(q.size(1));
+            params.sequences.rows_k = static_cast<int>(k.size(1));
+        }
         split_buffers.emplace(split->num_splits, o, sequences.packed(), params);
     }
     const auto run = [&] {

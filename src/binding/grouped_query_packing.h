@@ -29,7 +29,8 @@ struct GroupedQueryPacking {
     GroupedQueryPacking(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                         const std::optional<at::Tensor> &o_given, const ProblemArguments &args,
                         const SequenceArguments &sequences) {
-        const bool shapes = q.dim() == 4 && k.dim() == 4 && k.sizes() == v.sizes() && q.size(0) == k.size(0) &&
+        const bool shapes = q.dim() == 4 && k.dim() == 4 && k.sizes() == v.sizes() &&
+                            (q.size(0) == k.size(0) || sequences.kv_batches_indexed()) &&
                             q.size(1) == 1 && q.size(3) == k.size(3) && k.size(2) > 0 && q.size(2) > k.size(2) &&
                             q.size(2) % k.size(2) == 0 && q.scalar_type() == k.scalar_type() &&
                             q.scalar_type() == v.scalar_type() && q.device() == k.device() && q.device() == v.device();

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -49,10 +50,11 @@ inline void check_device_and_dtype(const at::Tensor &t, const char *name, const 
         throw py::type_error(std::string(name) + ": dtype " + dtype_str(t) + " differs from q's " + dtype_str(q));
 }
 
-// k and v: (batch, seqlen_k, heads_kv, d_head) with q's batch and d_head, heads_kv dividing
-// heads_q; v of k's shape. The lengths and counts within what the kernels index.
-inline void check_shapes(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v) {
-    if (k.size(0) != q.size(0) || k.size(3) != q.size(3))
+// k and v: (batch, seqlen_k, heads_kv, d_head) with q's batch (unless an index picks each
+// sequence's entry: kv_batches_indexed) and d_head, heads_kv dividing heads_q; v of k's shape. The
+// lengths and counts within what the kernels index.
+inline void check_shapes(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, bool kv_batches_indexed) {
+    if ((!kv_batches_indexed && k.size(0) != q.size(0)) || k.size(3) != q.size(3))
         throw py::value_error("k: shape " + shape_str(k) + " must be (batch, seqlen_k, heads_kv, d_head) with q's batch and "
                               "d_head, q being " + shape_str(q));
     if (k.size(2) == 0 || q.size(2) % k.size(2) != 0)
@@ -61,6 +63,8 @@ inline void check_shapes(const at::Tensor &q, const at::Tensor &k, const at::Ten
     if (v.sizes() != k.sizes())
         throw py::value_error("v: shape " + shape_str(v) + " differs from k's " + shape_str(k) +
                               "; k and v must have the same (batch, seqlen_k, heads_kv, d_head) shape");
+    if (k.size(0) > std::numeric_limits<int>::max())
+        throw py::value_error("k: at most " + std::to_string(std::numeric_limits<int>::max()) + " batch entries or pages");
     if (q.size(0) > 65535 || q.size(2) > 65535)
         throw py::value_error("q: batch and heads must each be at most 65535 (CUDA grid limits), got batch " +
                               std::to_string(q.size(0)) + ", heads " + std::to_string(q.size(2)));

@@ -32,12 +32,27 @@ struct MaskParams {
 constexpr int MAX_SEQLEN = 1 << 29;
 constexpr int UNBOUNDED_WINDOW = 2 * MAX_SEQLEN;
 
+// A paged KV cache (the SM80 family's varlen variant reads it): k and v are pools of pages,
+// (num_pages, page_size, heads_kv, d_head), and sequence b's key j is row j % page_size of page
+// block_table[b * table_stride + j / page_size]. A sequence holds at most pages_per_sequence *
+// page_size keys; the kernels clamp a table entry to the pages that exist.
+struct PagedKV {
+    const int *block_table; // (batch, pages_per_sequence) int32; null: k and v are not paged
+    int64_t table_stride;
+    int pages_per_sequence;
+    int page_size;
+    int num_pages;
+};
+
 // Where each sequence of a batch lies, when the sequences have lengths of their own (the varlen
 // variant; common/sequence.cuh reads it). Each batch entry b has a slot of rows in q's (and o's)
 // seq dimension: rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of a tensor whose batch dimension is
 // 1, or, without cu_seqlens_q, the whole seq dimension of batch entry b. The sequence uses the
 // slot's rows from leftpad_q[b] on (0 without leftpad), seqused_q[b] of them (without seqused, the
-// rest of the slot). The same for k and v. Every pointer is null or the call's int32 array.
+// rest of the slot). The same for k and v, whose slot is batch entry kv_batch_idx[b] where that is
+// given (a cache with more entries than the batch), and whose keys are paged where `paged` says so
+// (cu_seqlens_k then gives lengths only: every sequence's keys start at its first page). Every
+// pointer is null or the call's int32 array.
 struct SequenceLayout {
     const int *cu_seqlens_q; // (batch + 1)
     const int *cu_seqlens_k;
@@ -45,10 +60,14 @@ struct SequenceLayout {
     const int *seqused_k;
     const int *leftpad_q; // (batch)
     const int *leftpad_k;
-    // The rows of q's and k's seq dimension: every slot is clamped to them, so that lengths and
-    // offsets that break the rules never reach memory outside the tensors.
+    const int *kv_batch_idx; // (batch)
+    // The rows of q's and k's seq dimension (paged: a sequence's pages' rows), and the batch
+    // entries of k: every slot is clamped to them, so that lengths, offsets and indices that break
+    // the rules never reach memory outside the tensors.
     int rows_q;
     int rows_k;
+    int kv_batches;
+    PagedKV paged;
 };
 
 // A split over the keys (split-KV, for few query rows against many keys): num_splits blocks share

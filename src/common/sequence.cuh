@@ -42,6 +42,19 @@ __device__ __forceinline__ UsedRows used_rows(const int *cu_seqlens, const int *
     return {start, length};
 }
 
+// The keys of a sequence in a paged cache: every sequence's start at its first page, so
+// cu_seqlens_k gives only their count (cu_seqlens_k[b + 1] - cu_seqlens_k[b]), seqused_k as
+// elsewhere; without either, as many as its pages hold. At most that many.
+__device__ __forceinline__ UsedRows paged_rows(const SequenceLayout &layout, int batch) {
+    const int capacity = layout.paged.pages_per_sequence * layout.paged.page_size;
+    int64_t length = capacity;
+    if (layout.cu_seqlens_k != nullptr)
+        length = max(static_cast<int64_t>(layout.cu_seqlens_k[batch + 1]) - layout.cu_seqlens_k[batch], int64_t{0});
+    if (layout.seqused_k != nullptr)
+        length = min(static_cast<int64_t>(max(layout.seqused_k[batch], 0)), length);
+    return {0, static_cast<int>(min(length, static_cast<int64_t>(capacity)))};
+}
+
 template <bool VARLEN>
 struct Sequence;
 
@@ -52,6 +65,7 @@ struct Sequence<false> {
     int batch;
 
     __device__ __forceinline__ Sequence(const ForwardParams &params_, int batch_) : params(params_), batch(batch_) {}
+    __device__ __forceinline__ int tensor_batch_k() const { return batch; }
 };
 
 // A sequence with lengths of its own. `params` is the call's, with this sequence's lengths and the
@@ -69,8 +83,10 @@ struct Sequence<true> {
         : Sequence(call, batch_,
                    SequenceRows{used_rows(call.sequences.cu_seqlens_q, call.sequences.seqused_q, call.sequences.leftpad_q,
                                           call.sequences.rows_q, batch_),
-                                used_rows(call.sequences.cu_seqlens_k, call.sequences.seqused_k, call.sequences.leftpad_k,
-                                          call.sequences.rows_k, batch_)}) {}
+                                call.sequences.paged.block_table != nullptr
+                                    ? paged_rows(call.sequences, batch_)
+                                    : used_rows(call.sequences.cu_seqlens_k, call.sequences.seqused_k,
+                                                call.sequences.leftpad_k, call.sequences.rows_k, batch_)}) {}
     // A sequence whose rows were read from the layout already (by a persistent block's producer).
     __device__ __forceinline__ Sequence(const ForwardParams &call, int batch_, SequenceRows rows)
         : params(call), batch(batch_), q_rows(rows.q), k_rows(rows.k) {
@@ -89,9 +105,15 @@ struct Sequence<true> {
     }
     __device__ __forceinline__ SequenceRows rows() const { return {q_rows, k_rows}; }
     // The batch coordinate of q's and k's tensors: with cu_seqlens their batch dimension is 1, and
-    // every slot is in entry 0.
+    // every slot is in entry 0; k's is kv_batch_idx's entry where that is given; a paged cache's
+    // is a page, which the table gives key by key (0 here).
     __device__ __forceinline__ int tensor_batch_q() const { return params.sequences.cu_seqlens_q ? 0 : batch; }
-    __device__ __forceinline__ int tensor_batch_k() const { return params.sequences.cu_seqlens_k ? 0 : batch; }
+    __device__ __forceinline__ int tensor_batch_k() const {
+        const SequenceLayout &layout = params.sequences;
+        if (layout.cu_seqlens_k != nullptr || layout.paged.block_table != nullptr)
+            return 0;
+        return layout.kv_batch_idx ? min(max(layout.kv_batch_idx[batch], 0), layout.kv_batches - 1) : batch;
+    }
 
   private:
     __device__ __forceinline__ static const void *moved(const void *pointer, int64_t elements) {

@@ -22,6 +22,8 @@ struct FamilyInfo {
     static constexpr bool pads_head_with_masked_tails = true;
     // Its varlen variant splits the keys over several blocks (SplitKV) where the call asks.
     static constexpr bool splits_keys = true;
+    // Its varlen variant reads paged caches (PagedKV), looking up each key row's page.
+    static constexpr bool reads_paged_kv = true;
 
     FLASH_CONFIG_PYTHON_CONVERSIONS(FlashForwardKernelConfig, FLASH_SM80_CONFIG_FIELDS)
 

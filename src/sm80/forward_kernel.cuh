@@ -99,10 +99,19 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
 
     const value_t *Q = tensor_rows<const value_t>(params.q, params.q_strides, batch, head, Q_first_row);
     value_t *O = tensor_rows<value_t>(params.o, params.o_strides, batch, head, Q_first_row);
-    const KVTileCopies<Kernel, MASKED_TAILS> KV_copies{params, Q_smem.data + Kernel::Q_tile::size,
-                                                       tensor_rows<const value_t>(params.k, params.k_strides, batch, kv_head, 0),
-                                                       tensor_rows<const value_t>(params.v, params.v_strides, batch, kv_head, 0),
-                                                       B_c * params.k_strides.seq, B_c * params.v_strides.seq};
+    const int kv_batch = sequence.tensor_batch_k();
+    const int *page_table = nullptr;
+    if constexpr (VARLEN)
+        if (const PagedKV &paged = params.sequences.paged; paged.block_table != nullptr)
+            page_table = paged.block_table + batch * paged.table_stride;
+    const KVTileCopies<Kernel, MASKED_TAILS, VARLEN> KV_copies{
+        params,
+        Q_smem.data + Kernel::Q_tile::size,
+        tensor_rows<const value_t>(params.k, params.k_strides, kv_batch, kv_head, 0),
+        tensor_rows<const value_t>(params.v, params.v_strides, kv_batch, kv_head, 0),
+        B_c * params.k_strides.seq,
+        B_c * params.v_strides.seq,
+        page_table};
 
     OnlineSoftmax<Kernel::M_tiles, Kernel::optimized_softmax, Tiles::may_be_empty> softmax;
     softmax.init();

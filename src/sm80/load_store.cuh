@@ -132,6 +132,31 @@ __device__ __forceinline__ void copy_global_to_shared(const Tile &dst, const typ
         ptx::cp_async_commit();
 }
 
+// As copy_global_to_shared, for a tile whose rows lie anywhere in global memory (a paged cache's
+// keys): row r starts at src_row(r), contiguous, and each chunk's address is computed. src_row must
+// return an address for every row the plan reaches, the rows past valid_rows included, which are
+// not read.
+template <bool async_copy, int n_threads, bool partial_rows, bool partial_cols, typename Tile, typename RowAddress>
+__device__ __forceinline__ void copy_rows_global_to_shared(const Tile &dst, const RowAddress &src_row,
+                                                           int valid_rows = Tile::rows, int valid_cols = Tile::cols) {
+    using Plan = TileCopyPlan<n_threads, Tile>;
+#pragma unroll
+    for (int i = 0; i < Plan::steps; ++i) {
+        if (!Plan::exists(i))
+            continue;
+        const int row = Plan::row(i), col = Plan::col(i);
+        const bool exists = (!partial_rows || row < valid_rows) && (!partial_cols || col < valid_cols);
+        const typename Tile::value_t *src_chunk = src_row(row) + col;
+        if constexpr (async_copy)
+            ptx::cp_async_16_zfill(ptx::shared_address(dst.at(row, col)), src_chunk, exists ? COPY_BYTES : 0);
+        else
+            *reinterpret_cast<uint4 *>(dst.at(row, col)) =
+                exists ? *reinterpret_cast<const uint4 *>(src_chunk) : uint4{0, 0, 0, 0};
+    }
+    if constexpr (async_copy)
+        ptx::cp_async_commit();
+}
+
 // Copies a shared-memory tile to global memory with the same thread-to-chunk mapping; partial_rows:
 // only its first valid_rows rows; partial_cols: only their first valid_cols columns.
 template <int n_threads, bool partial_rows = false, bool partial_cols = false, typename Tile>

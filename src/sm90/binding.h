@@ -22,6 +22,8 @@ struct FamilyInfo {
     static constexpr bool pads_head_with_masked_tails = false;
     // Its kernels walk every key tile of a query block: a call is never split over the keys.
     static constexpr bool splits_keys = false;
+    // Its tensor maps address k and v as strided tensors; paged caches run on the SM80 family.
+    static constexpr bool reads_paged_kv = false;
 
     FLASH_CONFIG_PYTHON_CONVERSIONS(HopperForwardKernelConfig, FLASH_SM90_CONFIG_FIELDS)
 

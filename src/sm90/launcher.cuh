@@ -50,22 +50,26 @@ template <typename Kernel, ProblemVariant VARIANT>
 void launch(const ForwardParams &params, cudaStream_t stream) {
     const auto kernel = kernel_of<Kernel, VARIANT>;
     ensure_dynamic_smem_limit(reinterpret_cast<const void *>(kernel), Kernel::smem_bytes);
-    // A varlen call's sequences are rows of the tensors' seq dimension (rows_q, rows_k long), and with
-    // cu_seqlens all of them are in the one batch entry.
+    // A varlen call's sequences are rows of the tensors' seq dimension (rows_q, rows_k long); with
+    // cu_seqlens all of them are in the one batch entry, and with kv_batch_idx k and v have
+    // kv_batches entries of their own.
     const SequenceLayout &layout = params.sequences;
-    const auto map_of = [&](const void *data, const TensorStrides &strides, int seqlen, int rows, int heads, bool packed,
+    const auto map_of = [&](const void *data, const TensorStrides &strides, int seqlen, int rows, int heads, int batch,
                             int box_rows) {
         return make_tensor_map(Kernel::config.dtype, data, strides, params.d_head, VARIANT.varlen ? rows : seqlen, heads,
-                               packed ? 1 : params.batch, box_rows, Kernel::Swizzle::bytes);
+                               batch, box_rows, Kernel::Swizzle::bytes);
     };
-    const bool packed_q = VARIANT.varlen && layout.cu_seqlens_q != nullptr;
-    const bool packed_k = VARIANT.varlen && layout.cu_seqlens_k != nullptr;
+    const int batch_q = VARIANT.varlen && layout.cu_seqlens_q != nullptr ? 1 : params.batch;
+    const int batch_k = !VARIANT.varlen              ? params.batch
+                        : layout.cu_seqlens_k != nullptr ? 1
+                        : layout.kv_batch_idx != nullptr ? layout.kv_batches
+                                                         : params.batch;
     const KernelParams kp{
         params,
-        map_of(params.q, params.q_strides, params.seqlen_q, layout.rows_q, params.heads_q, packed_q, WGMMA_M),
-        map_of(params.k, params.k_strides, params.seqlen_k, layout.rows_k, params.heads_kv, packed_k, Kernel::KV_slice_rows),
-        map_of(params.v, params.v_strides, params.seqlen_k, layout.rows_k, params.heads_kv, packed_k, Kernel::KV_slice_rows),
-        map_of(params.o, params.o_strides, params.seqlen_q, layout.rows_q, params.heads_q, packed_q, WGMMA_M),
+        map_of(params.q, params.q_strides, params.seqlen_q, layout.rows_q, params.heads_q, batch_q, WGMMA_M),
+        map_of(params.k, params.k_strides, params.seqlen_k, layout.rows_k, params.heads_kv, batch_k, Kernel::KV_slice_rows),
+        map_of(params.v, params.v_strides, params.seqlen_k, layout.rows_k, params.heads_kv, batch_k, Kernel::KV_slice_rows),
+        map_of(params.o, params.o_strides, params.seqlen_q, layout.rows_q, params.heads_q, batch_q, WGMMA_M),
     };
     constexpr int cluster = Kernel::cluster_size;
     const int64_t Q_groups = ((params.seqlen_q + Kernel::B_r - 1) / Kernel::B_r + cluster - 1) / cluster;

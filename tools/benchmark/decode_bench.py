@@ -15,6 +15,10 @@ step passes it), times in one run, in a seeded random order per shape:
              choice), on (batch, heads, seq, d) views of the same tensors; one query needs no mask,
              several get the bottom-right causal mask as a boolean attn_mask
 
+With --page-size N the cache is paged: pages of N rows in random order in one pool, ours reading it
+through block_table and FA3 through page_table (SDPA, which has no paged form, reads the same keys
+laid out densely).
+
 With --graphs each call is captured once in a CUDA graph and its replays are timed: the GPU's time
 alone, as a serving loop that replays a captured decode step sees it (the eager timings of small
 shapes include the host's time per call).
@@ -73,6 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--d-head", type=common.served_d_head, default=128)
     parser.add_argument("--splits", type=common.positive_int, nargs="*", default=[], help="fixed num_splits to time too")
     parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays of each call")
+    parser.add_argument("--page-size", type=common.positive_int, help="page the cache in pages of this many rows")
     parser.add_argument("--rep-ms", type=float, default=common.DEFAULT_REP_MS)
     parser.add_argument("--csv", metavar="PATH", help="also write every timing to PATH")
     return parser.parse_args(argv)
@@ -107,15 +112,24 @@ def time_shape(args, dtype_name: str, batch: int, keys: int, seqlen_q: int, fa3,
         for _ in range(2)
     )
     cache_seqlens = torch.full((batch,), keys, dtype=torch.int32, device="cuda")
+    ours_cache, fa3_cache = (k_cache, v_cache), (k_cache, v_cache)
+    ours_keywords, fa3_keywords = {}, {}
+    if args.page_size:
+        k_pool, v_pool, table = paged(k_cache, v_cache, args.page_size, generator)
+        ours_cache = fa3_cache = (k_pool, v_pool)
+        ours_keywords, fa3_keywords = {"block_table": table}, {"page_table": table}
     calls = {
         OURS: functools.partial(
-            flash_attention.flash_attn_with_kvcache, q, k_cache, v_cache, cache_seqlens=cache_seqlens, causal=True
+            flash_attention.flash_attn_with_kvcache, q, *ours_cache, cache_seqlens=cache_seqlens, causal=True,
+            **ours_keywords,
         )
     }
     for splits in args.splits:
         calls[f"{OURS}/{splits}"] = functools.partial(calls[OURS], num_splits=splits)
     if fa3 is not None and dtype == torch.bfloat16:
-        calls[FA3] = functools.partial(fa3, q, k_cache, v_cache, cache_seqlens=cache_seqlens, causal=True, num_splits=0)
+        calls[FA3] = functools.partial(
+            fa3, q, *fa3_cache, cache_seqlens=cache_seqlens, causal=True, num_splits=0, **fa3_keywords
+        )
     query, key, value = (t.transpose(1, 2) for t in (q, k_cache, v_cache))
     # SDPA's is_causal aligns to the first key: the bottom-right mask of several queries is given.
     mask = None
@@ -134,6 +148,39 @@ def time_shape(args, dtype_name: str, batch: int, keys: int, seqlen_q: int, fa3,
     error = (ours.float() - reference.float()).abs().max().item()
     failure = None if error < 2e-2 else f"{dtype_name} {batch}x{keys} q{seqlen_q}: ours differs from SDPA by {error:.3g}"
     return rows, failure
+
+
+def paged(k_cache, v_cache, page_size: int, generator):
+    """(k pool, v pool, block_table): the caches' rows on pages of page_size rows, each sequence's
+    pages in random order in one pool."""
+    import torch
+
+    batch, keys, heads, d_head = k_cache.shape
+    per_sequence = -(-keys // page_size)
+    order = torch.randperm(batch * per_sequence, generator=generator, device="cuda")
+    table = order.view(batch, per_sequence).to(torch.int32)
+    pools = []
+    for cache in (k_cache, v_cache):
+        padded = torch.zeros((batch, per_sequence * page_size, heads, d_head), dtype=cache.dtype, device="cuda")
+        padded[:, :keys] = cache
+        pool = torch.empty((batch * per_sequence, page_size, heads, d_head), dtype=cache.dtype, device="cuda")
+        pool[order] = padded.view(-1, page_size, heads, d_head)
+        pools.append(pool)
+    return pools[0], pools[1], table
+
+
+def paged_call_error(fa3, page_size: int) -> str | None:
+    """Why FA3 cannot read a paged cache (some builds of fa3-fwd leave paging out), or None."""
+    import torch
+
+    q = torch.zeros((1, 1, 1, 128), dtype=torch.bfloat16, device="cuda")
+    pool = torch.zeros((1, page_size, 1, 128), dtype=torch.bfloat16, device="cuda")
+    table = torch.zeros((1, 1), dtype=torch.int32, device="cuda")
+    try:
+        fa3(q, pool, pool, cache_seqlens=torch.ones(1, dtype=torch.int32, device="cuda"), page_table=table)
+    except RuntimeError as error:
+        return str(error).strip().splitlines()[-1]
+    return None
 
 
 def format_table(rows: list[DecodeTiming], implementations: list[str]) -> str:
@@ -159,9 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     fa3, fa3_error = common.load_fa3("flash_attn_with_kvcache")
+    if fa3 is not None and args.page_size:
+        fa3_error = paged_call_error(fa3, args.page_size)
+        fa3 = None if fa3_error else fa3
     timer, timing = common.make_timer(args.rep_ms)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {timing}")
-    print(f"FA3: {'fa3_fwd_interface' if fa3 else f'not installed ({fa3_error})'}")
+    print(f"FA3: {'fa3_fwd_interface' if fa3 else f'missing: {fa3_error}'}")
+    print(f"cache: {f'paged, pages of {args.page_size} rows' if args.page_size else 'dense'}")
     rows, failures = [], []
     for dtype_name in args.dtypes:
         for seqlen_q in args.seqlen_q:
