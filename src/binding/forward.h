@@ -57,6 +57,9 @@ inline const ForwardLauncher &named_kernel(const AnyConfig &config, const at::Te
         if (params.d_head > cfg.d_head)
             throw py::value_error("q: d_head (last dimension) is " + std::to_string(params.d_head) +
                                   ", more than kernel_cfg.d_head (" + std::to_string(cfg.d_head) + ")");
+        if (problem.paged_kv && !Family::reads_paged_kv)
+            throw py::value_error("block_table: " + Family::describe(cfg) +
+                                  " does not read paged caches (the SM80 family's kernels do); name one of those, or none");
         const ProblemVariant variant = Family::variant_for(cfg, params, problem.mask, problem.score_mods, problem.varlen);
         const ForwardLauncher *launcher = Family::find(cfg, variant);
         const std::string build = " in this build (kernel set '" + std::string(compiled_kernel_set) + "'); " + rebuild_hint;
@@ -68,9 +71,6 @@ inline const ForwardLauncher &named_kernel(const AnyConfig &config, const at::Te
         if (!Family::runs_on(gpu.capability))
             throw py::value_error("q: " + q.device().str() + " is " + arch_of(gpu.capability) + "; " +
                                   Family::cannot_run_reason(gpu.capability));
-        if (problem.paged_kv && !Family::reads_paged_kv)
-            throw py::value_error("block_table: " + Family::describe(cfg) +
-                                  " does not read paged caches (the SM80 family's kernels do); name one of those, or none");
         if (launcher->smem_bytes > gpu.smem_per_block)
             throw py::value_error("kernel_cfg: needs " + std::to_string(launcher->smem_bytes) +
                                   " bytes of shared memory per block; " + q.device().str() + " allows " +

@@ -24,14 +24,32 @@ struct KVTileCopies {
     // rows K_tile_stride / B_c apart.
     const int *page_table;
 
-    // Where key `key` of a paged cache is, in elements from row 0 of page 0. The table's column and
-    // the page are clamped, so keys past the sequence (which the copies do not read) and entries
-    // past the pool have an address inside the tensors.
-    __device__ __forceinline__ int64_t paged_offset(int key, int64_t page_stride, int64_t row_stride) const {
+    // The pages of this thread's rows of tile KV_block: a paged copy reads a page per 16-row group
+    // of keys (a page holds a multiple of 16 rows, so a group never straddles two), and a thread's
+    // consecutive steps of fewer than 16 rows share their group's page. Per group: the table's entry,
+    // clamped to the pool (a bad entry stays inside the tensors), and the group's first row in its
+    // page. The table's column is clamped too, for the rows past the sequence (not read).
+    using Plan = TileCopyPlan<Kernel::n_threads, KV_tile>;
+    static constexpr int KEY_GROUP = 16;
+    static_assert(Kernel::B_c % KEY_GROUP == 0, "a tile's first key starts a group");
+    static constexpr int steps_per_group =
+        Plan::regular && Plan::rows_per_step < KEY_GROUP ? KEY_GROUP / Plan::rows_per_step : 1;
+    static constexpr int groups = (Plan::steps + steps_per_group - 1) / steps_per_group;
+    struct GroupPages {
+        int page[groups];
+        int first_row[groups];
+    };
+    __device__ __forceinline__ GroupPages group_pages(int KV_block) const {
         const PagedKV &paged = params.sequences.paged;
-        const int slot = min(key / paged.page_size, paged.pages_per_sequence - 1);
-        const int page = min(max(page_table[slot], 0), paged.num_pages - 1);
-        return page * page_stride + (key % paged.page_size) * row_stride;
+        GroupPages pages;
+#pragma unroll
+        for (int g = 0; g < groups; ++g) {
+            const int key = KV_block * Kernel::B_c + (Plan::row(g * steps_per_group) & ~(KEY_GROUP - 1));
+            const int slot = key / paged.page_size;
+            pages.page[g] = min(max(page_table[min(slot, paged.pages_per_sequence - 1)], 0), paged.num_pages - 1);
+            pages.first_row[g] = key - slot * paged.page_size;
+        }
+        return pages;
     }
 
     __device__ __forceinline__ KV_tile K_smem(int stage) const { return KV_tile{KV_smem + stage * Kernel::KV_stage_elems}; }
@@ -53,15 +71,18 @@ struct KVTileCopies {
             constexpr bool partial_rows = !Whole::value;
             const int rows = params.seqlen_k - KV_block * Kernel::B_c;
             if (VARLEN && page_table != nullptr) {
-                // A tile's rows may lie on several pages: each row's address is looked up.
-                const int first_key = KV_block * Kernel::B_c;
-                const TensorStrides &k_strides = params.k_strides, &v_strides = params.v_strides;
+                const GroupPages pages = group_pages(KV_block);
+                const auto paged_row = [&](const value_t *base, const TensorStrides &strides) {
+                    return [&, base](int i, int row) {
+                        const int g = i / steps_per_group;
+                        return base + pages.page[g] * strides.batch +
+                               (pages.first_row[g] + (row & (KEY_GROUP - 1))) * strides.seq;
+                    };
+                };
                 copy_rows_global_to_shared<async_copy, n_threads, partial_rows, true>(
-                    K_smem(stage), [&](int row) { return K + paged_offset(first_key + row, k_strides.batch, k_strides.seq); },
-                    rows, params.d_head);
+                    K_smem(stage), paged_row(K, params.k_strides), rows, params.d_head);
                 copy_rows_global_to_shared<async_copy, n_threads, partial_rows, true>(
-                    V_smem(stage), [&](int row) { return V + paged_offset(first_key + row, v_strides.batch, v_strides.seq); },
-                    rows, params.d_head);
+                    V_smem(stage), paged_row(V, params.v_strides), rows, params.d_head);
                 return;
             }
             copy_global_to_shared<async_copy, n_threads, partial_rows, true>(K_smem(stage), K_tile, params.k_strides.seq,

@@ -133,9 +133,9 @@ __device__ __forceinline__ void copy_global_to_shared(const Tile &dst, const typ
 }
 
 // As copy_global_to_shared, for a tile whose rows lie anywhere in global memory (a paged cache's
-// keys): row r starts at src_row(r), contiguous, and each chunk's address is computed. src_row must
-// return an address for every row the plan reaches, the rows past valid_rows included, which are
-// not read.
+// keys): the row of this thread's chunk i of the plan starts at src_row(i, row), contiguous. src_row
+// must return an address inside the tensor for every chunk, those of rows past valid_rows included,
+// which are not read.
 template <bool async_copy, int n_threads, bool partial_rows, bool partial_cols, typename Tile, typename RowAddress>
 __device__ __forceinline__ void copy_rows_global_to_shared(const Tile &dst, const RowAddress &src_row,
                                                            int valid_rows = Tile::rows, int valid_cols = Tile::cols) {
@@ -146,7 +146,7 @@ __device__ __forceinline__ void copy_rows_global_to_shared(const Tile &dst, cons
             continue;
         const int row = Plan::row(i), col = Plan::col(i);
         const bool exists = (!partial_rows || row < valid_rows) && (!partial_cols || col < valid_cols);
-        const typename Tile::value_t *src_chunk = src_row(row) + col;
+        const typename Tile::value_t *src_chunk = src_row(i, row) + col;
         if constexpr (async_copy)
             ptx::cp_async_16_zfill(ptx::shared_address(dst.at(row, col)), src_chunk, exists ? COPY_BYTES : 0);
         else
