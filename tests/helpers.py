@@ -322,6 +322,47 @@ class Inputs:
         return reference_for_call(self.q, self.k, self.v, **self.kwargs)
 
 
+@dataclasses.dataclass
+class PagedCache:
+    """Sequences' keys and values on pages of page_size rows (a paged KV cache): the pages of all
+    sequences in random order in one pool with spare pages, and the table's columns past a
+    sequence's last page holding entries past the pool, which nothing may read."""
+
+    k: torch.Tensor  # (num_pages, page_size, heads_kv, d_head)
+    v: torch.Tensor
+    block_table: torch.Tensor  # (batch, pages_per_sequence) int32
+    lengths: list[int]
+
+    @classmethod
+    def of(cls, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], page_size: int, rng, spare_pages: int = 3):
+        """The cache of sequence b's keys[b] and values[b], each (n_b, heads_kv, d_head)."""
+        lengths = [len(k) for k in keys]
+        pages_of = [-(-n // page_size) for n in lengths]
+        per_sequence = max(1, *pages_of)
+        num_pages = sum(pages_of) + spare_pages
+        order = torch.randperm(num_pages, generator=rng, device=rng.device).tolist()
+        table = torch.full((len(keys), per_sequence), 1 << 30, dtype=torch.int32)
+        device = keys[0].device
+        pools = [random_tensor((num_pages, page_size, *keys[0].shape[1:]), keys[0].dtype, rng).to(device) for _ in range(2)]
+        for b, count in enumerate(pages_of):
+            table[b, :count] = torch.tensor(order[:count], dtype=torch.int32)
+            order = order[count:]
+            for pool, rows in zip(pools, (keys[b], values[b])):
+                for j, page in enumerate(table[b, :count].tolist()):
+                    chunk = rows[j * page_size : (j + 1) * page_size]
+                    pool[page, : len(chunk)] = chunk
+        return cls(pools[0], pools[1], table.to(device), lengths)
+
+    @property
+    def page_size(self) -> int:
+        return self.k.shape[1]
+
+    def rows(self, pool: torch.Tensor, b: int, count: int) -> torch.Tensor:
+        """The first ``count`` rows of sequence b that ``pool`` (self.k or self.v) holds."""
+        pages = self.block_table[b, : -(-count // self.page_size)].long()
+        return pool[pages].flatten(0, 1)[:count]
+
+
 def variant_id(variant: ProblemVariant) -> str:
     """A test id: ``causal-masked_tails-score_mods``, ``none``, ``local-masked_tails-score_mods-varlen``, ..."""
     flags = [

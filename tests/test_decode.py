@@ -214,7 +214,7 @@ def test_a_decode_step_is_captured_once_and_replayed_as_the_lengths_grow(paged, 
     q = helpers.random_tensor((batch, 1, heads[0], d_head), dtype, rng)
     k_new, v_new = (helpers.random_tensor((batch, 1, heads[1], d_head), dtype, rng) for _ in range(2))
     cache_seqlens = torch.tensor([1000, 3000], dtype=torch.int32, device="cuda")
-    paging = _Pages(k_cache, v_cache, 16, rng) if paged else None
+    paging = _paged(k_cache, v_cache, 16, rng) if paged else None
 
     def step():
         if paging is None:
@@ -222,10 +222,10 @@ def test_a_decode_step_is_captured_once_and_replayed_as_the_lengths_grow(paged, 
                 q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_seqlens, causal=True
             )
         out = flash_attention.flash_attn_with_kvcache(
-            q, paging.k, paging.v, k_new, v_new, cache_seqlens=cache_seqlens, block_table=paging.table, causal=True
+            q, paging.k, paging.v, k_new, v_new, cache_seqlens=cache_seqlens, block_table=paging.block_table, causal=True
         )
-        k_cache.copy_(paging.dense(paging.k))  # what the reference reads
-        v_cache.copy_(paging.dense(paging.v))
+        k_cache.copy_(_dense(paging, paging.k))  # what the reference reads
+        v_cache.copy_(_dense(paging, paging.v))
         return out
 
     stream = torch.cuda.Stream()
@@ -250,39 +250,14 @@ def test_a_decode_step_is_captured_once_and_replayed_as_the_lengths_grow(paged, 
 # Paged caches (block_table) and caches indexed per sequence (kv_batch_idx)
 
 
-class _Pages:
-    """A paged copy of a dense (batch, seqlen, heads, d) k and v: each sequence's rows on pages of
-    page_size rows, the pages in random order in a pool with spare pages, and the table's columns
-    past a sequence's last page holding entries past the pool (which nothing may read)."""
+def _paged(k, v, page_size, rng):
+    """helpers.PagedCache of a dense (batch, seqlen, heads, d) k and v."""
+    return helpers.PagedCache.of(list(k), list(v), page_size, rng)
 
-    def __init__(self, k, v, page_size, rng, spare_pages=3):
-        batch, seqlen, heads, d_head = k.shape
-        per_sequence = -(-seqlen // page_size)
-        num_pages = batch * per_sequence + spare_pages
-        order = torch.randperm(num_pages, generator=rng, device="cuda")[: batch * per_sequence]
-        self.table = order.view(batch, per_sequence).to(torch.int32)
-        self.page_size, self.seqlen = page_size, seqlen
-        self.k, self.v = (self._scatter(t, num_pages, rng) for t in (k, v))
 
-    def _scatter(self, dense, num_pages, rng):
-        batch, seqlen, heads, d_head = dense.shape
-        pool = helpers.random_tensor((num_pages, self.page_size, heads, d_head), dense.dtype, rng)
-        padded = torch.zeros((batch, self.table.shape[1] * self.page_size, heads, d_head), dtype=dense.dtype, device="cuda")
-        padded[:, :seqlen] = dense
-        pool[self.table.long().flatten()] = padded.view(-1, self.page_size, heads, d_head)
-        return pool
-
-    def dense(self, pool):
-        """The dense (batch, seqlen, heads, d) rows the pool holds."""
-        gathered = pool[self.table.long()]  # (batch, per_sequence, page_size, heads, d)
-        return gathered.flatten(1, 2)[:, : self.seqlen]
-
-    def table_with_garbage(self, used):
-        """The table, with the columns past each sequence's used keys pointing past the pool."""
-        table = self.table.clone()
-        columns = torch.arange(table.shape[1], device="cuda")[None, :]
-        past = columns >= (used.long()[:, None] + self.page_size - 1) // self.page_size
-        return torch.where(past, torch.full_like(table, 1 << 30), table)
+def _dense(cache, pool):
+    """The (batch, seqlen, heads, d) rows a paged cache's pool holds."""
+    return torch.stack([cache.rows(pool, b, n) for b, n in enumerate(cache.lengths)])
 
 
 def _paged_config():
@@ -302,11 +277,11 @@ def test_a_paged_cache_gives_the_bits_of_the_same_keys_in_rows(page_size, num_sp
     dtype = cfg.dtype.to_torch_dtype()
     q, k, v = _decode_inputs(rng, dtype, cfg.d_head, batch=3, seqlen_q=seqlen_q, seqlen_k=700)
     used = torch.tensor([700, 1, 333], dtype=torch.int32, device="cuda")
-    pages = _Pages(k, v, page_size, rng)
+    # Each sequence's pages hold only its used keys: the table's columns past them point past the pool.
+    lengths = used.tolist()
+    pages = helpers.PagedCache.of([k[b, :n] for b, n in enumerate(lengths)], [v[b, :n] for b, n in enumerate(lengths)], page_size, rng)
     keywords = dict(causal=causal, return_lse=True, num_splits=num_splits, seqused_k=used)
-    out, lse = flash_attention.forward(
-        cfg, q, pages.k, pages.v, helpers.nan_like(q), block_table=pages.table_with_garbage(used), **keywords
-    )
+    out, lse = flash_attention.forward(cfg, q, pages.k, pages.v, helpers.nan_like(q), block_table=pages.block_table, **keywords)
     dense_out, dense_lse = flash_attention.forward(cfg, q, k, v, **keywords)
     assert torch.equal(out, dense_out) and torch.equal(lse, dense_lse), f"{cfg}: paged and dense calls differ"
     reference = helpers.assert_matches_reference(out, q, k, v, causal=causal, seqused_k=used)
@@ -323,15 +298,16 @@ def test_a_packed_batch_reads_a_paged_cache(rng):
     )
     q = helpers.random_tensor((sum(lengths_q), 4, cfg.d_head), dtype, rng)
     k, v = _decode_inputs(rng, dtype, cfg.d_head, batch=4, seqlen_q=1, seqlen_k=300, heads=(4, 2))[1:]
-    pages = _Pages(k, v, 32, rng)
+    pages = helpers.PagedCache.of([k[b, :n] for b, n in enumerate(lengths_k)], [v[b, :n] for b, n in enumerate(lengths_k)], 32, rng)
     packed = dict(cu_seqlens_q=cu_q, max_seqlen_q=7, max_seqlen_k=257, causal=True)
-    out = flash_attention.forward(cfg, q, pages.k, pages.v, helpers.nan_like(q), block_table=pages.table, cu_seqlens_k=cu_k, **packed)
+    paged = dict(block_table=pages.block_table, cu_seqlens_k=cu_k)
+    out = flash_attention.forward(cfg, q, pages.k, pages.v, helpers.nan_like(q), **paged, **packed)
     k_packed, v_packed = (torch.cat([t[b, :n] for b, n in enumerate(lengths_k)]) for t in (k, v))
     dense = flash_attention.forward(cfg, q, k_packed, v_packed, cu_seqlens_k=cu_k, **packed)
     assert torch.equal(out, dense), "the paged and packed calls differ"
     helpers.assert_matches_reference(out, q, k_packed, v_packed, cu_seqlens_k=cu_k, **packed)
     automatic = flash_attention.flash_attn_varlen_func(
-        q, pages.k, pages.v, cu_q, cu_k, 7, 257, causal=True, block_table=pages.table
+        q, pages.k, pages.v, cu_q, cu_k, 7, 257, causal=True, block_table=pages.block_table
     )
     helpers.assert_matches_reference(automatic, q, k_packed, v_packed, cu_seqlens_k=cu_k, **packed)
 
@@ -362,9 +338,9 @@ def test_kvcache_appends_to_pages_and_indexed_entries(layout, seqlen_q, rng):
     k_new, v_new = (helpers.random_tensor((batch, seqlen_q, heads[1], d_head), dtype, rng) for _ in range(2))
     cache_seqlens = torch.tensor([0, 600, 255], dtype=torch.int32, device="cuda")
     if layout == "paged":
-        pages = _Pages(k_dense, v_dense, 16, rng)
-        k_cache, v_cache, keywords = pages.k, pages.v, dict(block_table=pages.table)
-        read_back = pages.dense
+        pages = _paged(k_dense, v_dense, 16, rng)
+        k_cache, v_cache, keywords = pages.k, pages.v, dict(block_table=pages.block_table)
+        read_back = lambda pool: _dense(pages, pool)  # noqa: E731
     else:
         index = torch.tensor([1, 3, 0], dtype=torch.int32, device="cuda")
         k_cache, v_cache = (helpers.random_tensor((4, 640, heads[1], d_head), dtype, rng) for _ in range(2))

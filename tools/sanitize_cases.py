@@ -9,7 +9,10 @@ query blocks and parts of blocks attend no key), softcap with per-(batch, head) 
 the score-modifying variants, and grouped heads (2 query heads per key/value head), with lse. The
 varlen kernels get a packed batch (cu_seqlens) of five sequences of their own lengths: no queries,
 one query and one key, partial last blocks with more queries than keys and fewer, and queries
-without keys; the last sequence ends the tensors, so a read past its end leaves them.
+without keys; the last sequence ends the tensors, so a read past its end leaves them. Those of a
+family that reads paged caches run the batch a second time with its keys and values on pages of 16
+rows in random order (block_table entries past a sequence's pages point past the pool), split over
+the keys in 3 (num_splits), which checks the paged copies and the split's partial results.
 
     python3 tools/sanitize_cases.py [--kernels SELECTION] [--no-check] [--list]
 
@@ -36,6 +39,11 @@ from flash_helpers.kernel_sets import KERNELS_ENV, get_kernel_configs  # noqa: E
 # matters), 2 query heads sharing 1 key/value head.
 BATCH = 2
 HEADS = (2, 1)
+# The families whose varlen kernels read paged caches (their FamilyInfo::reads_paged_kv), and the
+# paged call's page size (vLLM's default) and split.
+PAGED_FAMILIES = ("sm80",)
+PAGE_SIZE = 16
+PAGED_SPLITS = 3
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -86,28 +94,46 @@ def main(argv: list[str] | None = None) -> int:
     # of PyTorch's kernels, which the kernel filter leaves uninstrumented.
     rng = torch.Generator().manual_seed(args.seed)
     failures = 0
+    runs = 0
     for cfg, variant, problem in problems:
         label = f"{cfg.short_form()} [{variant.describe()}] {problem.describe()}"
         inputs = on_gpu(problem.make(cfg, rng))
-        try:
-            out, lse = inputs.forward(cfg, return_lse=True)
-            torch.cuda.synchronize()
-        except Exception as error:  # a launch failure (or a context a sanitizer tore down): report, go on
-            print(f"{label}: FAILED: {type(error).__name__}: {error}", flush=True)
-            failures += 1
-            continue
-        status = "ran"
-        if args.check:
-            reference = inputs.reference()
-            output, log_sum_exp = reference.compare(out), reference.compare_lse(lse)
-            if output.passed and log_sum_exp.passed:
-                status = "ok"
-            else:
-                status = f"MISMATCH: {output.describe()}; {log_sum_exp.describe()}"
-                failures += 1
-        print(f"{label}: {status}", flush=True)
-    print(f"{len(problems)} kernels run, {failures} failed", flush=True)
+        calls = [(label, inputs.k, inputs.v, inputs.kwargs)]
+        if variant.varlen and cfg.family in PAGED_FAMILIES:
+            calls.append((f"{label}, paged and split in {PAGED_SPLITS}", *paged_call(inputs, rng)))
+        for call in calls:
+            runs += 1
+            failures += not run_call(cfg, inputs, *call, check=args.check)
+    print(f"{runs} calls of {len(problems)} kernels run, {failures} failed", flush=True)
     return 1 if failures else 0
+
+
+def paged_call(inputs: helpers.Inputs, rng) -> tuple:
+    """(k, v, keywords) of the packed batch ``inputs`` with its keys and values on pages
+    (helpers.PagedCache), split over the keys."""
+    bounds = inputs.kwargs["cu_seqlens_k"].tolist()
+    keys, values = ([t[start:end] for start, end in zip(bounds, bounds[1:])] for t in (inputs.k, inputs.v))
+    cache = helpers.PagedCache.of(keys, values, PAGE_SIZE, rng)
+    return cache.k, cache.v, {**inputs.kwargs, "block_table": cache.block_table, "num_splits": PAGED_SPLITS}
+
+
+def run_call(cfg, inputs: helpers.Inputs, label: str, k, v, keywords: dict, check: bool) -> bool:
+    """One call on q and these k, v and keywords, checked against the reference of ``inputs`` (the
+    same sequences); prints the outcome, returns whether it passed."""
+    try:
+        out, lse = flash_attention.forward(cfg, inputs.q, k, v, **keywords, return_lse=True)
+        torch.cuda.synchronize()
+    except Exception as error:  # a launch failure (or a context a sanitizer tore down): report, go on
+        print(f"{label}: FAILED: {type(error).__name__}: {error}", flush=True)
+        return False
+    status, passed = "ran", True
+    if check:
+        reference = inputs.reference()
+        output, log_sum_exp = reference.compare(out), reference.compare_lse(lse)
+        passed = output.passed and log_sum_exp.passed
+        status = "ok" if passed else f"MISMATCH: {output.describe()}; {log_sum_exp.describe()}"
+    print(f"{label}: {status}", flush=True)
+    return passed
 
 
 if __name__ == "__main__":

@@ -66,12 +66,12 @@ def forward(
 ):
     """Attention with FlashAttention-2's semantics; returns o, or (o, lse) with return_lse.
 
-    cfg is a kernel configuration, its short form, or None for the automatic choice (choose_config's). q is (batch, seqlen_q, heads_q, d_head); k and
-    v are (batch, seqlen_k, heads_kv, d_head), with heads_q a multiple of heads_kv (query head h
-    reads key/value head h // (heads_q // heads_kv)). d_head is any size up to 256: a configuration
-    of a larger d_head runs it with zero columns past it (README, "Head sizes"). The lengths are any
-    values >= 1. The masks are
-    aligned to the bottom-right corner of the score matrix: with causal, query i attends key j iff
+    cfg is a kernel configuration, its short form, or None for the automatic choice (choose_config's).
+    q is (batch, seqlen_q, heads_q, d_head); k and v are (batch, seqlen_k, heads_kv, d_head), with
+    heads_q a multiple of heads_kv (query head h reads key/value head h // (heads_q // heads_kv)).
+    d_head is any size up to 256: a configuration of a larger d_head runs it with zero columns past
+    it (README, "Head sizes"). The lengths are any values >= 1. The masks are aligned to the
+    bottom-right corner of the score matrix: with causal, query i attends key j iff
     j <= i + seqlen_k - seqlen_q; window_size (left, right) keeps
     i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right, -1 meaning unbounded on
     that side (right is 0 with causal). softmax_scale defaults to 1/sqrt(d_head); softcap > 0 caps

@@ -153,7 +153,10 @@ class _CacheRows:
             tensor = isinstance(block_table, torch.Tensor)
             shape_ok = tensor and block_table.dim() == 2 and block_table.shape[0] == batch and block_table.shape[1] >= 1
             if not shape_ok or block_table.dtype != torch.int32:
-                described = f"a {block_table.dtype} tensor of shape {tuple(block_table.shape)}" if tensor else type(block_table).__name__
+                described = (
+                    f"a {block_table.dtype} tensor of shape {tuple(block_table.shape)}" if tensor
+                    else type(block_table).__name__
+                )
                 raise ValueError(
                     f"block_table: expected an int32 tensor of shape ({batch}, pages_per_sequence >= 1), got {described}"
                 )
