@@ -58,14 +58,17 @@ py::tuple forward(py::handle kernel_cfg, py::handle q, py::handle k, py::handle 
 // The automatic choice for a problem, without running it: (family, configuration fields, (mask
 // kind, masked tails, score mods, varlen), place in the table entry or 0, the entry's length or 0,
 // the entry's ranked count or 0, why the rule chose (RuleReason), whether it is in the default
-// set). q, k and the sequence tensors may be on any device (the meta device too); the GPU is named
-// by its compute capability (major * 10 + minor) and a block's opt-in shared memory.
+// set, the splits over the keys (0 where multiprocessors is 0: unknown)). It decides as run_forward
+// does: grouped heads of a single query packed, then the table's configuration, then the split
+// that replaces it where the heuristic splits (at this many multiprocessors). q, k and the sequence
+// tensors may be on any device (the meta device too); the GPU is named by its compute capability
+// (major * 10 + minor) and a block's opt-in shared memory.
 py::tuple choose_kernel(py::handle q_obj, py::handle k_obj, bool causal, py::handle window_size, py::handle softcap,
                         py::handle alibi_slopes, int capability, int64_t smem_per_block, py::handle cu_seqlens_q,
                         py::handle cu_seqlens_k, py::handle max_seqlen_q, py::handle max_seqlen_k, py::handle seqused_q,
                         py::handle seqused_k, py::handle leftpad_q, py::handle leftpad_k, py::handle kv_batch_idx,
-                        py::handle block_table) {
-    const ProblemArguments args = problem_arguments(causal, py::none(), window_size, softcap, alibi_slopes);
+                        py::handle block_table, int multiprocessors) {
+    ProblemArguments args = problem_arguments(causal, py::none(), window_size, softcap, alibi_slopes);
     const SequenceArguments sequences = sequence_arguments(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
                                                            seqused_k, leftpad_q, leftpad_k, kv_batch_idx, block_table);
     check_sequence_arguments(sequences, false);
@@ -73,14 +76,28 @@ py::tuple choose_kernel(py::handle q_obj, py::handle k_obj, bool causal, py::han
     at::Tensor k = tensor_argument(k_obj, "k");
     at::Tensor v = k;
     to_batch_layout(sequences, q, k, v);
+    if (const GroupedQueryPacking packing(q, k, v, std::nullopt, args, sequences); packing.active()) {
+        q = packing.pack(q);
+        args = packing.arguments(args);
+    }
     ForwardParams params{};
     const Problem problem = checked_problem(q, k, v, args, sequences, false, params);
-    const Choice choice = automatic_kernel(dtype_of(q), params, problem, Gpu{capability, smem_per_block});
+    const Gpu gpu{capability, smem_per_block};
+    Choice choice = automatic_kernel(dtype_of(q), params, problem, gpu);
+    int num_splits = multiprocessors > 0 ? 1 : 0;
+    const std::optional<int> d_head = served_d_head(dtype_of(q), params.d_head, gpu);
+    if (multiprocessors > 0 && d_head) {
+        if (const auto split = automatic_split(dtype_of(q), *d_head, params, problem, gpu, 0, multiprocessors)) {
+            choice = Choice{split->config, split->variant, split->launcher, nullptr, 0, RuleReason::SPLIT,
+                            DispatchTables::instance().defaults.count(split->config) > 0};
+            num_splits = split->num_splits;
+        }
+    }
     const TableEntry *entry = choice.entry;
     return py::make_tuple(config_to_python(choice.config),
                           variant_to_python(choice.variant),
                           choice.place, entry ? entry->seq_len : 0, entry ? static_cast<int>(entry->ranked.size()) : 0,
-                          static_cast<int>(choice.rule), choice.is_default);
+                          static_cast<int>(choice.rule), choice.is_default, num_splits);
 }
 
 // Takes the dispatch tables and the default set from Python, replacing any earlier ones: tables is
@@ -350,7 +367,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("cu_seqlens_q") = py::none(), py::arg("cu_seqlens_k") = py::none(), py::arg("max_seqlen_q") = py::none(),
           py::arg("max_seqlen_k") = py::none(), py::arg("seqused_q") = py::none(), py::arg("seqused_k") = py::none(),
           py::arg("leftpad_q") = py::none(), py::arg("leftpad_k") = py::none(), py::arg("kv_batch_idx") = py::none(),
-          py::arg("block_table") = py::none(),
+          py::arg("block_table") = py::none(), py::arg("multiprocessors") = 0,
           "The automatic choice for a problem on a GPU of this compute capability (major * 10 + minor) and shared "
           "memory per block, without running it.");
     m.def("load_dispatch_tables", &binding::load_dispatch_tables, py::arg("tables"), py::arg("defaults"),

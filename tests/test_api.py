@@ -180,6 +180,26 @@ def test_choice_scales_the_tables_times_by_the_tiles_each_configuration_visits(w
     assert at(4096, 4000).config == narrow  # 28 tiles of 144 against 32 of 128: 0.92 against 1.0
 
 
+def test_choice_reports_the_split_a_decoding_call_runs():
+    """One query against a long cache: the split heuristic's configuration and count, as the call
+    runs them (packed heads: 32 query heads over 8); unknown without a multiprocessor count."""
+    splitting = [
+        c for c in flash_attention.compiled_configs()
+        if c.family == "sm80" and c.dtype.name == "BF16" and c.d_head == 128 and c.B_r == 64
+        and any(v.varlen for v in flash_attention.compiled_variants(c))
+    ]
+    if not splitting or 90 not in [a // 10 for a in flash_attention._C.compiled_architectures()]:
+        pytest.skip("needs the decoding configurations (DECODE_KERNELS) compiled for sm_90")
+    q, k = _meta((1, 1, 32, 128), torch.bfloat16), _meta((1, 131072, 8, 128), torch.bfloat16)
+    choice = flash_attention.choose_config(q, k, causal=True, arch="sm_90", multiprocessors=132)
+    assert choice.config in splitting and choice.variant.varlen
+    assert choice.num_splits > 1 and "split over the keys" in choice.reason, choice
+    unknown = flash_attention.choose_config(q, k, causal=True, arch="sm_90")
+    assert unknown.num_splits is None and "whether the keys split unknown" in str(unknown)
+    with pytest.raises(ValueError, match="^multiprocessors: expected a positive int"):
+        flash_attention.choose_config(q, k, arch="sm_90", multiprocessors=0)
+
+
 def test_choice_falls_back_to_the_default_set(with_table):
     with_table(None)
     cfg = flash_attention.compiled_configs()[0]
@@ -316,6 +336,7 @@ CALLS = [
     dict(seqlen_q=256, seqlen_k=256, window_size=(64, 0), dtype=torch.bfloat16, d_head=64),
     dict(seqlen_q=129, seqlen_k=65, softcap=20.0, d_head=96),
     dict(seqlen_q=200, seqlen_k=333, alibi=True, d_head=256, dtype=torch.bfloat16),
+    dict(seqlen_q=1, seqlen_k=5000, causal=True, heads=(32, 8), batch=1, dtype=torch.bfloat16),
 ]
 
 
@@ -327,7 +348,7 @@ def _call_id(call):
 @pytest.mark.parametrize("call", CALLS, ids=_call_id)
 def test_flash_attn_func_matches_the_reference(call, rng):
     call = dict(call)
-    shape = {key: call.pop(key) for key in ("seqlen_q", "seqlen_k", "heads", "d_head", "dtype") if key in call}
+    shape = {key: call.pop(key) for key in ("seqlen_q", "seqlen_k", "heads", "d_head", "dtype", "batch") if key in call}
     q, k, v = _inputs(rng, **shape)
     if call.pop("alibi", False):
         call["alibi_slopes"] = torch.rand(q.shape[2], generator=rng, device="cuda") * 0.3
@@ -339,8 +360,8 @@ def test_flash_attn_func_matches_the_reference(call, rng):
     helpers.assert_lse_matches(lse, reference)
     assert torch.equal(flash_attention.flash_attn_func(q, k, v, **call), out), "repeated calls differ"
     choice = flash_attention.choose_config(q, k, **call)
-    expected = flash_attention.forward(choice.config, q, k, v, helpers.nan_like(q), **call)
-    assert torch.equal(out, expected), "flash_attn_func is not forward with the chosen configuration"
+    expected = flash_attention.forward(choice.config, q, k, v, helpers.nan_like(q), num_splits=choice.num_splits, **call)
+    assert torch.equal(out, expected), f"flash_attn_func is not forward with the chosen configuration ({choice})"
 
 
 @pytest.mark.gpu

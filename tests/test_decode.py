@@ -310,6 +310,12 @@ def test_a_packed_batch_reads_a_paged_cache(rng):
         q, pages.k, pages.v, cu_q, cu_k, 7, 257, causal=True, block_table=pages.block_table
     )
     helpers.assert_matches_reference(automatic, q, k_packed, v_packed, cu_seqlens_k=cu_k, **packed)
+    # Through the torch operator: traced whole, the table one more tensor argument.
+    compiled = torch.compile(
+        lambda *args: flash_attention.flash_attn_varlen_func(*args, 7, 257, causal=True, block_table=pages.block_table),
+        fullgraph=True,
+    )
+    assert torch.equal(compiled(q, pages.k, pages.v, cu_q, cu_k), automatic), "the compiled call differs"
 
 
 def test_kv_batch_idx_picks_each_sequences_cache_entry(rng):

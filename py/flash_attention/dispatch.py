@@ -59,19 +59,26 @@ _RULE_REASONS = {
     2: "the dispatch table for {arch} has no entry for {dtype}, d_head {d_head}",
     3: "the dispatch table for {arch} ranks no configuration this build compiled with this variant",
 }
+_SPLIT_RULE = 4  # RuleReason::SPLIT: the call is split over the keys
 
 
 @dataclasses.dataclass(frozen=True)
 class ConfigChoice:
-    """A chosen configuration, the kernel variant it runs the problem with, and why it was chosen."""
+    """A chosen configuration, the kernel variant it runs the problem with, why it was chosen, and
+    how many blocks share each query block's keys (num_splits; None where the multiprocessor count
+    that decides it is unknown)."""
 
     config: object
     variant: ProblemVariant
     arch: str
     reason: str
+    num_splits: int | None = 1
 
     def __str__(self) -> str:
-        return f"{self.config.short_form()} [{self.variant.describe()}] on {self.arch}: {self.reason}"
+        splits = {1: "", None: ", whether the keys split unknown (no multiprocessor count)"}.get(
+            self.num_splits, f", keys split in {self.num_splits}"
+        )
+        return f"{self.config.short_form()} [{self.variant.describe()}{splits}] on {self.arch}: {self.reason}"
 
 
 def device_arch(device: torch.device | str | int | None = None) -> str:
@@ -130,6 +137,7 @@ def choose_config(
     kv_batch_idx=None,
     block_table=None,
     arch: str | None = None,
+    multiprocessors: int | None = None,
 ) -> ConfigChoice:
     """The configuration that flash_attn_func, flash_attn_varlen_func and the operators use for this
     call when none is given.
@@ -141,6 +149,12 @@ def choose_config(
     lengths runs a varlen kernel, chosen where the table ranks the longest sequences: at
     max_seqlen_q and max_seqlen_k with cu_seqlens, at the slots' lengths otherwise. arch names the
     GPU architecture (``sm_90``); by default, that of q's device.
+
+    As the call does, a single query with grouped heads is chosen for with the group's heads packed,
+    and where the split heuristic splits the keys the choice is the splitting configuration and
+    num_splits its count. The heuristic needs the GPU's multiprocessor count: ``multiprocessors``,
+    by default q's device's; where q is not on a CUDA device and none is given, num_splits is None
+    and the configuration is the one an unsplit call runs.
     """
     if arch is None:
         if not isinstance(q, torch.Tensor) or q.device.type != "cuda":
@@ -159,10 +173,15 @@ def choose_config(
         kv_batch_idx=kv_batch_idx,
         block_table=block_table,
     )
+    if multiprocessors is None:
+        on_gpu = isinstance(q, torch.Tensor) and q.device.type == "cuda"
+        multiprocessors = torch.cuda.get_device_properties(q.device).multi_processor_count if on_gpu else 0
+    elif isinstance(multiprocessors, bool) or not isinstance(multiprocessors, int) or multiprocessors < 1:
+        raise ValueError(f"multiprocessors: expected a positive int, got {multiprocessors!r}")
     load_dispatch_tables()
     gpu = (_capability_number(arch), smem_limit(_capability(arch)))
-    (family, fields), variant, place, seq_len, ranked, rule, is_default = _C.choose(
-        q, k, causal, window_size, softcap, alibi_slopes, *gpu, **sequences
+    (family, fields), variant, place, seq_len, ranked, rule, is_default, num_splits = _C.choose(
+        q, k, causal, window_size, softcap, alibi_slopes, *gpu, **sequences, multiprocessors=multiprocessors
     )
     cfg = FAMILIES[family](*fields)
     variant = ProblemVariant(MaskKind(variant[0]), *variant[1:])
@@ -175,11 +194,16 @@ def choose_config(
             f"build compiled, the fastest at {_lengths_read(q, k, sequences)} by the table's times scaled by the "
             "tiles each configuration visits"
         )
+    elif rule == _SPLIT_RULE:
+        reason = (
+            f"split over the keys in {num_splits} (the heuristic's count for {multiprocessors} multiprocessors): the "
+            f"compiled configuration with the fewest query rows per block that splits, for {dtype}, d_head {cfg.d_head}"
+        )
     else:
         why = _RULE_REASONS[rule].format(arch=arch, dtype=dtype, d_head=cfg.d_head)
         kind = "the default set's configuration" if is_default else "the largest tiles compiled"
         reason = f"rule ({why}): {kind} for {dtype}, d_head {cfg.d_head}"
-    return ConfigChoice(cfg, variant, arch, reason)
+    return ConfigChoice(cfg, variant, arch, reason, num_splits or None)
 
 
 def _lengths_read(q, k, sequences: dict) -> str:

@@ -86,8 +86,9 @@ struct Gpu {
     int64_t smem_per_block;
 };
 
-// Why the rule chose, where the table did not.
-enum class RuleReason : int { NONE = 0, NO_TABLE = 1, NO_ENTRY = 2, NONE_COMPILED = 3 };
+// Why the rule chose, where the table did not (SPLIT: the call is split over the keys, on the
+// splitting configuration split_kv.h's automatic_split picks).
+enum class RuleReason : int { NONE = 0, NO_TABLE = 1, NO_ENTRY = 2, NONE_COMPILED = 3, SPLIT = 4 };
 
 struct Choice {
     AnyConfig config;

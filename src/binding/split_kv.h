@@ -75,8 +75,11 @@ inline int heuristic_splits(int64_t query_blocks, int key_tiles, int multiproces
     return 1;
 }
 
-// A kernel that runs a call split: its launcher (a varlen variant) and number of splits.
+// A kernel that runs a call split: its configuration, variant (a varlen one) and launcher, and the
+// number of splits.
 struct SplitChoice {
+    AnyConfig config;
+    ProblemVariant variant;
     const ForwardLauncher *launcher;
     int num_splits;
 };
@@ -100,7 +103,7 @@ std::optional<SplitChoice> split_with(const Config &cfg, const ForwardParams &pa
                                          : heuristic_splits(query_blocks, key_tiles, multiprocessors);
         if (splits <= 1)
             return std::nullopt;
-        return SplitChoice{launcher, splits};
+        return SplitChoice{cfg, variant, launcher, splits};
     }
 }
 
