@@ -45,10 +45,11 @@ inline std::string describe(const ProblemVariant &variant) {
 
 inline std::string arch_of(int capability) { return "sm_" + std::to_string(capability); }
 
-// The kernel of a configuration named by the caller, for this problem on this GPU.
-inline const ForwardLauncher &named_kernel(const AnyConfig &config, const at::Tensor &q, const ForwardParams &params,
-                                           const Problem &problem, const Gpu &gpu) {
-    return visit_config(config, [&](auto family, const auto &cfg) -> const ForwardLauncher & {
+// The rules a configuration named by the caller meets before any of its kernels is looked up: q's
+// dtype, a head size it holds, and paged caches where the problem has one.
+inline void check_named_config(const AnyConfig &config, const at::Tensor &q, const ForwardParams &params,
+                               const Problem &problem) {
+    visit_config(config, [&](auto family, const auto &cfg) {
         using Family = decltype(family);
         const at::ScalarType cfg_dtype = cfg.dtype == DType::FP16 ? at::kHalf : at::kBFloat16;
         if (q.scalar_type() != cfg_dtype)
@@ -60,23 +61,43 @@ inline const ForwardLauncher &named_kernel(const AnyConfig &config, const at::Te
         if (problem.paged_kv && !Family::reads_paged_kv)
             throw py::value_error("block_table: " + Family::describe(cfg) +
                                   " does not read paged caches (the SM80 family's kernels do); name one of those, or none");
-        const ProblemVariant variant = Family::variant_for(cfg, params, problem.mask, problem.score_mods, problem.varlen);
-        const ForwardLauncher *launcher = Family::find(cfg, variant);
-        const std::string build = " in this build (kernel set '" + std::string(compiled_kernel_set) + "'); " + rebuild_hint;
-        if (launcher == nullptr && Family::is_compiled(cfg))
-            throw py::value_error("kernel_cfg: " + Family::describe(cfg) + " has no kernel for this problem (" +
-                                  describe(variant) + ")" + build);
-        if (launcher == nullptr)
-            throw py::value_error("kernel_cfg: " + Family::describe(cfg) + " is not compiled" + build);
+    });
+}
+
+// The rules a kernel of a named configuration meets on this GPU: its family runs there, and its
+// shared memory fits.
+inline void check_named_kernel_runs(const AnyConfig &config, const ForwardLauncher &launcher, const at::Tensor &q,
+                                    const Gpu &gpu) {
+    visit_config(config, [&](auto family, const auto &) {
+        using Family = decltype(family);
         if (!Family::runs_on(gpu.capability))
             throw py::value_error("q: " + q.device().str() + " is " + arch_of(gpu.capability) + "; " +
                                   Family::cannot_run_reason(gpu.capability));
-        if (launcher->smem_bytes > gpu.smem_per_block)
-            throw py::value_error("kernel_cfg: needs " + std::to_string(launcher->smem_bytes) +
-                                  " bytes of shared memory per block; " + q.device().str() + " allows " +
-                                  std::to_string(gpu.smem_per_block));
-        return *launcher;
     });
+    if (launcher.smem_bytes > gpu.smem_per_block)
+        throw py::value_error("kernel_cfg: needs " + std::to_string(launcher.smem_bytes) +
+                              " bytes of shared memory per block; " + q.device().str() + " allows " +
+                              std::to_string(gpu.smem_per_block));
+}
+
+// The kernel of a configuration named by the caller, for this problem on this GPU (its rules
+// checked by check_named_config first).
+inline const ForwardLauncher &named_kernel(const AnyConfig &config, const at::Tensor &q, const ForwardParams &params,
+                                           const Problem &problem, const Gpu &gpu) {
+    const ForwardLauncher &launcher = visit_config(config, [&](auto family, const auto &cfg) -> const ForwardLauncher & {
+        using Family = decltype(family);
+        const ProblemVariant variant = Family::variant_for(cfg, params, problem.mask, problem.score_mods, problem.varlen);
+        const ForwardLauncher *found = Family::find(cfg, variant);
+        const std::string build = " in this build (kernel set '" + std::string(compiled_kernel_set) + "'); " + rebuild_hint;
+        if (found == nullptr && Family::is_compiled(cfg))
+            throw py::value_error("kernel_cfg: " + Family::describe(cfg) + " has no kernel for this problem (" +
+                                  describe(variant) + ")" + build);
+        if (found == nullptr)
+            throw py::value_error("kernel_cfg: " + Family::describe(cfg) + " is not compiled" + build);
+        return *found;
+    });
+    check_named_kernel_runs(config, launcher, q, gpu);
+    return launcher;
 }
 
 // The message of a problem that no compiled kernel runs on this GPU.
@@ -175,11 +196,12 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     ForwardParams params{};
     const Problem problem = checked_problem(q, k, v, problem_args, sequences, true, params);
     const Gpu gpu = gpu_of(q);
-    const ForwardLauncher *launcher =
-        named ? &named_kernel(*named, q, params, problem, gpu) : automatic_kernel(dtype_of(q), params, problem, gpu).launcher;
+    if (named)
+        check_named_config(*named, q, params, problem);
 
     const c10::cuda::CUDAGuard guard(q.device());
-    // The split over the keys, where the heuristic or the caller asks for one.
+    // The split over the keys, where the heuristic or the caller asks for one: it runs the
+    // configuration's varlen kernel (a decoding configuration has no other); else the call's own.
     std::optional<SplitChoice> split;
     if (num_splits != 1) {
         if (named) {
@@ -199,9 +221,12 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
         } else if (const std::optional<int> d_head = served_d_head(dtype_of(q), params.d_head, gpu)) {
             split = automatic_split(dtype_of(q), *d_head, params, problem, gpu, num_splits, multiprocessor_count());
         }
-        if (split)
-            launcher = split->launcher;
     }
+    const ForwardLauncher *launcher = split   ? split->launcher
+                                      : named ? &named_kernel(*named, q, params, problem, gpu)
+                                              : automatic_kernel(dtype_of(q), params, problem, gpu).launcher;
+    if (split && named)
+        check_named_kernel_runs(*named, *launcher, q, gpu);
     ForwardResult result;
     at::Tensor &o = result.o;
     if (o_given && padding.copied) {
