@@ -652,3 +652,33 @@ def test_the_cache_check_names_cache_seqlens_and_cache_leftpad():
         check_cache_contents(100, 0, torch.tensor([-1], dtype=torch.int32), None)
     with pytest.raises(ValueError, match=r"^cache_leftpad: .* sequence 1 has 91 with cache_seqlens 90"):
         check_cache_contents(100, 1, lengths, torch.tensor([0, 91, 0], dtype=torch.int32))
+
+
+def test_the_sequence_check_names_pages_and_cache_entries_past_the_cache():
+    """FLASH_ATTENTION_CHECK_SEQLENS's check of block_table and kv_batch_idx (CPU tensors: it only
+    reads them): a table entry that a sequence's used keys reach must be a page of k, and its
+    lengths within its pages; a kv_batch_idx entry a batch entry of k."""
+    from flash_attention.sequence_checks import check_sequence_contents
+
+    q, pages = torch.empty(2, 1, 4, 64), torch.empty(5, 16, 2, 64)  # 5 pages of 16 rows
+    table = torch.tensor([[0, 1, 7], [2, 3, 4]], dtype=torch.int32)  # 7 is past the pool
+    int32 = lambda values: torch.tensor(values, dtype=torch.int32)  # noqa: E731
+    check_sequence_contents(q, pages, {"block_table": table, "seqused_k": int32([32, 48])})
+    with pytest.raises(ValueError, match=r"^block_table: entries must be in \[0, 5\) .* sequence 0 has 7 in column 2"):
+        check_sequence_contents(q, pages, {"block_table": table, "seqused_k": int32([33, 48])})
+    with pytest.raises(ValueError, match=r"^block_table: .* sequence 0 has 7"):
+        check_sequence_contents(q, pages, {"block_table": table})  # every sequence uses all its pages
+    packed = torch.empty(3, 4, 64)
+    lengths = {"block_table": table, "cu_seqlens_q": int32([0, 1, 3]), "max_seqlen_q": 2, "max_seqlen_k": 48}
+    check_sequence_contents(packed, pages, {**lengths, "cu_seqlens_k": int32([0, 20, 68])})
+    with pytest.raises(ValueError, match=r"^cu_seqlens_k: sequence 1 has 49 keys, more than its 3 pages of 16 rows hold"):
+        check_sequence_contents(packed, pages, {**lengths, "cu_seqlens_k": int32([0, 20, 69])})
+    with pytest.raises(ValueError, match=r"^cu_seqlens_k: must not decrease"):
+        check_sequence_contents(packed, pages, {**lengths, "cu_seqlens_k": int32([0, 20, 10])})
+
+    cache = torch.empty(3, 40, 2, 64)
+    check_sequence_contents(q, cache, {"kv_batch_idx": int32([2, 0])})
+    with pytest.raises(ValueError, match=r"^kv_batch_idx: entries must be in \[0, 3\) .* sequence 1 has 3"):
+        check_sequence_contents(q, cache, {"kv_batch_idx": int32([2, 3])})
+    with pytest.raises(ValueError, match=r"^seqused_k: .* sequence 0 uses 41 rows"):
+        check_sequence_contents(q, cache, {"kv_batch_idx": int32([2, 0]), "seqused_k": int32([41, 0])})

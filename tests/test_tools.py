@@ -183,6 +183,11 @@ def test_timing_tools_refuse_without_a_gpu(command, tmp_path):
 def test_decode_bench_reads_shapes_and_tabulates_bandwidth_and_ratios():
     args = decode_bench.parse_args(["--shapes", "8x32768", "1X131072", "--splits", "4", "--graphs"])
     assert args.shapes == [(8, 32768), (1, 131072)] and args.splits == [4] and args.graphs
+    assert (args.page_size, args.page_order) == (None, "random")
+    args = decode_bench.parse_args(["--page-size", "16", "--page-order", "sequential"])
+    assert (args.page_size, args.page_order) == (16, "sequential")
+    with pytest.raises(SystemExit):
+        decode_bench.parse_args(["--page-order", "backwards"])
     for bad in ("8", "0x10", "axb"):
         with pytest.raises(SystemExit):
             decode_bench.parse_args(["--shapes", bad])

@@ -15,7 +15,8 @@ step passes it), times in one run, in a seeded random order per shape:
              choice), on (batch, heads, seq, d) views of the same tensors; one query needs no mask,
              several get the bottom-right causal mask as a boolean attn_mask
 
-With --page-size N the cache is paged: pages of N rows in random order in one pool, ours reading it
+With --page-size N the cache is paged: pages of N rows in one pool, in random order (--page-order
+sequential: each sequence's pages one after another, as in the dense cache), ours reading it
 through block_table and FA3 through page_table (SDPA, which has no paged form, reads the same keys
 laid out densely).
 
@@ -78,6 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--splits", type=common.positive_int, nargs="*", default=[], help="fixed num_splits to time too")
     parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays of each call")
     parser.add_argument("--page-size", type=common.positive_int, help="page the cache in pages of this many rows")
+    parser.add_argument(
+        "--page-order", choices=("random", "sequential"), default="random", help="where the pages lie (default: random)"
+    )
     parser.add_argument("--rep-ms", type=float, default=common.DEFAULT_REP_MS)
     parser.add_argument("--csv", metavar="PATH", help="also write every timing to PATH")
     return parser.parse_args(argv)
@@ -115,7 +119,7 @@ def time_shape(args, dtype_name: str, batch: int, keys: int, seqlen_q: int, fa3,
     ours_cache, fa3_cache = (k_cache, v_cache), (k_cache, v_cache)
     ours_keywords, fa3_keywords = {}, {}
     if args.page_size:
-        k_pool, v_pool, table = paged(k_cache, v_cache, args.page_size, generator)
+        k_pool, v_pool, table = paged(k_cache, v_cache, args.page_size, args.page_order == "random", generator)
         ours_cache = fa3_cache = (k_pool, v_pool)
         ours_keywords, fa3_keywords = {"block_table": table}, {"page_table": table}
     calls = {
@@ -150,14 +154,15 @@ def time_shape(args, dtype_name: str, batch: int, keys: int, seqlen_q: int, fa3,
     return rows, failure
 
 
-def paged(k_cache, v_cache, page_size: int, generator):
-    """(k pool, v pool, block_table): the caches' rows on pages of page_size rows, each sequence's
-    pages in random order in one pool."""
+def paged(k_cache, v_cache, page_size: int, shuffled: bool, generator):
+    """(k pool, v pool, block_table): the caches' rows on pages of page_size rows in one pool, the
+    pages in random order if shuffled, else in the caches' order."""
     import torch
 
     batch, keys, heads, d_head = k_cache.shape
     per_sequence = -(-keys // page_size)
-    order = torch.randperm(batch * per_sequence, generator=generator, device="cuda")
+    pages = batch * per_sequence
+    order = torch.randperm(pages, generator=generator, device="cuda") if shuffled else torch.arange(pages, device="cuda")
     table = order.view(batch, per_sequence).to(torch.int32)
     pools = []
     for cache in (k_cache, v_cache):
@@ -212,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     timer, timing = common.make_timer(args.rep_ms)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {timing}")
     print(f"FA3: {'fa3_fwd_interface' if fa3 else f'missing: {fa3_error}'}")
-    print(f"cache: {f'paged, pages of {args.page_size} rows' if args.page_size else 'dense'}")
+    print(f"cache: {f'paged, pages of {args.page_size} rows in {args.page_order} order' if args.page_size else 'dense'}")
     rows, failures = [], []
     for dtype_name in args.dtypes:
         for seqlen_q in args.seqlen_q:
