@@ -83,16 +83,11 @@ py::tuple choose_kernel(py::handle q_obj, py::handle k_obj, bool causal, py::han
     ForwardParams params{};
     const Problem problem = checked_problem(q, k, v, args, sequences, false, params);
     const Gpu gpu{capability, smem_per_block};
-    Choice choice = automatic_kernel(dtype_of(q), params, problem, gpu);
-    int num_splits = multiprocessors > 0 ? 1 : 0;
-    const std::optional<int> d_head = served_d_head(dtype_of(q), params.d_head, gpu);
-    if (multiprocessors > 0 && d_head) {
-        if (const auto split = automatic_split(dtype_of(q), *d_head, params, problem, gpu, 0, multiprocessors)) {
-            choice = Choice{split->config, split->variant, split->launcher, nullptr, 0, RuleReason::SPLIT,
-                            DispatchTables::instance().defaults.count(split->config) > 0};
-            num_splits = split->num_splits;
-        }
-    }
+    // Without a multiprocessor count no split is predicted, and the count reported is 0 (unknown).
+    const AutomaticChoice automatic =
+        automatic_choice(dtype_of(q), params, problem, gpu, multiprocessors > 0 ? 0 : 1, multiprocessors);
+    const Choice &choice = automatic.choice;
+    const int num_splits = multiprocessors == 0 ? 0 : automatic.split ? automatic.split->num_splits : 1;
     const TableEntry *entry = choice.entry;
     return py::make_tuple(config_to_python(choice.config),
                           variant_to_python(choice.variant),

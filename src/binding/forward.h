@@ -125,6 +125,27 @@ inline Choice automatic_kernel(DType dtype, const ForwardParams &params, const P
     return *choice;
 }
 
+// The automatic choice of a call that names no configuration, as the call runs it and
+// choose_config reports it: where `requested` splits the keys (0: the heuristic's count at this many
+// multiprocessors; 1: never), the splitting configuration's varlen kernel (split_kv.h's
+// automatic_split); otherwise the dispatch table's (automatic_kernel).
+struct AutomaticChoice {
+    Choice choice;
+    std::optional<SplitChoice> split;
+};
+
+inline AutomaticChoice automatic_choice(DType dtype, const ForwardParams &params, const Problem &problem, const Gpu &gpu,
+                                        int requested, int multiprocessors) {
+    if (requested != 1)
+        if (const std::optional<int> d_head = served_d_head(dtype, params.d_head, gpu))
+            if (auto split = automatic_split(dtype, *d_head, params, problem, gpu, requested, multiprocessors)) {
+                const bool is_default = DispatchTables::instance().defaults.count(split->config) > 0;
+                return {Choice{split->config, split->variant, split->launcher, nullptr, 0, RuleReason::SPLIT, is_default},
+                        split};
+            }
+    return {automatic_kernel(dtype, params, problem, gpu), std::nullopt};
+}
+
 inline Gpu gpu_of(const at::Tensor &q) {
     const cudaDeviceProp *props = at::cuda::getDeviceProperties(q.device().index());
     return Gpu{props->major * 10 + props->minor, static_cast<int64_t>(props->sharedMemPerBlockOptin)};
@@ -203,8 +224,9 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     // The split over the keys, where the heuristic or the caller asks for one: it runs the
     // configuration's varlen kernel (a decoding configuration has no other); else the call's own.
     std::optional<SplitChoice> split;
-    if (num_splits != 1) {
-        if (named) {
+    const ForwardLauncher *launcher = nullptr;
+    if (named) {
+        if (num_splits != 1) {
             split = visit_config(*named, [&](auto family, const auto &cfg) {
                 using Family = decltype(family);
                 if (num_splits > 1 && !Family::splits_keys)
@@ -218,15 +240,16 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
                                           std::string(compiled_kernel_set) + "'); " + rebuild_hint);
                 return choice;
             });
-        } else if (const std::optional<int> d_head = served_d_head(dtype_of(q), params.d_head, gpu)) {
-            split = automatic_split(dtype_of(q), *d_head, params, problem, gpu, num_splits, multiprocessor_count());
         }
+        launcher = split ? split->launcher : &named_kernel(*named, q, params, problem, gpu);
+        if (split)
+            check_named_kernel_runs(*named, *launcher, q, gpu);
+    } else {
+        const AutomaticChoice automatic = automatic_choice(dtype_of(q), params, problem, gpu, num_splits,
+                                                           num_splits != 1 ? multiprocessor_count() : 0);
+        launcher = automatic.choice.launcher;
+        split = automatic.split;
     }
-    const ForwardLauncher *launcher = split   ? split->launcher
-                                      : named ? &named_kernel(*named, q, params, problem, gpu)
-                                              : automatic_kernel(dtype_of(q), params, problem, gpu).launcher;
-    if (split && named)
-        check_named_kernel_runs(*named, *launcher, q, gpu);
     ForwardResult result;
     at::Tensor &o = result.o;
     if (o_given && padding.copied) {
@@ -293,9 +316,9 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     if (sequences.packed()) {
         // Every sequence is in the one batch entry: the kernels' batch index must not move them (a
         // paged k and v keep theirs, which step from page to page).
-        for (TensorStrides *strides : {&params.q_strides, &params.k_strides, &params.v_strides, &params.o_strides})
-            if (!sequences.paged() || (strides != &params.k_strides && strides != &params.v_strides))
-                strides->batch = 0;
+        params.q_strides.batch = params.o_strides.batch = 0;
+        if (!sequences.paged())
+            params.k_strides.batch = params.v_strides.batch = 0;
     }
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
     at::Tensor work_counter; // zeroed on the kernel's stream, by a memset that compute-sanitizer's initcheck sees
