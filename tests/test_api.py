@@ -682,3 +682,36 @@ def test_the_sequence_check_names_pages_and_cache_entries_past_the_cache():
         check_sequence_contents(q, cache, {"kv_batch_idx": int32([2, 3])})
     with pytest.raises(ValueError, match=r"^seqused_k: .* sequence 0 uses 41 rows"):
         check_sequence_contents(q, cache, {"kv_batch_idx": int32([2, 0]), "seqused_k": int32([41, 0])})
+
+
+def test_paged_and_indexed_shapes_are_checked_before_any_launch():
+    """block_table's and kv_batch_idx's rules, checked from shapes alone (meta tensors), and a paged
+    append with no page to write to."""
+    q, table = _meta((2, 1, 8, 128)), torch.empty((2, 4), dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match=r"^k: a paged cache is .* page_size a multiple of 16"):
+        flash_attention.choose_config(q, _meta((6, 24, 2, 128)), block_table=table, arch="sm_90")
+    with pytest.raises(TypeError, match=r"^block_table: dtype must be int32"):
+        flash_attention.choose_config(q, _meta((6, 16, 2, 128)), block_table=table.long(), arch="sm_90")
+    with pytest.raises(ValueError, match=r"^block_table: pages_per_sequence \* page_size exceeds"):
+        flash_attention.choose_config(
+            q, _meta((6, 1024, 2, 128)), block_table=torch.empty((2, 1 << 20), dtype=torch.int32, device="meta"),
+            arch="sm_90",
+        )
+    with pytest.raises(ValueError, match=r"^k: kv_batch_idx picks entries of k's batch dimension, which has none"):
+        flash_attention.choose_config(
+            q, _meta((0, 16, 2, 128)), kv_batch_idx=torch.empty(2, dtype=torch.int32, device="meta"), arch="sm_90"
+        )
+    paged_kernels = [
+        c for c in flash_attention.compiled_configs()
+        if c.family == "sm80" and c.dtype.name == "FP16" and c.d_head == 128
+        and any(v.varlen for v in flash_attention.compiled_variants(c))
+    ]
+    if paged_kernels and 90 in [a // 10 for a in flash_attention._C.compiled_architectures()]:
+        choice = flash_attention.choose_config(q, _meta((6, 16, 2, 128)), block_table=table, arch="sm_90")
+        assert choice.config in paged_kernels, "only the SM80 family reads paged caches"
+    pages = torch.empty((0, 16, 2, 128))
+    with pytest.raises(ValueError, match=r"^k_cache: has no rows to append the new keys to"):
+        flash_attention.flash_attn_with_kvcache(
+            torch.empty(2, 1, 8, 128), pages, pages, torch.empty(2, 1, 2, 128), torch.empty(2, 1, 2, 128),
+            cache_seqlens=0, block_table=torch.zeros((2, 1), dtype=torch.int32),
+        )
