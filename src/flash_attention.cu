@@ -59,8 +59,8 @@ py::tuple forward(py::handle kernel_cfg, py::handle q, py::handle k, py::handle 
 // kind, masked tails, score mods, varlen), place in the table entry or 0, the entry's length or 0,
 // the entry's ranked count or 0, why the rule chose (RuleReason), whether it is in the default
 // set, the splits over the keys (0 where multiprocessors is 0: unknown)). It decides as run_forward
-// does: grouped heads of a single query packed, then the table's configuration, then the split
-// that replaces it where the heuristic splits (at this many multiprocessors). q, k and the sequence
+// does: grouped heads of a single query packed, then for a decode-shaped call the splitting
+// configuration and its splits (at this many multiprocessors), else the table's configuration. q, k and the sequence
 // tensors may be on any device (the meta device too); the GPU is named by its compute capability
 // (major * 10 + minor) and a block's opt-in shared memory.
 py::tuple choose_kernel(py::handle q_obj, py::handle k_obj, bool causal, py::handle window_size, py::handle softcap,
@@ -87,7 +87,7 @@ py::tuple choose_kernel(py::handle q_obj, py::handle k_obj, bool causal, py::han
     const AutomaticChoice automatic =
         automatic_choice(dtype_of(q), params, problem, gpu, multiprocessors > 0 ? 0 : 1, multiprocessors);
     const Choice &choice = automatic.choice;
-    const int num_splits = multiprocessors == 0 ? 0 : automatic.split ? automatic.split->num_splits : 1;
+    const int num_splits = multiprocessors == 0 ? 0 : automatic.num_splits;
     const TableEntry *entry = choice.entry;
     return py::make_tuple(config_to_python(choice.config),
                           variant_to_python(choice.variant),

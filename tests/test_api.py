@@ -193,11 +193,29 @@ def test_choice_reports_the_split_a_decoding_call_runs():
     q, k = _meta((1, 1, 32, 128), torch.bfloat16), _meta((1, 131072, 8, 128), torch.bfloat16)
     choice = flash_attention.choose_config(q, k, causal=True, arch="sm_90", multiprocessors=132)
     assert choice.config in splitting and choice.variant.varlen
-    assert choice.num_splits > 1 and "split over the keys" in choice.reason, choice
+    assert choice.num_splits > 1 and "decoding" in choice.reason, choice
     unknown = flash_attention.choose_config(q, k, causal=True, arch="sm_90")
     assert unknown.num_splits is None and "whether the keys split unknown" in str(unknown)
     with pytest.raises(ValueError, match="^multiprocessors: expected a positive int"):
         flash_attention.choose_config(q, k, arch="sm_90", multiprocessors=0)
+
+
+def test_a_decoding_call_that_does_not_split_runs_whole_on_the_decoding_configuration():
+    """Many sequences fill the GPU unsplit: the decoding configuration still runs them (measured
+    faster than the table's Hopper configurations there), whole; a longer query does not fit it."""
+    decoding = [
+        c for c in flash_attention.compiled_configs()
+        if c.family == "sm80" and c.dtype.name == "BF16" and c.d_head == 128 and c.B_r == 64
+    ]
+    if not decoding or 90 not in [a // 10 for a in flash_attention._C.compiled_architectures()]:
+        pytest.skip("needs the decoding configurations (DECODE_KERNELS) compiled for sm_90")
+    q, k = _meta((128, 1, 32, 128), torch.bfloat16), _meta((128, 2048, 8, 128), torch.bfloat16)
+    choice = flash_attention.choose_config(q, k, causal=True, arch="sm_90", multiprocessors=132)
+    assert choice.config in decoding and choice.variant.varlen and choice.num_splits == 1, choice
+    assert "decoding" in choice.reason and "1 split " in choice.reason, choice
+    prefill = flash_attention.choose_config(_meta((128, 65, 32, 128), torch.bfloat16), k, causal=True, arch="sm_90",
+                                            multiprocessors=132)
+    assert prefill.config not in decoding, prefill
 
 
 def test_choice_falls_back_to_the_default_set(with_table):

@@ -104,6 +104,30 @@ def test_single_query_decoding_runs_split_and_packed_automatically(d_head, causa
     torch.testing.assert_close(ours.transpose(1, 2), out, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("seqlen_q", [1, 2, 7, 16])
+@pytest.mark.parametrize("heads", [(32, 8), (8, 1)], ids=["gqa4", "mqa8"])
+@pytest.mark.parametrize("mask", ["none", "causal", "local"])
+def test_several_queries_with_grouped_heads_run_packed(mask, heads, seqlen_q, rng):
+    """Speculative decoding: each query's grouped heads are rows of one block and share the query's
+    diagonal (ForwardParams::rows_per_query), on every family's configuration under test and the
+    automatic choice; the output, lse and a given o as always, and SDPA's layout (heads first)
+    gives the same bits."""
+    keywords = {"none": {}, "causal": dict(causal=True), "local": dict(window_size=(300, 2))}[mask]
+    q, k, v = _decode_inputs(rng, torch.bfloat16, 128, batch=2, seqlen_q=seqlen_q, seqlen_k=1500, heads=heads)
+    configs = {c.family: c for c in helpers.configs_under_test() if c.d_head == 128 and c.dtype.name == "BF16"}
+    for cfg in [*configs.values(), None]:
+        o = helpers.nan_like(q)
+        out, lse = flash_attention.forward(cfg, q, k, v, o, return_lse=True, **keywords)
+        assert out.data_ptr() == o.data_ptr(), f"{cfg}: the output is not the o given"
+        reference = helpers.assert_matches_reference(out, q, k, v, **keywords)
+        helpers.assert_lse_matches(lse, reference)
+        again = flash_attention.forward(cfg, q, k, v, **keywords)
+        assert torch.equal(out, again), f"{cfg}: repeated calls differ"
+    if mask == "none":
+        heads_first = flash_attention.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), enable_gqa=True)
+        assert torch.equal(heads_first.transpose(1, 2), again), "SDPA's layout gives other bits"
+
+
 def test_num_splits_is_checked(rng):
     q, k, v = _decode_inputs(rng, torch.bfloat16, 128)
     with pytest.raises(ValueError, match="^num_splits: must be 0"):

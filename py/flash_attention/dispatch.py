@@ -59,7 +59,7 @@ _RULE_REASONS = {
     2: "the dispatch table for {arch} has no entry for {dtype}, d_head {d_head}",
     3: "the dispatch table for {arch} ranks no configuration this build compiled with this variant",
 }
-_SPLIT_RULE = 4  # RuleReason::SPLIT: the call is split over the keys
+_DECODE_RULE = 4  # RuleReason::DECODE: a decode-shaped call, on the splitting configuration
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,10 +151,12 @@ def choose_config(
     GPU architecture (``sm_90``); by default, that of q's device.
 
     As the call does, a single query with grouped heads is chosen for with the group's heads packed,
-    and where the split heuristic splits the keys the choice is the splitting configuration and
-    num_splits its count. The heuristic needs the GPU's multiprocessor count: ``multiprocessors``,
-    by default q's device's; where q is not on a CUDA device and none is given, num_splits is None
-    and the configuration is the one an unsplit call runs.
+    and a decode-shaped call (every sequence's queries fit one block of the splitting configuration
+    with the fewest query rows) gets that configuration where the split heuristic splits the keys or
+    where it is a decoding configuration (64 rows per block), with num_splits the heuristic's count.
+    The heuristic needs the GPU's multiprocessor count: ``multiprocessors``, by default q's
+    device's; where q is not on a CUDA device and none is given, num_splits is None and the
+    configuration is the one an unsplit call runs.
     """
     if arch is None:
         if not isinstance(q, torch.Tensor) or q.device.type != "cuda":
@@ -194,10 +196,15 @@ def choose_config(
             f"build compiled, the fastest at {_lengths_read(q, k, sequences)} by the table's times scaled by the "
             "tiles each configuration visits"
         )
-    elif rule == _SPLIT_RULE:
+    elif rule == _DECODE_RULE:
+        count = (
+            "the split unknown (no multiprocessor count)"
+            if not num_splits
+            else f"{num_splits} split{'s' if num_splits > 1 else ''} (the heuristic's count for {multiprocessors} multiprocessors)"
+        )
         reason = (
-            f"split over the keys in {num_splits} (the heuristic's count for {multiprocessors} multiprocessors): the "
-            f"compiled configuration with the fewest query rows per block that splits, for {dtype}, d_head {cfg.d_head}"
+            f"decoding (every sequence's queries fit one block): the compiled configuration with the fewest query "
+            f"rows per block that splits the keys, for {dtype}, d_head {cfg.d_head}; {count}"
         )
     else:
         why = _RULE_REASONS[rule].format(arch=arch, dtype=dtype, d_head=cfg.d_head)

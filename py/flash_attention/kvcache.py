@@ -110,8 +110,13 @@ def flash_attn_with_kvcache(
         _append(k_cache, k, where, "k_cache")
         _append(v_cache, v, where, "v_cache")
         new_keys = k.shape[1]
-    # The keys each sequence attends, counted from its first valid row.
-    used = seqlens + new_keys if leftpad is None else seqlens + new_keys - leftpad
+    # The keys each sequence attends, counted from its first valid row (the lengths themselves where
+    # nothing moves them: a decode step without new keys launches no kernel for them).
+    used = seqlens
+    if new_keys:
+        used = used + new_keys
+    if leftpad is not None:
+        used = used - leftpad
     sequences = sequence_arguments(
         seqused_k=used.to(torch.int32), leftpad_k=leftpad, kv_batch_idx=cache_batch_idx, block_table=block_table
     )

@@ -86,9 +86,9 @@ struct Gpu {
     int64_t smem_per_block;
 };
 
-// Why the rule chose, where the table did not (SPLIT: the call is split over the keys, on the
-// splitting configuration split_kv.h's automatic_split picks).
-enum class RuleReason : int { NONE = 0, NO_TABLE = 1, NO_ENTRY = 2, NONE_COMPILED = 3, SPLIT = 4 };
+// Why the rule chose, where the table did not (DECODE: a decode-shaped call, on the splitting
+// configuration split_kv.h's automatic_decode picks).
+enum class RuleReason : int { NONE = 0, NO_TABLE = 1, NO_ENTRY = 2, NONE_COMPILED = 3, DECODE = 4 };
 
 struct Choice {
     AnyConfig config;

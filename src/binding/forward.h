@@ -88,6 +88,10 @@ inline const ForwardLauncher &named_kernel(const AnyConfig &config, const at::Te
         using Family = decltype(family);
         const ProblemVariant variant = Family::variant_for(cfg, params, problem.mask, problem.score_mods, problem.varlen);
         const ForwardLauncher *found = Family::find(cfg, variant);
+        // A varlen kernel runs a dense call too: a configuration compiled with its varlen variants
+        // alone (a decoding one) runs dense calls on them.
+        if (found == nullptr && !problem.varlen)
+            found = Family::find(cfg, Family::variant_for(cfg, params, problem.mask, problem.score_mods, true));
         const std::string build = " in this build (kernel set '" + std::string(compiled_kernel_set) + "'); " + rebuild_hint;
         if (found == nullptr && Family::is_compiled(cfg))
             throw py::value_error("kernel_cfg: " + Family::describe(cfg) + " has no kernel for this problem (" +
@@ -126,24 +130,25 @@ inline Choice automatic_kernel(DType dtype, const ForwardParams &params, const P
 }
 
 // The automatic choice of a call that names no configuration, as the call runs it and
-// choose_config reports it: where `requested` splits the keys (0: the heuristic's count at this many
-// multiprocessors; 1: never), the splitting configuration's varlen kernel (split_kv.h's
-// automatic_split); otherwise the dispatch table's (automatic_kernel).
+// choose_config reports it: for a decode-shaped call, the splitting configuration's varlen kernel
+// with `requested` splits (0: the heuristic's count at this many multiprocessors, 1 where that is
+// 0) where split_kv.h's automatic_decode takes it; otherwise the dispatch table's (automatic_kernel).
 struct AutomaticChoice {
     Choice choice;
-    std::optional<SplitChoice> split;
+    std::optional<SplitChoice> split; // where the keys split (more than one split)
+    int num_splits = 1;
 };
 
 inline AutomaticChoice automatic_choice(DType dtype, const ForwardParams &params, const Problem &problem, const Gpu &gpu,
                                         int requested, int multiprocessors) {
-    if (requested != 1)
-        if (const std::optional<int> d_head = served_d_head(dtype, params.d_head, gpu))
-            if (auto split = automatic_split(dtype, *d_head, params, problem, gpu, requested, multiprocessors)) {
-                const bool is_default = DispatchTables::instance().defaults.count(split->config) > 0;
-                return {Choice{split->config, split->variant, split->launcher, nullptr, 0, RuleReason::SPLIT, is_default},
-                        split};
-            }
-    return {automatic_kernel(dtype, params, problem, gpu), std::nullopt};
+    if (const std::optional<int> d_head = served_d_head(dtype, params.d_head, gpu))
+        if (auto decode = automatic_decode(dtype, *d_head, params, problem, gpu, requested, multiprocessors)) {
+            const bool is_default = DispatchTables::instance().defaults.count(decode->config) > 0;
+            const Choice choice{decode->config, decode->variant, decode->launcher, nullptr, 0, RuleReason::DECODE, is_default};
+            const int num_splits = decode->num_splits;
+            return {choice, num_splits > 1 ? std::move(decode) : std::nullopt, num_splits};
+        }
+    return {automatic_kernel(dtype, params, problem, gpu), std::nullopt, 1};
 }
 
 inline Gpu gpu_of(const at::Tensor &q) {
@@ -197,15 +202,15 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     // A head size that is not a multiple of 8 runs on copies of q, k and v padded with zero columns
     // (HeadPadding), with the call's softmax scale; the kernels read every other size in place.
     ProblemArguments problem_args = args;
-    // Single-query decoding with grouped heads runs packed (GroupedQueryPacking): o is allocated in
-    // the call's layout first, so that the packed output is a view of it.
+    // Decoding with grouped heads runs packed (GroupedQueryPacking): o is allocated in the call's
+    // layout first, so that the packed output is a view of it where the layout allows.
     const GroupedQueryPacking packing(q, k, v, o_given, args, sequences);
     std::optional<at::Tensor> o_call;
     if (packing.active()) {
         o_call = o_given ? *o_given
                  : heads_first ? at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2)
                                : at::empty(q.sizes(), q.options());
-        o_given = packing.pack(*o_call);
+        o_given = packing.packs_in_place(*o_call) ? packing.pack(*o_call) : packing.packed_output(*o_call);
         q = packing.pack(q);
         problem_args = packing.arguments(problem_args);
     }
@@ -238,7 +243,8 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
                                           describe(Family::variant_for(cfg, params, problem.mask, problem.score_mods, true)) +
                                           "), which splits run on in this build (kernel set '" +
                                           std::string(compiled_kernel_set) + "'); " + rebuild_hint);
-                return choice;
+                // One split: the call runs whole, on the configuration's kernel for its own variant.
+                return choice && choice->num_splits > 1 ? choice : std::nullopt;
             });
         }
         launcher = split ? split->launcher : &named_kernel(*named, q, params, problem, gpu);
@@ -283,6 +289,8 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
         if (padding.copied)
             o = padding.call_columns(o, o_given);
         if (packing.active()) {
+            if (!packing.packs_in_place(*o_call))
+                o_call->copy_(packing.unpack(o));
             o = *o_call;
             if (return_lse)
                 result.lse = packing.unpack_lse(result.lse);
@@ -327,19 +335,19 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
         params.work_counter = work_counter.data_ptr<int>();
         check_cuda(cudaMemsetAsync(params.work_counter, 0, sizeof(int), stream), "zeroing the work counter");
     }
-    std::optional<SplitBuffers> split_buffers;
-    if (split) {
-        // The varlen variant runs a dense call too: every sequence is then its batch entry's rows.
-        if (!sequences.any()) {
-            params.sequences.rows_q = static_cast<int>(q.size(1));
-            params.sequences.rows_k = static_cast<int>(k.size(1));
-        }
-        split_buffers.emplace(split->num_splits, o, sequences.packed(), params);
+    // A varlen kernel runs a dense call too (a split one, or a decoding configuration's, which has no
+    // other): every sequence is then its batch entry's rows. Dense kernels do not read them.
+    if (!sequences.any()) {
+        params.sequences.rows_q = static_cast<int>(q.size(1));
+        params.sequences.rows_k = static_cast<int>(k.size(1));
     }
+    std::optional<SplitBuffers> split_buffers;
+    if (split)
+        split_buffers.emplace(split->num_splits, o, sequences.packed(), params);
     const auto run = [&] {
         launcher->launch(params, stream);
         if (split)
-            combine_splits(dtype_of(q), params, static_cast<int>(o.size(0)), static_cast<int>(o.size(1)), stream);
+            combine_splits(dtype_of(q), params, stream);
     };
     if (!benchmark) {
         run();

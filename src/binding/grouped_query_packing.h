@@ -1,14 +1,15 @@
-// One query per sequence with grouped heads (decoding with GQA or MQA): the heads_q / heads_kv query
-// heads that share a key/value head become the rows of one sequence of that head, so a block reads
-// each K and V tile once for the whole group instead of once per query head. q (batch, 1, heads_q,
-// d_head) is viewed as (batch, group, heads_kv, d_head), and o likewise: no copy, since the
-// group's heads are neighbours in memory. The log-sum-exp (batch, heads_kv, group) is the call's
-// (batch, heads_q, 1) in the same memory.
+// Decoding with grouped heads (GQA or MQA), up to MAX_PACKED_QUERIES queries per sequence (a decode
+// step, or a speculative one): the heads_q / heads_kv query heads that share a key/value head
+// become rows of one sequence of that head, so a block reads each K and V tile once for the whole
+// group instead of once per query head. q (batch, queries, heads_q, d_head) is seen as (batch,
+// queries * group, heads_kv, d_head): row r is query r / group's head r % group of the group
+// (ForwardParams::rows_per_query = group, so the mask's diagonals stay the queries'). That is a view
+// of q where one query or one key/value head makes the rows evenly spaced; otherwise the packed q
+// is a copy (a few rows per sequence), and the packed output is copied back into the call's.
 //
-// The rows of a packed sequence are one query, so nothing may tell them apart: no ALiBi (a slope
-// per query head) and no bounded left window (each row would get a diagonal of its own). A causal
-// mask or a right window changes nothing for a single query aligned to the last key, so it runs as
-// no mask. Calls with per-sequence query rows (cu_seqlens_q, seqused_q, leftpad_q) are not packed.
+// No ALiBi: a slope per query head would tell the rows of a query apart. A single query aligned to
+// the last key sees every key through a causal mask or a right window, so those run as no mask.
+// Calls with per-sequence query rows (cu_seqlens_q, seqused_q, leftpad_q) are not packed.
 #pragma once
 
 #include <cstdint>
@@ -21,8 +22,12 @@
 
 namespace flash::binding {
 
+// The most queries per sequence that are packed: speculative decoding's steps.
+constexpr int64_t MAX_PACKED_QUERIES = 16;
+
 struct GroupedQueryPacking {
     int64_t group = 1; // query heads per key/value head; 1: not packed
+    int64_t queries = 1;
 
     // q, k and v in the batch layout; calls whose tensors disagree are not packed, so that their
     // checks name the call's shapes.
@@ -30,33 +35,52 @@ struct GroupedQueryPacking {
                         const std::optional<at::Tensor> &o_given, const ProblemArguments &args,
                         const SequenceArguments &sequences) {
         const bool shapes = q.dim() == 4 && k.dim() == 4 && k.sizes() == v.sizes() &&
-                            (q.size(0) == k.size(0) || sequences.kv_batches_indexed()) &&
-                            q.size(1) == 1 && q.size(3) == k.size(3) && k.size(2) > 0 && q.size(2) > k.size(2) &&
-                            q.size(2) % k.size(2) == 0 && q.scalar_type() == k.scalar_type() &&
+                            (q.size(0) == k.size(0) || sequences.kv_batches_indexed()) && q.size(1) >= 1 &&
+                            q.size(1) <= MAX_PACKED_QUERIES && q.size(3) == k.size(3) && k.size(2) > 0 &&
+                            q.size(2) > k.size(2) && q.size(2) % k.size(2) == 0 && q.scalar_type() == k.scalar_type() &&
                             q.scalar_type() == v.scalar_type() && q.device() == k.device() && q.device() == v.device();
-        const bool one_query_row = !sequences.packed() && !sequences.seqused_q && !sequences.leftpad_q;
+        const bool query_rows_shared = !sequences.packed() && !sequences.seqused_q && !sequences.leftpad_q;
         const bool o_fits = !o_given || o_given->sizes() == q.sizes();
-        if (shapes && o_fits && one_query_row && !args.alibi_slopes && args.window.left == -1)
+        if (shapes && o_fits && query_rows_shared && !args.alibi_slopes) {
             group = q.size(2) / k.size(2);
+            queries = q.size(1);
+        }
     }
 
     bool active() const { return group > 1; }
 
-    // (batch, 1, heads_q, d) -> (batch, group, heads_kv, d), a view (o is allocated in the call's
-    // layout and packed, so the output needs no unpacking).
-    at::Tensor pack(const at::Tensor &t) const {
-        return t.unflatten(2, {t.size(2) / group, group}).squeeze(1).transpose(1, 2);
+    // (batch, queries, heads_q, d) -> (batch, queries * group, heads_kv, d): a view where the rows
+    // are evenly spaced (packs_in_place), else a copy.
+    at::Tensor pack(const at::Tensor &t) const { return t.unflatten(2, {t.size(2) / group, group}).transpose(2, 3).flatten(1, 2); }
+
+    // Whether pack(t) is a view of t: the rows of a query's group (head stride) continue into the
+    // next query's (seq stride).
+    bool packs_in_place(const at::Tensor &t) const { return queries == 1 || t.stride(1) == group * t.stride(2); }
+
+    // An output for the packed call where o cannot be packed in place.
+    at::Tensor packed_output(const at::Tensor &o) const {
+        return at::empty({o.size(0), queries * group, o.size(2) / group, o.size(3)}, o.options());
     }
 
-    // The packed call's problem: one query, so no mask.
+    // The packed output (batch, queries * group, heads_kv, d) in the call's layout (batch, queries,
+    // heads_q, d).
+    at::Tensor unpack(const at::Tensor &o) const { return o.unflatten(1, {queries, group}).transpose(2, 3).flatten(2, 3); }
+
+    // The packed call's problem: each query's rows share its diagonal; a single query needs no
+    // causal mask or right window.
     ProblemArguments arguments(ProblemArguments args) const {
-        args.causal = false;
-        args.window = Window{-1, -1};
+        args.rows_per_query = static_cast<int>(group);
+        if (queries == 1) {
+            args.causal = false;
+            args.window.right = -1;
+        }
         return args;
     }
 
-    // lse (batch, heads_kv, group) -> the call's (batch, heads_q, 1).
-    at::Tensor unpack_lse(const at::Tensor &lse) const { return lse.flatten(1, 2).unsqueeze(2); }
+    // lse (batch, heads_kv, queries * group) -> the call's (batch, heads_q, queries).
+    at::Tensor unpack_lse(const at::Tensor &lse) const {
+        return lse.unflatten(2, {queries, group}).transpose(2, 3).flatten(1, 2);
+    }
 };
 
 } // namespace flash::binding

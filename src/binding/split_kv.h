@@ -19,12 +19,10 @@
 #include "binding/families.h"
 #include "binding/problem.h"
 #include "common/forward_params.h"
+#include "split_kv/combine.h"
 
 namespace flash::binding {
 
-// The most splits a call takes (the combine reads each row's partial log-sum-exps, and the
-// partial buffers grow with the count).
-constexpr int MAX_SPLITS = 128;
 // A split gets at least this many key tiles, so that its block's pipeline has something to overlap.
 constexpr int MIN_TILES_PER_SPLIT = 2;
 // Blocks of a splitting configuration resident per multiprocessor (two fit its shared memory).
@@ -75,18 +73,33 @@ inline int heuristic_splits(int64_t query_blocks, int key_tiles, int multiproces
     return 1;
 }
 
-// A kernel that runs a call split: its configuration, variant (a varlen one) and launcher, and the
-// number of splits.
+// A splitting configuration's kernel for a call: its configuration, query rows per block, variant
+// (a varlen one) and launcher, and the number of splits (1: the call runs whole).
 struct SplitChoice {
     AnyConfig config;
+    int block_rows;
     ProblemVariant variant;
     const ForwardLauncher *launcher;
     int num_splits;
 };
 
-// The splits for `cfg` (of a splitting family) on this problem: `requested` (0: the heuristic's),
-// capped at the key tiles and MAX_SPLITS; nullopt where that is 1 or the varlen variant is not
-// compiled for cfg (the caller then runs the call whole).
+// A configuration with this few query rows per block (DECODE_KERNELS') runs the calls whose
+// sequences' queries fit one of its blocks even where the keys do not split: measured faster than
+// the dispatch table's Hopper configurations there (H200, 32 x 4k and 128 x 2k,
+// benchmarks/HISTORY.md #2026-11-26-decode-bandwidth), and the only family that reads paged caches.
+constexpr int DECODE_BLOCK_ROWS = 64;
+
+// The splits of a problem of query_blocks blocks over key_tiles tiles: `requested` (0: the
+// heuristic's, where the multiprocessor count is known, else 1), capped at the key tiles and
+// MAX_SPLITS.
+inline int num_splits_for(int requested, int64_t query_blocks, int key_tiles, int multiprocessors) {
+    if (requested > 0)
+        return std::max(1, std::min({requested, key_tiles, MAX_SPLITS}));
+    return multiprocessors > 0 ? heuristic_splits(query_blocks, key_tiles, multiprocessors) : 1;
+}
+
+// `cfg` (of a splitting family) on this problem: its varlen kernel and the splits num_splits_for
+// gives (1: the call runs whole on that kernel); nullopt where the varlen variant is not compiled.
 template <typename Family, typename Config>
 std::optional<SplitChoice> split_with(const Config &cfg, const ForwardParams &params, const Problem &problem, int requested,
                                       int multiprocessors) {
@@ -99,22 +112,19 @@ std::optional<SplitChoice> split_with(const Config &cfg, const ForwardParams &pa
             return std::nullopt;
         const int key_tiles = ceil_div(params.seqlen_k, cfg.B_c);
         const int64_t query_blocks = static_cast<int64_t>(ceil_div(params.seqlen_q, cfg.B_r)) * params.heads_q * params.batch;
-        const int splits = requested > 0 ? std::min({requested, key_tiles, MAX_SPLITS})
-                                         : heuristic_splits(query_blocks, key_tiles, multiprocessors);
-        if (splits <= 1)
-            return std::nullopt;
-        return SplitChoice{cfg, variant, launcher, splits};
+        return SplitChoice{cfg, cfg.B_r, variant, launcher, num_splits_for(requested, query_blocks, key_tiles, multiprocessors)};
     }
 }
 
-// For automatic configuration: among the splitting families' configurations of the served head
-// size whose varlen variant is compiled and runs on this GPU, the one with the fewest query rows
-// per block (a split call has few), then the largest key tiles; split as split_with says, where
-// every sequence's queries fit one block of it (decoding: with DECODE_KERNELS, 64 rows; longer
-// ones run whole on the configuration the dispatch table chose, whose prefill is faster).
-inline std::optional<SplitChoice> automatic_split(DType dtype, int d_head, const ForwardParams &params,
-                                                  const Problem &problem, const Gpu &gpu, int requested,
-                                                  int multiprocessors) {
+// For automatic configuration, a decode-shaped call (every sequence's queries fit one block):
+// among the splitting families' configurations of the served head size whose varlen variant is
+// compiled and runs on this GPU, the one with the fewest query rows per block, then the largest
+// key tiles, split as split_with says. It runs the call where the keys split, or where it has
+// DECODE_BLOCK_ROWS rows or fewer; otherwise (nullopt) the dispatch table's configuration runs the
+// call whole, as it does every longer one (its prefill is faster).
+inline std::optional<SplitChoice> automatic_decode(DType dtype, int d_head, const ForwardParams &params,
+                                                   const Problem &problem, const Gpu &gpu, int requested,
+                                                   int multiprocessors) {
     std::optional<SplitChoice> best;
     std::optional<std::pair<int, int>> best_rank;
     for_each_family([&](auto family) {
@@ -135,12 +145,14 @@ inline std::optional<SplitChoice> automatic_split(DType dtype, int d_head, const
             }
         }
     });
+    if (best && best->num_splits == 1 && best->block_rows > DECODE_BLOCK_ROWS)
+        return std::nullopt;
     return best;
 }
 
 // Where a call's splits write: float32 partial outputs at o's strides and partial log-sum-exps at
-// lse's layout, one of each per split; the log-sum-exps start at +infinity ("no key"), so rows no
-// block writes (outside every sequence) merge to zeros.
+// lse's layout, one of each per split. Every split writes both for each row of its sequences, and
+// the combine reads no other row, so neither buffer is initialized.
 struct SplitBuffers {
     at::Tensor o_partial;
     at::Tensor lse_partial;
@@ -148,13 +160,14 @@ struct SplitBuffers {
     // Sets params.split (and lse's strides, which the partial log-sum-exps share) for o (batch
     // entries, rows, heads, d_head); packed (cu_seqlens): lse is (heads, rows).
     SplitBuffers(int num_splits, const at::Tensor &o, bool packed, ForwardParams &params) {
+        // A split's partial output spans o's elements, rounded up to whole float4s (the combine's loads).
         int64_t o_span = 1;
         for (int dim = 0; dim < o.dim(); ++dim)
             o_span += (o.size(dim) - 1) * o.stride(dim);
+        o_span = (o_span + 3) / 4 * 4;
         const int64_t batch_entries = o.size(0), rows = o.size(1), heads = o.size(2);
         o_partial = at::empty({num_splits, o_span}, o.options().dtype(at::kFloat));
-        lse_partial = at::full({num_splits, batch_entries * heads * rows}, std::numeric_limits<float>::infinity(),
-                               o.options().dtype(at::kFloat));
+        lse_partial = at::empty({num_splits, batch_entries * heads * rows}, o.options().dtype(at::kFloat));
         params.lse_head_stride = rows;
         params.lse_batch_stride = packed ? 0 : heads * rows;
         params.split = SplitKV{num_splits, o_partial.data_ptr<float>(), lse_partial.data_ptr<float>(), o_span,

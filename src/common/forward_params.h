@@ -15,7 +15,8 @@ struct TensorStrides {
 
 // Which (query, key) pairs a call lets attend, beyond the lengths, and what is applied to the
 // scores (FlashAttention-2's semantics: the mask is aligned to the bottom-right corner of the score
-// matrix, so query i's diagonal is key i + seqlen_k - seqlen_q).
+// matrix, so query i's diagonal is key i + seqlen_k - seqlen_q; ForwardParams::rows_per_query says
+// which query a row is).
 struct MaskParams {
     // Query i attends keys i + seqlen_k - seqlen_q - window_left .. i + seqlen_k - seqlen_q +
     // window_right: read by the CAUSAL (window_right = 0) and LOCAL variants. An unbounded side is
@@ -106,6 +107,9 @@ struct ForwardParams {
     int heads_q;
     int heads_kv; // divides heads_q: query head h reads key/value head h / (heads_q / heads_kv)
     int d_head;
+    // Consecutive rows that are one query (the query heads of a group, packed as rows: row r is
+    // query r / rows_per_query of seqlen_q / rows_per_query): the mask's diagonals are the queries'.
+    int rows_per_query = 1;
     float softmax_scale; // multiplies Q K^T before the softmax
     MaskParams mask;
     SequenceLayout sequences; // read by the varlen variant only

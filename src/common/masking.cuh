@@ -18,11 +18,19 @@ namespace flash {
 // floor(a / b) for b > 0 and any a.
 __device__ __forceinline__ int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
+// The key on row `row`'s diagonal: its query's i + seqlen_k - (number of queries). A row is its own
+// query unless the call packs several rows per query (ForwardParams::rows_per_query).
+__device__ __forceinline__ int diagonal_key(const ForwardParams &params, int row) {
+    if (params.rows_per_query == 1)
+        return row + params.seqlen_k - params.seqlen_q;
+    return row / params.rows_per_query + params.seqlen_k - params.seqlen_q / params.rows_per_query;
+}
+
 // The key/value tiles one query block visits, [begin, end), in three runs: a masked prefix
 // [begin, unmasked_begin) where the window's left edge cuts tiles, unmasked tiles
 // [unmasked_begin, unmasked_end), and a masked suffix [unmasked_end, end) where the diagonal (plus
 // the window's right edge) or the end of the keys cuts tiles. Rows of the block are
-// first_row .. first_row + B_r - 1; query i's diagonal is key i + seqlen_k - seqlen_q. With
+// first_row .. first_row + B_r - 1, and their diagonals (diagonal_key) grow with the row. With
 // VARLEN, a sequence may have no key at all.
 template <int B_r, int B_c, MaskKind MASK, bool MASKED_TAILS, bool VARLEN = false>
 struct KVTileRange {
@@ -37,7 +45,8 @@ struct KVTileRange {
     __device__ __forceinline__ KVTileRange(const ForwardParams &params, int first_row) {
         const int n_tiles = MASKED_TAILS ? (params.seqlen_k + B_c - 1) / B_c
                                          : static_cast<int>(static_cast<unsigned>(params.seqlen_k) / B_c);
-        const int diagonal = first_row + params.seqlen_k - params.seqlen_q; // the first row's diagonal key
+        const int first_diagonal = diagonal_key(params, first_row);
+        const int last_diagonal = diagonal_key(params, first_row + B_r - 1);
         begin = 0;
         end = n_tiles;
         unmasked_begin = 0;
@@ -45,18 +54,16 @@ struct KVTileRange {
         if constexpr (MASKED_TAILS)
             unmasked_end = params.seqlen_k / B_c; // the partial last tile is masked
         if constexpr (MASK != MaskKind::NONE) {
-            // The last row reaches key diagonal + B_r - 1 + right; tiles past the first row's
-            // reach (diagonal + right) are cut.
-            const int right_reach = diagonal + params.mask.window_right;
-            end = min(end, max(0, floor_div(right_reach + B_r - 1, B_c) + 1));
-            unmasked_end = min(unmasked_end, max(0, floor_div(right_reach + 1, B_c)));
+            // The last row reaches key last_diagonal + right; tiles past the first row's reach
+            // (first_diagonal + right) are cut.
+            end = min(end, max(0, floor_div(last_diagonal + params.mask.window_right, B_c) + 1));
+            unmasked_end = min(unmasked_end, max(0, floor_div(first_diagonal + params.mask.window_right + 1, B_c)));
         }
         if constexpr (MASK == MaskKind::LOCAL) {
-            // The first row reaches back to key diagonal - left; tiles before the last row's
-            // reach (diagonal + B_r - 1 - left) are cut.
-            const int left_reach = diagonal - params.mask.window_left;
-            begin = max(0, floor_div(left_reach, B_c));
-            unmasked_begin = max(begin, floor_div(left_reach + B_r - 1 + B_c - 1, B_c));
+            // The first row reaches back to key first_diagonal - left; tiles before the last row's
+            // reach (last_diagonal - left) are cut.
+            begin = max(0, floor_div(first_diagonal - params.mask.window_left, B_c));
+            unmasked_begin = max(begin, floor_div(last_diagonal - params.mask.window_left + B_c - 1, B_c));
         }
         unmasked_begin = min(unmasked_begin, end);
         unmasked_end = max(unmasked_begin, min(unmasked_end, end));
@@ -91,13 +98,13 @@ __device__ __forceinline__ void apply_mask(Accumulators<M_tiles, N_tiles> &s, co
     static_assert(first_col % MMA_N == 0, "the compared columns start at an accumulator column block");
     const int lane = threadIdx.x % WARP_SIZE;
     const int lane_col = 2 * (lane % QUAD_SIZE);
-    // Row first_row + lane / 4's diagonal, in the tile's column numbers.
-    const int diagonal = first_row + lane / QUAD_SIZE + params.seqlen_k - params.seqlen_q - first_key;
+    const int lane_row = first_row + lane / QUAD_SIZE;
 #pragma unroll
     for (int m = 0; m < M_tiles; ++m)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int row_diagonal = diagonal + m * MMA_M + h * 8;
+            // The row's diagonal, in the tile's column numbers.
+            const int row_diagonal = diagonal_key(params, lane_row + m * MMA_M + h * 8) - first_key;
             int hi = MASKED_TAILS ? params.seqlen_k - first_key - 1 : N_tiles * MMA_N;
             int lo = 0;
             if constexpr (MASK != MaskKind::NONE)
@@ -148,19 +155,21 @@ struct ScoreMods {
                         s.r[m][n][i] = ptx::tanh(s.r[m][n][i] * pre_scale);
         if (alibi_slope != 0.0f) {
             const int lane = threadIdx.x % WARP_SIZE;
-            const int diagonal = first_row + lane / QUAD_SIZE + params.seqlen_k - params.seqlen_q - first_key;
+            const int lane_row = first_row + lane / QUAD_SIZE;
 #pragma unroll
             for (int m = 0; m < M_tiles; ++m)
 #pragma unroll
-                for (int h = 0; h < 2; ++h)
+                for (int h = 0; h < 2; ++h) {
+                    const int row_diagonal = diagonal_key(params, lane_row + m * MMA_M + h * 8) - first_key;
 #pragma unroll
                     for (int n = 0; n < N_tiles && n * MMA_N < end_col; ++n)
 #pragma unroll
                         for (int e = 0; e < 2; ++e) {
                             const int col = n * MMA_N + 2 * (lane % QUAD_SIZE) + e;
-                            const int distance = abs(diagonal + m * MMA_M + h * 8 - col);
+                            const int distance = abs(row_diagonal - col);
                             s.r[m][n][2 * h + e] += alibi_slope * static_cast<float>(distance);
                         }
+                }
         }
     }
 };

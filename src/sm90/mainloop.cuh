@@ -173,7 +173,7 @@ struct MainLoop {
         if constexpr (MASKED_TAILS)
             keys = min(keys, params.seqlen_k - tile * B_c);
         if constexpr (MASK != MaskKind::NONE)
-            keys = min(keys, last_row + params.seqlen_k - params.seqlen_q + params.mask.window_right - tile * B_c + 1);
+            keys = min(keys, diagonal_key(params, last_row) + params.mask.window_right - tile * B_c + 1);
         return max(keys, 1);
     }
     // process(width) with a masked tile's visible keys, or the full width. A branch per width

@@ -1,109 +1,132 @@
-// The combine kernel of a split over the keys: one warp per (batch, row, head) of o.
+// The combine kernel of a split over the keys: one block per (row, head, sequence), as the forward
+// kernel's grid lays them out. A decode step has few rows and many splits, so the work of a row is
+// spread over the block: every thread loads one split's log-sum-exp, and each thread then sums four
+// columns over its share of the splits, with the loads of all its splits in flight at once.
 #include <cmath>
 
 #include "common/common.h"
 #include "common/cuda_utils.cuh"
+#include "common/sequence.cuh"
 #include "common/type_utils.cuh"
 #include "split_kv/combine.h"
 
 namespace flash {
 namespace {
 
-constexpr int WARPS_PER_BLOCK = 4;
-// Columns a lane owns: pairs 2 * lane + 64 * j, for head sizes up to 256.
-constexpr int MAX_PAIRS_PER_LANE = 4;
+constexpr int COMBINE_THREADS = 128;
+constexpr int COMBINE_WARPS = COMBINE_THREADS / WARP_SIZE;
+static_assert(MAX_SPLITS <= COMBINE_THREADS, "a thread loads each split's log-sum-exp");
+// Columns a thread sums: one float4 of the partial outputs (a row of up to 512 columns fits the
+// block, twice the largest head size compiled).
+constexpr int COLUMNS_PER_THREAD = 4;
 
-__device__ __forceinline__ float warp_max(float v) {
+template <typename Op>
+__device__ __forceinline__ float warp_reduce(float v, Op op) {
 #pragma unroll
     for (int offset = WARP_SIZE / 2; offset > 0; offset /= 2)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, offset));
+        v = op(v, __shfl_xor_sync(FULL_WARP_MASK, v, offset));
     return v;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
+// op over the block's values, in a fixed order (each warp's tree, then the warps in order), so the
+// result does not depend on the schedule. `scratch` holds a value per warp.
+template <typename Op>
+__device__ __forceinline__ float block_reduce(float v, Op op, float *scratch) {
+    v = warp_reduce(v, op);
+    if (threadIdx.x % WARP_SIZE == 0)
+        scratch[threadIdx.x / WARP_SIZE] = v;
+    __syncthreads();
+    float result = scratch[0];
 #pragma unroll
-    for (int offset = WARP_SIZE / 2; offset > 0; offset /= 2)
-        v += __shfl_xor_sync(0xffffffff, v, offset);
-    return v;
+    for (int w = 1; w < COMBINE_WARPS; ++w)
+        result = op(result, scratch[w]);
+    __syncthreads(); // scratch is free again
+    return result;
 }
 
 template <typename value_t>
-__global__ void __launch_bounds__(WARPS_PER_BLOCK * WARP_SIZE)
-    combine_splits_kernel(const __grid_constant__ ForwardParams params, int batch_entries, int rows) {
-    const int lane = threadIdx.x % WARP_SIZE;
-    const int64_t index = static_cast<int64_t>(blockIdx.x) * WARPS_PER_BLOCK + threadIdx.x / WARP_SIZE;
-    const int head = static_cast<int>(index % params.heads_q);
-    const int row = static_cast<int>(index / params.heads_q % rows);
-    const int batch = static_cast<int>(index / params.heads_q / rows);
-    if (batch >= batch_entries)
+__global__ void __launch_bounds__(COMBINE_THREADS) combine_splits_kernel(const __grid_constant__ ForwardParams call) {
+    const int row = blockIdx.x;
+    const int head = blockIdx.y;
+    const int batch = blockIdx.z;
+    const Sequence<true> sequence(call, batch);
+    const ForwardParams &params = sequence.params;
+    // Rows past a sequence's end: no split wrote them, and o keeps what it holds, as an unsplit
+    // call leaves it.
+    if (row >= params.seqlen_q)
         return;
     const SplitKV &split = params.split;
-    const float *lse_partial = split.lse_partial + batch * params.lse_batch_stride + head * params.lse_head_stride + row;
-    const int64_t element = batch * params.o_strides.batch + row * params.o_strides.seq + head * params.o_strides.head;
+    const int t = threadIdx.x;
 
-    // The merged log-sum-exp: log of the sum over splits of exp(lse_s), splits without a key
-    // (+infinity, or -infinity) left out.
-    float max_lse = -INFINITY;
-    for (int s = lane; s < split.num_splits; s += WARP_SIZE) {
-        const float lse = lse_partial[s * split.lse_split_stride];
-        if (isfinite(lse))
-            max_lse = fmaxf(max_lse, lse);
+    __shared__ float scratch[COMBINE_WARPS];
+    __shared__ float weights[MAX_SPLITS];
+    __shared__ float4 sums[COMBINE_THREADS];
+
+    // The merged log-sum-exp: log of the sum over splits of exp(lse_s); a split without a key
+    // (+infinity, or -infinity) counts as exp(lse_s) = 0.
+    const int64_t lse_offset = batch * params.lse_batch_stride + head * params.lse_head_stride + row;
+    float lse = -INFINITY;
+    if (t < split.num_splits) {
+        lse = split.lse_partial[lse_offset + t * split.lse_split_stride];
+        if (!isfinite(lse))
+            lse = -INFINITY;
     }
-    max_lse = warp_max(max_lse);
-    float sum = 0.0f;
-    if (max_lse != -INFINITY)
-        for (int s = lane; s < split.num_splits; s += WARP_SIZE) {
-            const float lse = lse_partial[s * split.lse_split_stride];
-            if (isfinite(lse))
-                sum += expf(lse - max_lse);
-        }
-    sum = warp_sum(sum);
+    const float max_lse = block_reduce(lse, [](float a, float b) { return fmaxf(a, b); }, scratch);
     const bool attends = max_lse != -INFINITY;
+    const float sum = block_reduce(attends ? expf(lse - max_lse) : 0.0f, [](float a, float b) { return a + b; }, scratch);
     const float merged_lse = attends ? max_lse + logf(sum) : INFINITY;
+    if (t < split.num_splits)
+        weights[t] = attends ? expf(lse - merged_lse) : 0.0f;
+    __syncthreads();
 
-    float2 acc[MAX_PAIRS_PER_LANE];
-#pragma unroll
-    for (int j = 0; j < MAX_PAIRS_PER_LANE; ++j)
-        acc[j] = make_float2(0.0f, 0.0f);
-    if (attends)
-        for (int s = 0; s < split.num_splits; ++s) {
-            const float lse = lse_partial[s * split.lse_split_stride];
-            if (!isfinite(lse))
-                continue;
-            const float weight = expf(lse - merged_lse);
-            const float *o_partial = split.o_partial + s * split.o_split_stride + element;
-#pragma unroll
-            for (int j = 0; j < MAX_PAIRS_PER_LANE; ++j) {
-                const int col = 2 * lane + 2 * WARP_SIZE * j;
-                if (col < params.d_head) {
-                    const float2 part = *reinterpret_cast<const float2 *>(o_partial + col);
-                    acc[j].x += weight * part.x;
-                    acc[j].y += weight * part.y;
-                }
+    // Thread t sums columns COLUMNS_PER_THREAD * (t % column_groups) .. + 3 over splits t /
+    // column_groups, + split_groups, ...; then the split groups are summed in order.
+    const int column_groups = params.d_head / COLUMNS_PER_THREAD;
+    const int split_groups = COMBINE_THREADS / column_groups;
+    const int column = COLUMNS_PER_THREAD * (t % column_groups);
+    const int split_group = t / column_groups;
+    const int64_t element = batch * params.o_strides.batch + head * params.o_strides.head + row * params.o_strides.seq + column;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (split_group < split_groups) {
+        const float *o_partial = split.o_partial + element;
+#pragma unroll 4
+        for (int s = split_group; s < split.num_splits; s += split_groups) {
+            const float4 part = *reinterpret_cast<const float4 *>(o_partial + s * split.o_split_stride);
+            const float weight = weights[s];
+            // A split without a key has weight 0, and its partial output is not read into the sum.
+            if (weight != 0.0f) {
+                acc.x += weight * part.x;
+                acc.y += weight * part.y;
+                acc.z += weight * part.z;
+                acc.w += weight * part.w;
             }
         }
-    value_t *o = static_cast<value_t *>(params.o) + element;
-#pragma unroll
-    for (int j = 0; j < MAX_PAIRS_PER_LANE; ++j) {
-        const int col = 2 * lane + 2 * WARP_SIZE * j;
-        if (col < params.d_head)
-            *reinterpret_cast<uint32_t *>(o + col) = pack_pair<value_t>(acc[j].x, acc[j].y);
     }
-    if (params.lse != nullptr && lane == 0)
-        params.lse[batch * params.lse_batch_stride + head * params.lse_head_stride + row] = merged_lse;
+    sums[t] = acc;
+    __syncthreads();
+    if (split_group == 0) {
+        for (int g = 1; g < split_groups; ++g) {
+            const float4 part = sums[t + g * column_groups];
+            acc.x += part.x;
+            acc.y += part.y;
+            acc.z += part.z;
+            acc.w += part.w;
+        }
+        uint2 packed{pack_pair<value_t>(acc.x, acc.y), pack_pair<value_t>(acc.z, acc.w)};
+        *reinterpret_cast<uint2 *>(static_cast<value_t *>(params.o) + element) = packed;
+    }
+    if (params.lse != nullptr && t == 0)
+        params.lse[lse_offset] = merged_lse;
 }
 
 } // namespace
 
-void combine_splits(DType dtype, const ForwardParams &params, int batch_entries, int rows, cudaStream_t stream) {
-    const int64_t warps = static_cast<int64_t>(batch_entries) * rows * params.heads_q;
-    const unsigned blocks = static_cast<unsigned>((warps + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK);
-    if (blocks == 0)
-        return;
+void combine_splits(DType dtype, const ForwardParams &params, cudaStream_t stream) {
+    const dim3 grid(params.seqlen_q, params.heads_q, params.batch);
     if (dtype == DType::FP16)
-        combine_splits_kernel<element_t<DType::FP16>><<<blocks, WARPS_PER_BLOCK * WARP_SIZE, 0, stream>>>(params, batch_entries, rows);
+        combine_splits_kernel<element_t<DType::FP16>><<<grid, COMBINE_THREADS, 0, stream>>>(params);
     else
-        combine_splits_kernel<element_t<DType::BF16>><<<blocks, WARPS_PER_BLOCK * WARP_SIZE, 0, stream>>>(params, batch_entries, rows);
+        combine_splits_kernel<element_t<DType::BF16>><<<grid, COMBINE_THREADS, 0, stream>>>(params);
     check_cuda(cudaGetLastError(), "split-KV combine launch");
 }
 

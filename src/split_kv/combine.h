@@ -2,8 +2,6 @@
 // row's partial outputs and log-sum-exps into o and lse. Shared by every family that splits.
 #pragma once
 
-#include <cstdint>
-
 #include <cuda_runtime.h>
 
 #include "common/dtype.h"
@@ -11,12 +9,16 @@
 
 namespace flash {
 
-// Reads the partial buffers of params.split (every row of o's (entry, seq, heads) index space: rows
-// no block wrote must hold +infinity in their partial log-sum-exps, which counts as "no key"),
-// writes params.o (dtype, call's d_head columns) and, where params.lse is set, the merged
-// log-sum-exp. A row no split saw a key of gets zeros and +infinity, as a row without keys always
-// does. The sum runs over the splits in order, so the result does not depend on the schedule.
-// o has batch_entries entries of `rows` rows (its own dimensions: with cu_seqlens, 1 and total_q).
-void combine_splits(DType dtype, const ForwardParams &params, int batch_entries, int rows, cudaStream_t stream);
+// The most splits a call takes (the combine loads each row's partial log-sum-exps with a thread
+// per split, and the partial buffers grow with the count).
+constexpr int MAX_SPLITS = 128;
+
+// Reads the partial buffers of params.split for the rows of every sequence (params.sequences, as
+// the forward kernel reads them; the varlen layout), writes params.o (dtype, params.d_head columns,
+// a multiple of 4) and, where params.lse is set, the merged log-sum-exp. A row no split saw a key
+// of gets zeros and +infinity, as a row without keys always does; rows past a sequence's end are
+// left as they are. The sum runs over the splits in a fixed order, so the result does not depend
+// on the schedule.
+void combine_splits(DType dtype, const ForwardParams &params, cudaStream_t stream);
 
 } // namespace flash
