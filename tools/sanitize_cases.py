@@ -12,7 +12,11 @@ one query and one key, partial last blocks with more queries than keys and fewer
 without keys; the last sequence ends the tensors, so a read past its end leaves them. Those of a
 family that reads paged caches run the batch a second time with its keys and values on pages of 16
 rows in random order (block_table entries past a sequence's pages point past the pool), split over
-the keys in 3 (num_splits), which checks the paged copies and the split's partial results.
+the keys in 3 (num_splits), which checks the paged copies and the split's partial results, and then
+a decode step: 3 queries per sequence whose 2 grouped heads are packed as rows (rows_per_query),
+against slots of keys of which seqused_k are used (one sequence uses none), split in 3, which
+checks the packed queries' masks and the combine. Every compiled configuration is run, the
+decoding ones (compiled with their varlen variants alone) too.
 
     python3 tools/sanitize_cases.py [--kernels SELECTION] [--no-check] [--list]
 
@@ -44,6 +48,10 @@ HEADS = (2, 1)
 PAGED_FAMILIES = ("sm80",)
 PAGE_SIZE = 16
 PAGED_SPLITS = 3
+# The decode step's queries per sequence and each sequence's used keys, in slots of DECODE_SLOT keys.
+DECODE_QUERIES = 3
+DECODE_KEYS = (77, 0)
+DECODE_SLOT = 100
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -60,8 +68,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def selected_kernels(selection: str | None) -> list[tuple]:
-    # The compiled configurations this GPU runs, then those the selection names.
-    configs = helpers.configs_under_test()
+    # The compiled configurations this GPU runs (all of them without one, for --list), then those
+    # the selection names.
+    configs = flash_attention.compiled_configs()
+    if torch.cuda.is_available():
+        configs = [cfg for cfg in configs if cfg.runs_on(torch.cuda.get_device_capability())]
     if selection:
         wanted = set(get_kernel_configs(selection))
         configs = [cfg for cfg in configs if cfg in wanted]
@@ -98,12 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     for cfg, variant, problem in problems:
         label = f"{cfg.short_form()} [{variant.describe()}] {problem.describe()}"
         inputs = on_gpu(problem.make(cfg, rng))
-        calls = [(label, inputs.k, inputs.v, inputs.kwargs)]
+        calls = [(inputs, label, inputs.k, inputs.v, inputs.kwargs)]
         if variant.varlen and cfg.family in PAGED_FAMILIES:
-            calls.append((f"{label}, paged and split in {PAGED_SPLITS}", *paged_call(inputs, rng)))
+            calls.append((inputs, f"{label}, paged and split in {PAGED_SPLITS}", *paged_call(inputs, rng)))
+            step = decode_step(cfg, inputs, rng)
+            calls.append((step, f"{label}, a decode step of {DECODE_QUERIES} packed queries split in {PAGED_SPLITS}",
+                          step.k, step.v, {**step.kwargs, "num_splits": PAGED_SPLITS}))
         for call in calls:
             runs += 1
-            failures += not run_call(cfg, inputs, *call, check=args.check)
+            failures += not run_call(cfg, *call, check=args.check)
     print(f"{runs} calls of {len(problems)} kernels run, {failures} failed", flush=True)
     return 1 if failures else 0
 
@@ -115,6 +129,17 @@ def paged_call(inputs: helpers.Inputs, rng) -> tuple:
     keys, values = ([t[start:end] for start, end in zip(bounds, bounds[1:])] for t in (inputs.k, inputs.v))
     cache = helpers.PagedCache.of(keys, values, PAGE_SIZE, rng)
     return cache.k, cache.v, {**inputs.kwargs, "block_table": cache.block_table, "num_splits": PAGED_SPLITS}
+
+
+def decode_step(cfg, inputs: helpers.Inputs, rng) -> helpers.Inputs:
+    """A decode step with the mask and softcap of ``inputs`` (no ALiBi: a slope per query head would
+    keep the heads apart): DECODE_QUERIES queries per sequence, slots of DECODE_SLOT keys."""
+    dtype = cfg.dtype.to_torch_dtype()
+    q = helpers.random_tensor((len(DECODE_KEYS), DECODE_QUERIES, HEADS[0], cfg.d_head), dtype, rng)
+    k, v = (helpers.random_tensor((len(DECODE_KEYS), DECODE_SLOT, HEADS[1], cfg.d_head), dtype, rng) for _ in range(2))
+    kwargs = {key: inputs.kwargs[key] for key in ("causal", "window_size", "softcap") if key in inputs.kwargs}
+    kwargs["seqused_k"] = torch.tensor(DECODE_KEYS, dtype=torch.int32)
+    return on_gpu(helpers.Inputs(q, k, v, kwargs))
 
 
 def run_call(cfg, inputs: helpers.Inputs, label: str, k, v, keywords: dict, check: bool) -> bool:

@@ -28,8 +28,10 @@ constexpr int MIN_TILES_PER_SPLIT = 2;
 // Blocks of a splitting configuration resident per multiprocessor (two fit its shared memory).
 constexpr int BLOCKS_PER_SM = 2;
 // The heuristic takes the fewest splits whose waves are at least this fraction as full as the best
-// count's (a wave of blocks that is mostly empty costs as much as a full one).
-constexpr double WAVE_EFFICIENCY_KEPT = 0.85;
+// count's (a wave of blocks that is mostly empty costs as much as a full one, and each block's reads
+// are bound by their latency, so every empty slot costs bandwidth: at 1 x 128k, 29 splits (232
+// blocks in 264 slots) read 4% slower than 32 (256); benchmarks/HISTORY.md #2026-11-26-decode-waves).
+constexpr double WAVE_EFFICIENCY_KEPT = 0.95;
 
 inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 

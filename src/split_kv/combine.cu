@@ -1,4 +1,5 @@
-// The combine kernel of a split over the keys: one block per (row, head, sequence), as the forward
+// The combine kernel of a split over the keys (combine_forward_kernel: its name ends as the forward
+// kernels' do, which tools/sanitize.sh selects by): one block per (row, head, sequence), as the forward
 // kernel's grid lays them out. A decode step has few rows and many splits, so the work of a row is
 // spread over the block: every thread loads one split's log-sum-exp, and each thread then sums four
 // columns over its share of the splits, with the loads of all its splits in flight at once.
@@ -45,7 +46,7 @@ __device__ __forceinline__ float block_reduce(float v, Op op, float *scratch) {
 }
 
 template <typename value_t>
-__global__ void __launch_bounds__(COMBINE_THREADS) combine_splits_kernel(const __grid_constant__ ForwardParams call) {
+__global__ void __launch_bounds__(COMBINE_THREADS) combine_forward_kernel(const __grid_constant__ ForwardParams call) {
     const int row = blockIdx.x;
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
@@ -124,9 +125,9 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_splits_kernel(const _
 void combine_splits(DType dtype, const ForwardParams &params, cudaStream_t stream) {
     const dim3 grid(params.seqlen_q, params.heads_q, params.batch);
     if (dtype == DType::FP16)
-        combine_splits_kernel<element_t<DType::FP16>><<<grid, COMBINE_THREADS, 0, stream>>>(params);
+        combine_forward_kernel<element_t<DType::FP16>><<<grid, COMBINE_THREADS, 0, stream>>>(params);
     else
-        combine_splits_kernel<element_t<DType::BF16>><<<grid, COMBINE_THREADS, 0, stream>>>(params);
+        combine_forward_kernel<element_t<DType::BF16>><<<grid, COMBINE_THREADS, 0, stream>>>(params);
     check_cuda(cudaGetLastError(), "split-KV combine launch");
 }
 
