@@ -51,17 +51,18 @@ def extension_is_built() -> bool:
     )
 
 
-def configs_under_test() -> list:
+def configs_under_test(decoding: bool = False) -> list:
     """The compiled configurations that the visible GPU runs (a Hopper configuration runs on sm_90
-    alone) and that have dense variants, restricted to those KERNELS selects when it is set. (The
-    decoding configurations, compiled with the varlen variants alone, are tested through those:
-    test_features' every-kernel test and test_decode.)"""
+    alone) and that have dense variants (with ``decoding``, the decoding configurations, compiled
+    with their varlen variants alone, too), restricted to those KERNELS selects when it is set. (The
+    decoding configurations are tested through test_features' every-kernel test, the sanitizer's
+    driver and test_decode.)"""
     import flash_attention
     from flash_helpers.kernel_sets import KERNELS_ENV, get_kernel_configs
 
     compiled = [
         cfg for cfg in flash_attention.compiled_configs()
-        if not all(variant.varlen for variant in flash_attention.compiled_variants(cfg))
+        if decoding or not all(variant.varlen for variant in flash_attention.compiled_variants(cfg))
     ]  # fmt: skip
     if torch.cuda.is_available():
         capability = torch.cuda.get_device_capability()

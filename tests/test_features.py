@@ -202,7 +202,7 @@ def test_whole_blocks_on_every_config(cfg, problem, rng):
 
 
 def compiled_kernel_cases() -> list[tuple]:
-    selected = set(CONFIGS)
+    selected = set(helpers.configs_under_test(decoding=True)) if BUILT else set()
     return [(cfg, variant) for cfg, variant in flash_attention.compiled_kernels() if cfg in selected] if BUILT else []
 
 

@@ -68,11 +68,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def selected_kernels(selection: str | None) -> list[tuple]:
-    # The compiled configurations this GPU runs (all of them without one, for --list), then those
-    # the selection names.
-    configs = flash_attention.compiled_configs()
-    if torch.cuda.is_available():
-        configs = [cfg for cfg in configs if cfg.runs_on(torch.cuda.get_device_capability())]
+    # The compiled configurations this GPU runs, the decoding ones too, then those the selection names.
+    configs = helpers.configs_under_test(decoding=True)
     if selection:
         wanted = set(get_kernel_configs(selection))
         configs = [cfg for cfg in configs if cfg in wanted]
