@@ -24,6 +24,7 @@ sys.path[:0] = [str(BENCHMARK_DIR), str(ANALYSIS_DIR)]
 import autotune  # noqa: E402
 import bench_common as common  # noqa: E402
 import decode_bench  # noqa: E402
+import generate_bench  # noqa: E402
 import ncu_bench  # noqa: E402
 import progression  # noqa: E402
 import power_bench  # noqa: E402
@@ -61,6 +62,7 @@ PYTHON_TOOLS = [
     BENCHMARK_DIR / "model_bench.py",
     BENCHMARK_DIR / "power_bench.py",
     BENCHMARK_DIR / "decode_bench.py",
+    BENCHMARK_DIR / "generate_bench.py",
     ANALYSIS_DIR / "sass_counts.py",
     ANALYSIS_DIR / "sass_diff.py",
 ]
@@ -170,6 +172,7 @@ def test_autotune_script_passes_lengths_and_options_on(tmp_path):
         [BENCHMARK_DIR / "model_bench.py", "--csv", "unused.csv"],
         [BENCHMARK_DIR / "power_bench.py", "4096", "128"],
         [BENCHMARK_DIR / "decode_bench.py", "--csv", "unused.csv"],
+        [BENCHMARK_DIR / "generate_bench.py", "--csv", "unused.csv"],
     ],
     ids=lambda command: command[0].name,
 )
@@ -202,6 +205,24 @@ def test_decode_bench_reads_shapes_and_tabulates_bandwidth_and_ratios():
     # Ordered by tokens: 1 x 8192 first; a peer that did not run reads '-'.
     assert lines[2] == "| bf16 | 1 | 1 x 8,192 | 1000 | - | - | - | - |"
     assert lines[3] == "| bf16 | 1 | 8 x 32,768 | 4000 | 3200 | 5000 | 1.250 | 0.800 |"
+    assert decode_bench.parse_args(["--host-calls", "500"]).host_calls == 500
+    with pytest.raises(SystemExit):
+        decode_bench.parse_args(["--host-calls", "0"])
+    host_rows = [dataclasses.replace(row, host_us=us) for row, us in zip(rows[:3], (12.0, 30.0, 15.0))]
+    lines = decode_bench.format_table(host_rows, [decode_bench.OURS, decode_bench.FA3, decode_bench.SDPA], "host_us")
+    assert lines.splitlines()[2] == "| bf16 | 1 | 8 x 32,768 | 12.0 | 30.0 | 15.0 | 0.400 | 0.800 |"
+
+
+def test_generate_bench_tabulates_tokens_per_second_and_agreement():
+    args = generate_bench.parse_args(["--batches", "1", "32", "--layers", "2"])
+    assert (args.batches, args.layers, args.prompt_tokens, args.new_tokens) == ([1, 32], 2, 128, 256)
+    rows = [
+        generate_bench.GenerateTiming(32, 128, 256, generate_bench.OURS, 2.0, 4096.0),
+        generate_bench.GenerateTiming(32, 128, 256, generate_bench.SDPA, 2.5, 3276.8),
+    ]
+    lines = generate_bench.format_results(rows, {32: 0.5}).splitlines()
+    assert lines[0] == "| batch | prompt | new tokens | ours tokens/s | SDPA tokens/s | ours/SDPA | same tokens |"
+    assert lines[2] == "| 32 | 128 | 256 | 4096 | 3277 | 1.250 | 50.0% |"
 
 
 def test_power_bench_reads_nvidia_smi_samples_and_leaves_out_the_settling():

@@ -22,7 +22,9 @@ laid out densely).
 
 With --graphs each call is captured once in a CUDA graph and its replays are timed: the GPU's time
 alone, as a serving loop that replays a captured decode step sees it (the eager timings of small
-shapes include the host's time per call).
+shapes include the host's time per call). With --host-calls N each call's host time is also
+measured: N eager calls enqueued back to back (one synchronization at the end), microseconds per
+call, what a model's Python thread pays per decode step and layer; a second table lists it.
 
 GB/s = bytes of K and V read (batch x keys x heads_kv x d_head x 2 bytes x 2) / time; the H200's
 copy ceiling is about 4.3 TB/s. Time is the median of triton.testing.do_bench. Outputs are compared
@@ -42,6 +44,7 @@ import math
 import sys
 
 import bench_common as common
+from call_bench import host_us
 from model_bench import markdown_table
 
 SHAPES = ((1, 8192), (1, 131072), (8, 8192), (8, 32768), (32, 4096), (128, 2048))
@@ -57,6 +60,7 @@ class DecodeTiming:
     implementation: str
     time_ms: float
     gbps: float
+    host_us: float = math.nan  # host microseconds per eager call (--host-calls), NaN if not measured
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -81,6 +85,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--page-size", type=common.positive_int, help="page the cache in pages of this many rows")
     parser.add_argument(
         "--page-order", choices=("random", "sequential"), default="random", help="where the pages lie (default: random)"
+    )
+    parser.add_argument(
+        "--host-calls", type=common.positive_int, help="also time each call's host cost over this many eager calls"
     )
     parser.add_argument("--rep-ms", type=float, default=common.DEFAULT_REP_MS)
     parser.add_argument("--csv", metavar="PATH", help="also write every timing to PATH")
@@ -146,7 +153,8 @@ def time_shape(args, dtype_name: str, batch: int, keys: int, seqlen_q: int, fa3,
     rows = []
     for name in common.timing_order(list(calls), 0, (dtype_name, batch, keys, seqlen_q)):
         time_ms = timer(graphed(calls[name]) if args.graphs else calls[name])
-        rows.append(DecodeTiming(dtype_name, batch, keys, seqlen_q, name, time_ms, kv_bytes / time_ms / 1e6))
+        host = host_us(torch, calls[name], args.host_calls) if args.host_calls else math.nan
+        rows.append(DecodeTiming(dtype_name, batch, keys, seqlen_q, name, time_ms, kv_bytes / time_ms / 1e6, host))
     reference = calls[SDPA]().transpose(1, 2)
     ours = calls[OURS]()
     error = (ours.float() - reference.float()).abs().max().item()
@@ -188,19 +196,23 @@ def paged_call_error(fa3, page_size: int) -> str | None:
     return None
 
 
-def format_table(rows: list[DecodeTiming], implementations: list[str]) -> str:
+def format_table(rows: list[DecodeTiming], implementations: list[str], field: str = "gbps") -> str:
+    """One row per shape and a column per implementation: GB/s (field "gbps"), or host microseconds
+    per call ("host_us"), and ours over each peer's (of host time: below 1 where ours costs less)."""
     shapes = sorted({(r.dtype, r.seqlen_q, r.batch, r.keys) for r in rows}, key=lambda s: (s[0], s[1], s[2] * s[3], s[2]))
-    headers = ["dtype", "q", "batch x keys", *(f"{name} GB/s" for name in implementations), "ours/FA3", "ours/SDPA"]
+    unit = {"gbps": "GB/s", "host_us": "host µs"}[field]
+    headers = ["dtype", "q", "batch x keys", *(f"{name} {unit}" for name in implementations), "ours/FA3", "ours/SDPA"]
     table = []
     for dtype, seqlen_q, batch, keys in shapes:
-        at = {r.implementation: r.gbps for r in rows if (r.dtype, r.seqlen_q, r.batch, r.keys) == (dtype, seqlen_q, batch, keys)}
+        at = {r.implementation: getattr(r, field) for r in rows if (r.dtype, r.seqlen_q, r.batch, r.keys) == (dtype, seqlen_q, batch, keys)}
         ours = at.get(OURS, math.nan)
         table.append(
             [dtype, seqlen_q, f"{batch} x {keys:,}", *(at.get(name, math.nan) for name in implementations),
              ours / at.get(FA3, math.nan), ours / at.get(SDPA, math.nan)]
         )  # fmt: skip
     ratio_columns = {len(headers) - 2: ".3f", len(headers) - 1: ".3f"}
-    return markdown_table(headers, table, {**{i: ".0f" for i in range(3, len(headers) - 2)}, **ratio_columns})
+    value_format = ".0f" if field == "gbps" else ".1f"
+    return markdown_table(headers, table, {**{i: value_format for i in range(3, len(headers) - 2)}, **ratio_columns})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                     failures.append(failure)
     implementations = [OURS, *(f"{OURS}/{s}" for s in args.splits), FA3, SDPA]
     print(format_table(rows, implementations))
+    if args.host_calls:
+        print(format_table(rows, implementations, "host_us"))
     if args.csv:
         common.write_csv(args.csv, rows)
     for failure in failures:
