@@ -279,6 +279,18 @@ def no_gpu_message(tool: str) -> str:
     return f"no CUDA GPU visible: {tool} needs one"
 
 
+def register_transformers_attention() -> str | None:
+    """Our attention registered with transformers (flash_attention.integrations.transformers): its
+    implementation name, or None, with the reason on stderr, where transformers is missing or too old."""
+    from flash_attention.integrations.transformers import register
+
+    try:
+        return register()
+    except ImportError as error:
+        print(error, file=sys.stderr)
+        return None
+
+
 # Where the inputs are made: the tools measure the GPU.
 DEVICE = "cuda"
 

@@ -142,12 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         print(common.no_gpu_message("generate_bench"), file=sys.stderr)
         return 1
 
-    from flash_attention.integrations.transformers import register
-
-    try:
-        name = register()
-    except ImportError as error:
-        print(error, file=sys.stderr)
+    name = common.register_transformers_attention()
+    if name is None:
         return 1
     import torch
     import transformers
