@@ -218,6 +218,28 @@ def test_a_decoding_call_that_does_not_split_runs_whole_on_the_decoding_configur
     assert prefill.config not in decoding, prefill
 
 
+def test_a_speculative_step_is_chosen_for_with_each_querys_heads_packed():
+    """Four queries of 32 heads over 8: packed as 16 rows per key/value head, they fit a decoding
+    block and keep the causal mask (each row's diagonal is its query's); one query needs no mask.
+    Five queries of 16 heads over 1 head (80 rows) do not fit a 64-row block."""
+    decoding = [
+        c for c in flash_attention.compiled_configs()
+        if c.family == "sm80" and c.dtype.name == "BF16" and c.d_head == 128 and c.B_r == 64
+    ]
+    if not decoding or 90 not in [a // 10 for a in flash_attention._C.compiled_architectures()]:
+        pytest.skip("needs the decoding configurations (DECODE_KERNELS) compiled for sm_90")
+    k = _meta((2, 8192, 8, 128), torch.bfloat16)
+    four = flash_attention.choose_config(_meta((2, 4, 32, 128), torch.bfloat16), k, causal=True, arch="sm_90",
+                                         multiprocessors=132)
+    assert four.config in decoding and four.variant.mask == MaskKind.CAUSAL and four.num_splits > 1, four
+    one = flash_attention.choose_config(_meta((2, 1, 32, 128), torch.bfloat16), k, causal=True, arch="sm_90",
+                                        multiprocessors=132)
+    assert one.config in decoding and one.variant.mask == MaskKind.NONE, one
+    wide = flash_attention.choose_config(_meta((2, 5, 16, 128), torch.bfloat16), _meta((2, 8192, 1, 128), torch.bfloat16),
+                                         causal=True, arch="sm_90", multiprocessors=132)
+    assert wide.config not in decoding, wide
+
+
 def test_choice_falls_back_to_the_default_set(with_table):
     with_table(None)
     cfg = flash_attention.compiled_configs()[0]
