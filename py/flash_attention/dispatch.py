@@ -150,7 +150,8 @@ def choose_config(
     max_seqlen_q and max_seqlen_k with cu_seqlens, at the slots' lengths otherwise. arch names the
     GPU architecture (``sm_90``); by default, that of q's device.
 
-    As the call does, a single query with grouped heads is chosen for with the group's heads packed,
+    As the call does, up to 16 queries per sequence with grouped heads are chosen for with each
+    query's heads of a group packed as rows,
     and a decode-shaped call (every sequence's queries fit one block of the splitting configuration
     with the fewest query rows) gets that configuration where the split heuristic splits the keys or
     where it is a decoding configuration (64 rows per block), with num_splits the heuristic's count.

@@ -6,8 +6,8 @@ without reading the lengths on the host, so a step is captured once by a CUDA gr
 as the lengths grow (cache_seqlens a tensor). The attention is the varlen kernels' with seqused_k
 (the keys each sequence uses), leftpad_k (cache_leftpad), kv_batch_idx (cache_batch_idx) and
 block_table (a paged cache), split over the keys where the heuristic finds the GPU would otherwise
-idle (num_splits=0), and with one query per sequence and grouped heads, on the heads of a group
-packed into one block.
+idle (num_splits=0), and with up to 16 queries per sequence and grouped heads, on each query's
+heads of a group packed into one block.
 """
 
 from __future__ import annotations
