@@ -180,20 +180,29 @@ def test_choice_scales_the_tables_times_by_the_tiles_each_configuration_visits(w
     assert at(4096, 4000).config == narrow  # 28 tiles of 144 against 32 of 128: 0.92 against 1.0
 
 
-def test_choice_reports_the_split_a_decoding_call_runs():
-    """One query against a long cache: the split heuristic's configuration and count, as the call
-    runs them (packed heads: 32 query heads over 8); unknown without a multiprocessor count."""
-    splitting = [
+def _bf16_d128_decoding_configs() -> list:
+    """The compiled bf16 decoding configurations of d_head 128 (DECODE_KERNELS: SM80, 64 rows, varlen
+    variants); skips the test where there are none, or no sm_90 machine code to choose for."""
+    decoding = [
         c for c in flash_attention.compiled_configs()
         if c.family == "sm80" and c.dtype.name == "BF16" and c.d_head == 128 and c.B_r == 64
         and any(v.varlen for v in flash_attention.compiled_variants(c))
     ]
-    if not splitting or 90 not in [a // 10 for a in flash_attention._C.compiled_architectures()]:
+    if not decoding or 90 not in [a // 10 for a in flash_attention._C.compiled_architectures()]:
         pytest.skip("needs the decoding configurations (DECODE_KERNELS) compiled for sm_90")
+    return decoding
+
+
+def test_choice_reports_the_split_a_decoding_call_runs():
+    """One query against a long cache: the split heuristic's configuration and count, as the call
+    runs them (packed heads: 32 query heads over 8); unknown without a multiprocessor count."""
+    splitting = _bf16_d128_decoding_configs()
     q, k = _meta((1, 1, 32, 128), torch.bfloat16), _meta((1, 131072, 8, 128), torch.bfloat16)
     choice = flash_attention.choose_config(q, k, causal=True, arch="sm_90", multiprocessors=132)
     assert choice.config in splitting and choice.variant.varlen
     assert choice.num_splits > 1 and "decoding" in choice.reason, choice
+    # 8 query blocks: 32 splits fill 256 of the 264 slots (97%); 29, 232 of them (88%), are not kept.
+    assert choice.num_splits == 32, choice
     unknown = flash_attention.choose_config(q, k, causal=True, arch="sm_90")
     assert unknown.num_splits is None and "whether the keys split unknown" in str(unknown)
     with pytest.raises(ValueError, match="^multiprocessors: expected a positive int"):
@@ -203,12 +212,7 @@ def test_choice_reports_the_split_a_decoding_call_runs():
 def test_a_decoding_call_that_does_not_split_runs_whole_on_the_decoding_configuration():
     """Many sequences fill the GPU unsplit: the decoding configuration still runs them (measured
     faster than the table's Hopper configurations there), whole; a longer query does not fit it."""
-    decoding = [
-        c for c in flash_attention.compiled_configs()
-        if c.family == "sm80" and c.dtype.name == "BF16" and c.d_head == 128 and c.B_r == 64
-    ]
-    if not decoding or 90 not in [a // 10 for a in flash_attention._C.compiled_architectures()]:
-        pytest.skip("needs the decoding configurations (DECODE_KERNELS) compiled for sm_90")
+    decoding = _bf16_d128_decoding_configs()
     q, k = _meta((128, 1, 32, 128), torch.bfloat16), _meta((128, 2048, 8, 128), torch.bfloat16)
     choice = flash_attention.choose_config(q, k, causal=True, arch="sm_90", multiprocessors=132)
     assert choice.config in decoding and choice.variant.varlen and choice.num_splits == 1, choice
@@ -222,12 +226,7 @@ def test_a_speculative_step_is_chosen_for_with_each_querys_heads_packed():
     """Four queries of 32 heads over 8: packed as 16 rows per key/value head, they fit a decoding
     block and keep the causal mask (each row's diagonal is its query's); one query needs no mask.
     Five queries of 16 heads over 1 head (80 rows) do not fit a 64-row block."""
-    decoding = [
-        c for c in flash_attention.compiled_configs()
-        if c.family == "sm80" and c.dtype.name == "BF16" and c.d_head == 128 and c.B_r == 64
-    ]
-    if not decoding or 90 not in [a // 10 for a in flash_attention._C.compiled_architectures()]:
-        pytest.skip("needs the decoding configurations (DECODE_KERNELS) compiled for sm_90")
+    decoding = _bf16_d128_decoding_configs()
     k = _meta((2, 8192, 8, 128), torch.bfloat16)
     four = flash_attention.choose_config(_meta((2, 4, 32, 128), torch.bfloat16), k, causal=True, arch="sm_90",
                                          multiprocessors=132)
