@@ -49,9 +49,16 @@ struct GroupedQueryPacking {
 
     bool active() const { return group > 1; }
 
-    // (batch, queries, heads_q, d) -> (batch, queries * group, heads_kv, d): a view where the rows
-    // are evenly spaced (packs_in_place), else a copy.
-    at::Tensor pack(const at::Tensor &t) const { return t.unflatten(2, {t.size(2) / group, group}).transpose(2, 3).flatten(1, 2); }
+    // (batch, queries, heads_q, d) -> (batch, queries * group, heads_kv, d): where the rows are
+    // evenly spaced (packs_in_place), one strided view (row r at head stride * r, a key/value
+    // head's rows group head strides apart: one view operation, where a decode step's host time
+    // is counted in microseconds), else a copy.
+    at::Tensor pack(const at::Tensor &t) const {
+        if (packs_in_place(t))
+            return t.as_strided({t.size(0), queries * group, t.size(2) / group, t.size(3)},
+                                {t.stride(0), t.stride(2), group * t.stride(2), t.stride(3)}, t.storage_offset());
+        return t.unflatten(2, {t.size(2) / group, group}).transpose(2, 3).flatten(1, 2);
+    }
 
     // Whether pack(t) is a view of t: the rows of a query's group (head stride) continue into the
     // next query's (seq stride).

@@ -9,8 +9,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include <torch/extension.h>
 
@@ -118,62 +122,85 @@ std::optional<SplitChoice> split_with(const Config &cfg, const ForwardParams &pa
     }
 }
 
-// For automatic configuration, a decode-shaped call (every sequence's queries fit one block):
-// among the splitting families' configurations of the served head size whose varlen variant is
-// compiled and runs on this GPU, the one with the fewest query rows per block, then the largest
-// key tiles, split as split_with says. It runs the call where the keys split, or where it has
-// DECODE_BLOCK_ROWS rows or fewer; otherwise (nullopt) the dispatch table's configuration runs the
-// call whole, as it does every longer one (its prefill is faster).
-inline std::optional<SplitChoice> automatic_decode(DType dtype, int d_head, const ForwardParams &params,
-                                                   const Problem &problem, const Gpu &gpu, int requested,
-                                                   int multiprocessors) {
-    std::optional<SplitChoice> best;
+// The configuration that runs decode-shaped calls of a dtype and head size on a GPU: among the
+// splitting families' configurations of that head size with a varlen kernel that fits the GPU, the
+// one with the fewest query rows per block, then the largest key tiles; nullopt where there is
+// none. Looked up once per (dtype, d_head, GPU) and remembered: walking the registry on every call
+// costs microseconds of a decode step's host time.
+inline std::optional<AnyConfig> decoding_config(DType dtype, int d_head, const Gpu &gpu) {
+    using Key = std::tuple<DType, int, int, int64_t>;
+    static std::mutex mutex;
+    static std::map<Key, std::optional<AnyConfig>> found;
+    const Key key{dtype, d_head, gpu.capability, gpu.smem_per_block};
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (const auto it = found.find(key); it != found.end())
+        return it->second;
+    std::optional<AnyConfig> best;
     std::optional<std::pair<int, int>> best_rank;
     for_each_family([&](auto family) {
         using Family = decltype(family);
         if constexpr (Family::splits_keys) {
             if (!Family::runs_on(gpu.capability))
                 return;
-            for (const auto &[key, launcher] : Family::kernels()) {
-                const auto &[cfg, variant] = key;
+            for (const auto &[kernel, launcher] : Family::kernels()) {
+                const auto &[cfg, variant] = kernel;
                 if (cfg.dtype != dtype || cfg.d_head != d_head || !variant.varlen || launcher.smem_bytes > gpu.smem_per_block)
                     continue;
                 const std::pair<int, int> rank{cfg.B_r, -cfg.B_c};
-                if (best_rank && rank >= *best_rank)
-                    continue;
-                best_rank = rank;
-                best = params.seqlen_q > cfg.B_r ? std::nullopt
-                                                 : split_with<Family>(cfg, params, problem, requested, multiprocessors);
+                if (!best_rank || rank < *best_rank) {
+                    best_rank = rank;
+                    best = cfg;
+                }
             }
         }
     });
-    if (best && best->num_splits == 1 && best->block_rows > DECODE_BLOCK_ROWS)
+    return found.emplace(key, best).first->second;
+}
+
+// For automatic configuration, a decode-shaped call (every sequence's queries fit one block of
+// decoding_config's): that configuration's varlen kernel, split as split_with says. It runs the
+// call where the keys split, or where it has DECODE_BLOCK_ROWS rows or fewer; otherwise (nullopt)
+// the dispatch table's configuration runs the call whole, as it does every longer one (its prefill
+// is faster).
+inline std::optional<SplitChoice> automatic_decode(DType dtype, int d_head, const ForwardParams &params,
+                                                   const Problem &problem, const Gpu &gpu, int requested,
+                                                   int multiprocessors) {
+    const std::optional<AnyConfig> config = decoding_config(dtype, d_head, gpu);
+    if (!config)
         return std::nullopt;
-    return best;
+    const std::optional<SplitChoice> choice = visit_config(*config, [&](auto family, const auto &cfg) {
+        using Family = decltype(family);
+        return params.seqlen_q > cfg.B_r ? std::nullopt
+                                         : split_with<Family>(cfg, params, problem, requested, multiprocessors);
+    });
+    if (choice && choice->num_splits == 1 && choice->block_rows > DECODE_BLOCK_ROWS)
+        return std::nullopt;
+    return choice;
 }
 
 // Where a call's splits write: float32 partial outputs at o's strides and partial log-sum-exps at
-// lse's layout, one of each per split. Every split writes both for each row of its sequences, and
-// the combine reads no other row, so neither buffer is initialized.
+// lse's layout, one of each per split, in one allocation (each costs microseconds of host time).
+// Every split writes both for each row of its sequences, and the combine reads no other row, so
+// neither is initialized.
 struct SplitBuffers {
-    at::Tensor o_partial;
-    at::Tensor lse_partial;
+    at::Tensor partials;
 
     // Sets params.split (and lse's strides, which the partial log-sum-exps share) for o (batch
     // entries, rows, heads, d_head); packed (cu_seqlens): lse is (heads, rows).
     SplitBuffers(int num_splits, const at::Tensor &o, bool packed, ForwardParams &params) {
-        // A split's partial output spans o's elements, rounded up to whole float4s (the combine's loads).
+        // A split's partial output spans o's elements, rounded up to whole float4s (the combine's
+        // loads), so that the log-sum-exps after them stay aligned too.
         int64_t o_span = 1;
         for (int dim = 0; dim < o.dim(); ++dim)
             o_span += (o.size(dim) - 1) * o.stride(dim);
         o_span = (o_span + 3) / 4 * 4;
         const int64_t batch_entries = o.size(0), rows = o.size(1), heads = o.size(2);
-        o_partial = at::empty({num_splits, o_span}, o.options().dtype(at::kFloat));
-        lse_partial = at::empty({num_splits, batch_entries * heads * rows}, o.options().dtype(at::kFloat));
+        const int64_t lse_span = batch_entries * heads * rows;
+        partials = at::empty({num_splits * (o_span + lse_span)}, o.options().dtype(at::kFloat));
+        float *o_partial = partials.data_ptr<float>();
         params.lse_head_stride = rows;
         params.lse_batch_stride = packed ? 0 : heads * rows;
-        params.split = SplitKV{num_splits, o_partial.data_ptr<float>(), lse_partial.data_ptr<float>(), o_span,
-                               batch_entries * heads * rows};
+        params.split = SplitKV{num_splits, o_partial, o_partial + num_splits * o_span, o_span, lse_span};
     }
 };
 

@@ -21,8 +21,8 @@ function, ``create_mask``, returns is what every attention layer receives as its
   flash_attn_func on the views.
 - A PaddedBatch for a padded batch (a 0 in the 2D attention_mask): where each batch entry's tokens
   lie among the layer's keys and queries, as the (batch,) int32 tensors leftpad and seqused.
-  Each row's tokens must be one run (left or right padding), which create_mask checks in one host
-  synchronization. The queries are the last positions of the mask (the new tokens of a decoding
+  Each row's tokens must be one run (left or right padding), which create_mask checks (a host
+  synchronization finds that some key is padding, another reads the runs). The queries are the last positions of the mask (the new tokens of a decoding
   step, too), so under causal or windowed patterns each batch entry's query run ends where its key
   run does, and the kernels' bottom-right alignment puts every mask exactly where transformers
   has it; bidirectional patterns need the keys' run alone (every query row attends its batch
@@ -209,9 +209,13 @@ def attention_forward(
         )
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     window = (-1, -1) if sliding_window is None else (sliding_window - 1, sliding_window - 1)
-    options = {"softmax_scale": scaling, "causal": causal, "window_size": window, "softcap": softcap or 0.0}
     # (batch, heads, seq, d) -> (batch, seq, heads, d): views, the last dimension stays contiguous.
-    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    if attention_mask is None and kwargs.keys().isdisjoint(_PACKED_KEYWORDS):
+        # Every decode step of a batch without padding: the plain call, with nothing built for it
+        # (a model calls this once per layer and token, and its host time is the step's).
+        return _attention(None, q, k, v, None, causal, scaling, window, softcap or 0.0, None, False), None
+    options = {"softmax_scale": scaling, "causal": causal, "window_size": window, "softcap": softcap or 0.0}
     packed = _packed_keywords(kwargs)
     if packed is not None:
         if attention_mask is not None and not isinstance(attention_mask, PackedBatch):
@@ -229,10 +233,13 @@ def attention_forward(
     return flash_attention.flash_attn_func(q, k, v, **options), None
 
 
+_PACKED_KEYWORDS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
 def _packed_keywords(kwargs: dict) -> PackedBatch | None:
     """The packed batch the model's forward was given as keyword arguments (transformers' names),
     or None; cu_seq_lens as int32, the kernels' type (a copy only where they are not)."""
-    given = {name: kwargs.get(name) for name in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")}
+    given = {name: kwargs.get(name) for name in _PACKED_KEYWORDS}
     if all(value is None for value in given.values()):
         return None
     missing = [name for name, value in given.items() if value is None]
@@ -329,7 +336,8 @@ def create_mask(
     - a PaddedBatch where attention_mask masks some of the keys (positions it does not reach count
       as masked, as transformers pads it), each row's tokens being one run;
     - None otherwise.
-    Each of the first two reads its tensors once, in one host synchronization. Raises
+    A 2D attention_mask is read in one host synchronization where it has no padding (every decode
+    step of an unpadded batch), two where it has; a packed batch's indices in one. Raises
     NotImplementedError when
     - the pattern is not causal or bidirectional, with or without a sliding window (custom
       or_mask/and_mask functions, block or chunked attention), or packs sequences into more than
@@ -385,8 +393,13 @@ def _padded_batch(
 ) -> PaddedBatch | None:
     """The PaddedBatch of a 2D attention_mask (batch, positions; True at tokens) for a layer whose
     keys are positions kv_offset .. kv_offset + kv_length - 1 and whose queries are the last
-    q_length of them; None where no key is padding. One host synchronization."""
-    keys = attention_mask[:, kv_offset : kv_offset + kv_length].bool()
+    q_length of them; None where no key is padding. One host synchronization where none is (every
+    step of a generate() without padding: checked first, in the fewest operations), two where some
+    is."""
+    keys = attention_mask[:, kv_offset : kv_offset + kv_length]
+    if keys.shape[1] == kv_length and bool(keys.all()):
+        return None
+    keys = keys.bool()
     if keys.shape[1] < kv_length:
         # Positions past the mask are padding, as transformers' own mask functions pad it.
         keys = torch.nn.functional.pad(keys, (0, kv_length - keys.shape[1]))
@@ -395,11 +408,7 @@ def _padded_batch(
     start = torch.where(keys, positions, kv_length).amin(dim=1)  # kv_length where a row has no token
     end = torch.where(keys, positions + 1, 0).amax(dim=1)
     one_run = (end - start == length) | (length == 0)
-    unpadded, runs, first_broken = (
-        torch.stack([(length == kv_length).all().int(), one_run.all().int(), (~one_run).int().argmax().int()]).tolist()
-    )
-    if unpadded:
-        return None
+    runs, first_broken = torch.stack([one_run.all().int(), (~one_run).int().argmax().int()]).tolist()
     if not runs:
         raise NotImplementedError(
             f"attention_mask: row {first_broken}'s tokens are not one run among the keys (padding inside the sequence, "
