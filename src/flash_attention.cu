@@ -1,8 +1,8 @@
 // The entry points: the Python module (one forward call, the configuration named or chosen from the
-// dispatch tables; the choice alone, choose_config's; what the build compiled) and the torch
-// operators flash_attention::forward and forward_out, registered here with the dispatcher so that
-// traced and compiled code calls them without Python. Each decodes its arguments and runs
-// binding/forward.h's call. They hold no kernel code and no launch geometry: those are the families'.
+// dispatch tables; the choice alone, choose_config's; a KV cache step's append; what the build
+// compiled) and the torch operators flash_attention::forward, forward_out and append_to_cache,
+// registered here with the dispatcher so that traced and compiled code calls them without Python.
+// Each decodes its arguments and runs binding/forward.h's call (or kvcache_append.h's). They hold no kernel code and no launch geometry: those are the families'.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -20,6 +20,7 @@
 #include "binding/dispatch.h"
 #include "binding/families.h"
 #include "binding/forward.h"
+#include "binding/kvcache_append.h"
 #include "binding/problem.h"
 #include "common/cuda_utils.cuh"
 #include "generated/kernel_registry.h"
@@ -300,6 +301,40 @@ at::Tensor forward_out_autograd(const at::Tensor &q, const at::Tensor &k, const 
 #undef FLASH_SEQUENCE_PARAMETERS
 #undef FLASH_SEQUENCE_ARGUMENTS
 
+// flash_attention::append_to_cache: k_cache and v_cache are written in place (declared so in its
+// schema).
+#define FLASH_APPEND_PARAMETERS                                                                                       \
+    const at::Tensor &q, at::Tensor &k_cache, at::Tensor &v_cache, const std::optional<at::Tensor> &k,                 \
+        const std::optional<at::Tensor> &v, const at::Tensor &cache_seqlens,                                           \
+        const std::optional<at::Tensor> &cache_batch_idx, const std::optional<at::Tensor> &block_table,              \
+        const std::optional<at::Tensor> &rotary_cos, const std::optional<at::Tensor> &rotary_sin,                    \
+        bool rotary_interleaved, bool q_per_token
+#define FLASH_APPEND_ARGUMENTS                                                                                        \
+    q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin, rotary_interleaved, \
+        q_per_token
+
+at::Tensor append_operator(FLASH_APPEND_PARAMETERS) { return append_to_cache(FLASH_APPEND_ARGUMENTS); }
+
+at::Tensor append_autograd(FLASH_APPEND_PARAMETERS) {
+    const bool needs_grad = q.requires_grad() || (k && k->requires_grad()) || (v && v->requires_grad()) ||
+                            k_cache.requires_grad() || v_cache.requires_grad();
+    TORCH_CHECK_NOT_IMPLEMENTED(!(at::GradMode::is_enabled() && needs_grad), MISSING_BACKWARD);
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("flash_attention::append_to_cache", "")
+                               .typed<decltype(append_operator)>();
+    at::Tensor q_out;
+    {
+        const at::AutoDispatchBelowADInplaceOrView below_autograd;
+        q_out = op.call(FLASH_APPEND_ARGUMENTS);
+    }
+    torch::autograd::impl::bump_version(k_cache);
+    torch::autograd::impl::bump_version(v_cache);
+    return q_out;
+}
+
+#undef FLASH_APPEND_PARAMETERS
+#undef FLASH_APPEND_ARGUMENTS
+
 } // namespace
 } // namespace flash::binding
 
@@ -314,6 +349,9 @@ TORCH_LIBRARY(flash_attention, m) {
           "float softcap, Tensor? alibi_slopes, bool return_lse, " FLASH_SEQUENCE_SCHEMA ") -> (Tensor, Tensor)");
     m.def("forward_out(Tensor q, Tensor k, Tensor v, str config, bool causal, float? softmax_scale, int[] window_size, "
           "float softcap, Tensor? alibi_slopes, bool return_lse, Tensor(a!) o, " FLASH_SEQUENCE_SCHEMA ") -> Tensor");
+    m.def("append_to_cache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor cache_seqlens, "
+          "Tensor? cache_batch_idx, Tensor? block_table, Tensor? rotary_cos, Tensor? rotary_sin, bool rotary_interleaved, "
+          "bool q_per_token) -> Tensor");
 }
 #undef FLASH_SEQUENCE_SCHEMA
 
@@ -321,14 +359,17 @@ TORCH_LIBRARY(flash_attention, m) {
 TORCH_LIBRARY_IMPL(flash_attention, CUDA, m) {
     m.impl("forward", &flash::binding::forward_operator);
     m.impl("forward_out", &flash::binding::forward_out_operator);
+    m.impl("append_to_cache", &flash::binding::append_operator);
 }
 TORCH_LIBRARY_IMPL(flash_attention, CPU, m) {
     m.impl("forward", &flash::binding::forward_operator);
     m.impl("forward_out", &flash::binding::forward_out_operator);
+    m.impl("append_to_cache", &flash::binding::append_operator);
 }
 TORCH_LIBRARY_IMPL(flash_attention, Autograd, m) {
     m.impl("forward", &flash::binding::forward_autograd);
     m.impl("forward_out", &flash::binding::forward_out_autograd);
+    m.impl("append_to_cache", &flash::binding::append_autograd);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -357,6 +398,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "reads. block_table (int32, (batch, pages_per_sequence)): k and v are pages (num_pages, page_size, "
           "heads_kv, d_head), sequence b's key j in page block_table[b, j // page_size]. num_splits: how many blocks share each query block's keys "
           "(0: the heuristic's count; None: 1 with kernel_cfg, 0 without).");
+    m.def("append_to_cache", &binding::append_to_cache, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("k"),
+          py::arg("v"), py::arg("cache_seqlens"), py::arg("cache_batch_idx"), py::arg("block_table"), py::arg("rotary_cos"),
+          py::arg("rotary_sin"), py::arg("rotary_interleaved"), py::arg("q_per_token"),
+          "append_to_cache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, "
+          "rotary_sin, rotary_interleaved, q_per_token) -> q rotated, or an empty tensor without rotary\n\n"
+          "flash_attn_with_kvcache's writes before its attention, in one kernel launch on the current stream: k and v "
+          "(batch, seqlen_new, heads_kv, d) written into the caches at rows cache_seqlens[b] + i (through "
+          "cache_batch_idx or block_table where given), k rotated at those positions by rotary_cos and rotary_sin "
+          "((seqlen_ro, rotary_dim / 2), float32 or q's dtype), and q rotated into a new tensor at cache_seqlens[b] "
+          "+ i (q_per_token) or cache_seqlens[b]. Positions, table entries and indices are clamped into the cache.");
     m.def("choose", &binding::choose_kernel, py::arg("q"), py::arg("k"), py::arg("causal"), py::arg("window_size"),
           py::arg("softcap"), py::arg("alibi_slopes"), py::arg("capability"), py::arg("smem_per_block"),
           py::arg("cu_seqlens_q") = py::none(), py::arg("cu_seqlens_k") = py::none(), py::arg("max_seqlen_q") = py::none(),

@@ -1,7 +1,8 @@
 """Decoding: few queries against many keys. A split over the keys (num_splits, and the heuristic's
 choice), single-query calls with grouped heads packed into one block, paged caches (block_table)
 and caches indexed per sequence (kv_batch_idx), and flash_attn_with_kvcache (new keys appended in
-place, rotary embedding, cache_leftpad, cache_batch_idx, paged caches, CUDA graphs), each against
+place and rotary embedding in one kernel, cache_leftpad, cache_batch_idx, paged caches, CUDA graphs,
+torch.compile), each against
 the float32 reference, and the paged and indexed calls bit for bit against the same call on the
 keys laid out densely. GPU tests: they skip, with the reason, without a GPU or a build.
 """
@@ -205,6 +206,47 @@ def test_kvcache_appends_rotates_and_attends(seqlen_q, causal, rotary, with_left
     helpers.assert_lse_matches(lse, reference)
 
 
+def _rotary_step_inputs(rng, dtype=torch.bfloat16, batch=2, cache_len=300, seqlen_new=2, heads=(8, 2), d_head=128):
+    k_cache, v_cache = (helpers.random_tensor((batch, cache_len, heads[1], d_head), dtype, rng) for _ in range(2))
+    q = helpers.random_tensor((batch, seqlen_new, heads[0], d_head), dtype, rng)
+    k_new, v_new = (helpers.random_tensor((batch, seqlen_new, heads[1], d_head), dtype, rng) for _ in range(2))
+    angles = torch.rand((cache_len, d_head // 4), generator=rng, device="cuda") * 2 * math.pi
+    seqlens = torch.tensor([7, 250][:batch], dtype=torch.int32, device="cuda")
+    return q, k_cache, v_cache, k_new, v_new, angles.cos(), angles.sin(), seqlens
+
+
+def test_a_step_appends_and_rotates_in_one_kernel(rng):
+    """The append, the rotations and the attention are kernels of ours; of PyTorch's, only the
+    lengths' sum (seqused_k = cache_seqlens + new keys) runs."""
+    q, k_cache, v_cache, k_new, v_new, cos, sin, seqlens = _rotary_step_inputs(rng)
+    step = dict(rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens, causal=True)
+    flash_attention.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **step)  # warm-up
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        flash_attention.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **step)
+        torch.cuda.synchronize()
+    kernels = [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    ours = [name for name in kernels if "_forward_kernel" in name]
+    assert sum("append_forward_kernel" in name for name in kernels) == 1, kernels
+    assert len(kernels) - len(ours) <= 1, f"PyTorch kernels ran beside ours: {kernels}"
+
+
+def test_a_step_with_appends_compiles_whole_and_declares_the_cache_written(rng):
+    """torch.compile traces the append operator (its fake implementation) and the attention in one
+    graph; the compiled step writes the caches as the eager one does, and gives the same bits."""
+    q, k_cache, v_cache, k_new, v_new, cos, sin, seqlens = _rotary_step_inputs(rng)
+    caches = (k_cache.clone(), v_cache.clone())
+
+    def step(q, k_cache, v_cache, k_new, v_new, seqlens):
+        return flash_attention.flash_attn_with_kvcache(
+            q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens, causal=True
+        )
+
+    eager = step(q, k_cache, v_cache, k_new, v_new, seqlens)
+    compiled = torch.compile(step, fullgraph=True)(q, *caches, k_new, v_new, seqlens)
+    assert torch.equal(compiled, eager), "the compiled step differs"
+    assert torch.equal(caches[0], k_cache) and torch.equal(caches[1], v_cache), "the compiled step's caches differ"
+
+
 def test_kvcache_rejects_what_it_cannot_run(rng):
     q, k, v = _decode_inputs(rng, torch.bfloat16, 64)
     table = torch.zeros(2, 1, dtype=torch.int32, device="cuda")
@@ -217,6 +259,13 @@ def test_kvcache_rejects_what_it_cannot_run(rng):
         flash_attention.flash_attn_with_kvcache(q, k, v, cache_seqlens=torch.zeros(3, dtype=torch.int32, device="cuda"))
     with pytest.raises(ValueError, match="^k, v: give both"):
         flash_attention.flash_attn_with_kvcache(q, k, v, k=k[:, :1], cache_seqlens=3)
+    with pytest.raises(ValueError, match="^k, v: expected \\(batch, seqlen_new, heads_kv, d\\)"):
+        flash_attention.flash_attn_with_kvcache(q, k, v, k[:1, :1], v[:1, :1], cache_seqlens=3)
+    with pytest.raises(ValueError, match="^rotary_cos: rotary_dim 80 is more than d_head 64"):
+        angles = torch.zeros(8, 40, device="cuda")
+        flash_attention.flash_attn_with_kvcache(q, k, v, cache_seqlens=3, rotary_cos=angles, rotary_sin=angles)
+    with pytest.raises(TypeError, match="^k: expected a torch.Tensor or None"):
+        flash_attention.flash_attn_with_kvcache(q, k, v, k=[1], v=[1], cache_seqlens=3)
 
 
 def test_the_debug_check_names_cache_seqlens(rng, monkeypatch):

@@ -16,7 +16,8 @@ the keys in 3 (num_splits), which checks the paged copies and the split's partia
 a decode step: 3 queries per sequence whose 2 grouped heads are packed as rows (rows_per_query),
 against slots of keys of which seqused_k are used (one sequence uses none), split in 3, which
 checks the packed queries' masks and the combine. Every compiled configuration is run, the
-decoding ones (compiled with their varlen variants alone) too.
+decoding ones (compiled with their varlen variants alone) too. Last, flash_attn_with_kvcache's
+append kernel, once per dtype (run_append).
 
     python3 tools/sanitize_cases.py [--kernels SELECTION] [--no-check] [--list]
 
@@ -52,6 +53,8 @@ PAGED_SPLITS = 3
 DECODE_QUERIES = 3
 DECODE_KEYS = (77, 0)
 DECODE_SLOT = 100
+# New rows per sequence of the KV cache append's step.
+APPEND_ROWS = 3
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -115,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         for call in calls:
             runs += 1
             failures += not run_call(cfg, *call, check=args.check)
-    print(f"{runs} calls of {len(problems)} kernels run, {failures} failed", flush=True)
+    for dtype in (torch.float16, torch.bfloat16):
+        runs += 1
+        failures += not run_append(dtype, rng)
+    print(f"{runs} calls of {len(problems)} kernels and the KV cache append run, {failures} failed", flush=True)
     return 1 if failures else 0
 
 
@@ -137,6 +143,44 @@ def decode_step(cfg, inputs: helpers.Inputs, rng) -> helpers.Inputs:
     kwargs = {key: inputs.kwargs[key] for key in ("causal", "window_size", "softcap") if key in inputs.kwargs}
     kwargs["seqused_k"] = torch.tensor(DECODE_KEYS, dtype=torch.int32)
     return on_gpu(helpers.Inputs(q, k, v, kwargs))
+
+
+def run_append(dtype, rng) -> bool:
+    """flash_attn_with_kvcache's append, rotating by a float32 table: APPEND_ROWS new rows per
+    sequence on a paged cache whose tables point past the pool where the last sequence's new rows
+    run past its pages, and rotary positions past the table's end (all clamped); checks that each
+    new value row is where its sequence's pages put it (v is not rotated)."""
+    d_head, pages, page_size = 64, 4, PAGE_SIZE
+    q = helpers.random_tensor((2, APPEND_ROWS, HEADS[0], d_head), dtype, rng)
+    k_cache, v_cache = (helpers.random_tensor((pages, page_size, HEADS[1], d_head), dtype, rng) for _ in range(2))
+    k, v = (helpers.random_tensor((2, APPEND_ROWS, HEADS[1], d_head), dtype, rng) for _ in range(2))
+    angles = torch.rand((20, d_head // 4), generator=rng)
+    table = torch.tensor([[0, 1], [2, pages + 5]], dtype=torch.int32)
+    seqlens = torch.tensor([5, 2 * page_size - 2], dtype=torch.int32)
+    q, k_cache, v_cache, k, v, cos, sin, table, seqlens = (
+        t.cuda() for t in (q, k_cache, v_cache, k, v, angles.cos(), angles.sin(), table, seqlens)
+    )
+    label = f"KV cache append ({str(dtype).removeprefix('torch.')}, paged, rotary, clamped)"
+    try:
+        flash_attention.flash_attn_with_kvcache(
+            q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens, block_table=table,
+            causal=True,
+        )
+        torch.cuda.synchronize()
+    except Exception as error:  # as run_call
+        print(f"{label}: FAILED: {type(error).__name__}: {error}", flush=True)
+        return False
+    capacity = table.shape[1] * page_size
+    passed = True
+    for b, start in enumerate(seqlens.tolist()):
+        for i in range(APPEND_ROWS):
+            position = start + i
+            if position >= capacity - 1:  # rows clamped onto the last one: any of them may land there
+                continue
+            page = min(int(table[b, position // page_size]), pages - 1)
+            passed &= torch.equal(v_cache[page, position % page_size], v[b, i])
+    print(f"{label}: {'ok' if passed else 'MISPLACED ROWS'}", flush=True)
+    return passed
 
 
 def run_call(cfg, inputs: helpers.Inputs, label: str, k, v, keywords: dict, check: bool) -> bool:

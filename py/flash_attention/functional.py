@@ -163,7 +163,7 @@ def _attention(
     None for the extension's default (the heuristic's without a configuration, 1 with one)."""
     if sequences is not None and not torch.compiler.is_compiling() and sequence_checks.requested():
         sequence_checks.check_sequence_contents(q, k, sequences)
-    if _plain_eager(q, k, v, o, alibi_slopes, sequences):
+    if _plain_eager((q, k, v, o, alibi_slopes), sequences):
         check_no_grad(q, k, v, alibi_slopes)
         cfg = None if cfg is None else cached_config(cfg)
         args = (causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, heads_first, sequences, num_splits)
@@ -192,18 +192,17 @@ def _attention(
     return (out, lse) if return_lse else out
 
 
-def _plain_eager(q, k, v, o, alibi_slopes, sequences) -> bool:
+def _plain_eager(tensors: tuple, sequences=None) -> bool:
     """Whether a call may skip the operators' dispatch (tens of microseconds on the host): eager mode
-    on plain tensors (or None), with no torch.compile tracing, no dispatch or torch-function mode
-    (fake tensors, functionalization, export, a device context), no functorch transform and no
-    profiler (whose traces name the operator). Everything else goes through the operators."""
+    on plain tensors (``tensors`` plain or None, ``sequences``' values plain tensors or ints), with
+    no torch.compile tracing, no dispatch or torch-function mode (fake tensors, functionalization,
+    export, a device context), no functorch transform and no profiler (whose traces name the
+    operator). Everything else goes through the operators."""
+    for tensor in tensors:
+        if tensor is not None and type(tensor) is not torch.Tensor:
+            return False
     return (
-        type(q) is torch.Tensor
-        and type(k) is torch.Tensor
-        and type(v) is torch.Tensor
-        and (o is None or type(o) is torch.Tensor)
-        and (alibi_slopes is None or type(alibi_slopes) is torch.Tensor)
-        and (sequences is None or all(type(value) in (torch.Tensor, int) for value in sequences.values()))
+        (sequences is None or all(type(value) in (torch.Tensor, int) for value in sequences.values()))
         and not torch.compiler.is_compiling()
         and torch._C._len_torch_dispatch_stack() == 0
         and not torch._C._is_torch_function_mode_enabled()

@@ -1,7 +1,8 @@
 """Attention against a KV cache (decoding): FlashAttention-2's flash_attn_with_kvcache.
 
-A step appends its new keys and values to the cache in place, optionally rotates q and the new
-keys (rotary embedding), then attends each sequence's cached keys. Everything runs on the GPU
+A step appends its new keys and values to the cache in place and rotates q and the new keys
+(rotary embedding), both in one kernel (the operator flash_attention::append_to_cache, which
+declares the cache's mutation), then attends each sequence's cached keys. Everything runs on the GPU
 without reading the lengths on the host, so a step is captured once by a CUDA graph and replayed
 as the lengths grow (cache_seqlens a tensor). The attention is the varlen kernels' with seqused_k
 (the keys each sequence uses), leftpad_k (cache_leftpad), kv_batch_idx (cache_batch_idx) and
@@ -14,8 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from . import sequence_checks
-from .functional import _attention
+from . import _C, sequence_checks
+from .functional import _attention, _plain_eager
+from .ops import check_no_grad
 from .sequences import sequence_arguments
 
 __all__ = ["flash_attn_with_kvcache"]
@@ -80,10 +82,9 @@ def flash_attn_with_kvcache(
     for name, tensor in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4:
             raise ValueError(f"{name}: expected a 4-D tensor (batch, seq, heads, d)")
-    if (k is None) != (v is None):
-        raise ValueError("k, v: give both new keys and new values, or neither")
-    if (rotary_cos is None) != (rotary_sin is None):
-        raise ValueError("rotary_cos, rotary_sin: give both, or neither")
+    for name, tensor in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        if tensor is not None and not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(tensor).__name__}")
     batch = q.shape[0]
     seqlens = _cache_seqlens(cache_seqlens, batch, q.device)
     leftpad = cache_leftpad
@@ -91,25 +92,26 @@ def flash_attn_with_kvcache(
         _check_per_sequence(leftpad, "cache_leftpad", batch, q.device)
     if cache_batch_idx is not None:
         _check_per_sequence(cache_batch_idx, "cache_batch_idx", batch, q.device)
-    rows = _CacheRows(k_cache, cache_batch_idx, block_table, batch, q.device)
+    capacity = _capacity(k_cache, block_table, batch, q.device)
+    new_keys = 0 if k is None else k.shape[1]
     if not torch.compiler.is_compiling() and sequence_checks.requested():
-        sequence_checks.check_cache_contents(rows.capacity, 0 if k is None else k.shape[1], seqlens, leftpad)
-    local = causal or tuple(window_size) != (-1, -1)
-    if rotary_cos is not None:
-        q = _rotate(q, rotary_cos, rotary_sin, seqlens, rotary_interleaved, per_token=local, name="q")
-    new_keys = 0
-    if k is not None:
-        if k.dim() != 4 or v.shape != k.shape or k.shape[0] != batch:
-            raise ValueError(
-                f"k, v: expected (batch, seqlen_new, heads_kv, d) with q's batch {batch}, got {tuple(k.shape)} and "
-                f"{tuple(v.shape)}"
-            )
+        sequence_checks.check_cache_contents(capacity, new_keys, seqlens, leftpad)
+    if any(t is not None for t in (k, v, rotary_cos, rotary_sin)):
+        # Queries are rotated at their own positions where a mask tells them apart, else all at the
+        # cache's end (FlashAttention-2's rule).
+        per_token = causal or tuple(window_size) != (-1, -1)
+        arguments = (
+            q, k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
+            bool(rotary_interleaved), per_token,
+        )  # fmt: skip
+        if _plain_eager((q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_batch_idx, block_table, seqlens)):
+            check_no_grad(q, k_cache, v_cache, k, v)
+            rotated = _C.append_to_cache(*arguments)
+            torch.autograd.graph.increment_version((k_cache, v_cache))  # as the operator marks them written
+        else:
+            rotated = torch.ops.flash_attention.append_to_cache(*arguments)
         if rotary_cos is not None:
-            k = _rotate(k, rotary_cos, rotary_sin, seqlens, rotary_interleaved, per_token=True, name="k")
-        where = rows.of(seqlens, k.shape[1])
-        _append(k_cache, k, where, "k_cache")
-        _append(v_cache, v, where, "v_cache")
-        new_keys = k.shape[1]
+            q = rotated
     # The keys each sequence attends, counted from its first valid row (the lengths themselves where
     # nothing moves them: a decode step without new keys launches no kernel for them).
     used = seqlens
@@ -146,79 +148,15 @@ def _cache_seqlens(cache_seqlens, batch: int, device) -> torch.Tensor:
     return cache_seqlens
 
 
-class _CacheRows:
-    """Where a sequence's cache rows are: (batch entry, row) of k_cache, through cache_batch_idx or
-    a paged cache's block_table where given. Indices past the cache are clamped into it, as the
-    kernels clamp theirs, so a bad entry never writes out of bounds."""
-
-    def __init__(self, k_cache, cache_batch_idx, block_table, batch: int, device):
-        self.cache_entries, self.entry_rows = k_cache.shape[0], k_cache.shape[1]
-        self.batch_idx, self.block_table = cache_batch_idx, block_table
-        if block_table is not None:
-            tensor = isinstance(block_table, torch.Tensor)
-            shape_ok = tensor and block_table.dim() == 2 and block_table.shape[0] == batch and block_table.shape[1] >= 1
-            if not shape_ok or block_table.dtype != torch.int32:
-                described = (
-                    f"a {block_table.dtype} tensor of shape {tuple(block_table.shape)}" if tensor
-                    else type(block_table).__name__
-                )
-                raise ValueError(
-                    f"block_table: expected an int32 tensor of shape ({batch}, pages_per_sequence >= 1), got {described}"
-                )
-            if block_table.device != device:
-                raise ValueError(f"block_table: on {block_table.device}, q on {device}")
-            self.capacity = block_table.shape[1] * self.entry_rows
-        else:
-            self.capacity = self.entry_rows
-        self.batch, self.device = batch, device
-
-    def of(self, seqlens: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(entries, rows), each (batch, n): where key positions seqlens[b] .. seqlens[b] + n - 1 are."""
-        if self.cache_entries < 1 or self.capacity < 1:
-            raise ValueError("k_cache: has no rows to append the new keys to")
-        positions = seqlens.long()[:, None] + torch.arange(n, device=self.device)
-        positions = positions.clamp_(0, max(self.capacity - 1, 0))
-        if self.block_table is not None:
-            slots = positions // self.entry_rows
-            pages = self.block_table.long().gather(1, slots).clamp_(0, self.cache_entries - 1)
-            return pages, positions % self.entry_rows
-        if self.batch_idx is not None:
-            entries = self.batch_idx.long().clamp(0, self.cache_entries - 1)[:, None]
-        else:
-            entries = torch.arange(self.batch, device=self.device)[:, None]
-        return entries.expand_as(positions), positions
-
-
-def _append(cache: torch.Tensor, new: torch.Tensor, where: tuple[torch.Tensor, torch.Tensor], name: str) -> None:
-    """Writes new (batch, n, heads, d) into the cache at ``where`` (_CacheRows.of's), in place."""
-    if cache.shape[2:] != new.shape[2:] or cache.dtype != new.dtype or cache.device != new.device:
-        raise ValueError(
-            f"{name}: new rows {tuple(new.shape)} ({new.dtype}, {new.device}) do not fit the cache "
-            f"{tuple(cache.shape)} ({cache.dtype}, {cache.device})"
-        )
-    entries, rows = where
-    cache[entries, rows] = new
-
-
-def _rotate(x, cos, sin, seqlens, interleaved: bool, per_token: bool, name: str) -> torch.Tensor:
-    """x (batch, n, heads, d) with its first rotary_dim columns rotated at positions seqlens[b] + i
-    (per_token) or seqlens[b], a new tensor; computed in float32."""
-    if cos.dim() != 2 or sin.shape != cos.shape:
-        raise ValueError(f"rotary_cos, rotary_sin: expected two (seqlen_ro, rotary_dim / 2) tensors, got "
-                         f"{tuple(cos.shape)} and {tuple(sin.shape)}")
-    half = cos.shape[1]
-    rotary_dim = 2 * half
-    if rotary_dim > x.shape[-1]:
-        raise ValueError(f"rotary_cos: rotary_dim {rotary_dim} is more than {name}'s d {x.shape[-1]}")
-    positions = seqlens.long()[:, None] + (torch.arange(x.shape[1], device=x.device) if per_token else 0)
-    positions = positions.clamp(0, cos.shape[0] - 1)
-    c = cos.float()[positions][:, :, None, :]  # (batch, n, 1, half)
-    s = sin.float()[positions][:, :, None, :]
-    rotated = x[..., :rotary_dim].float()
-    if interleaved:
-        x1, x2 = rotated[..., 0::2], rotated[..., 1::2]
-        out = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
-    else:
-        x1, x2 = rotated[..., :half], rotated[..., half:]
-        out = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
-    return torch.cat((out.to(x.dtype), x[..., rotary_dim:]), dim=-1)
+def _capacity(k_cache, block_table, batch: int, device) -> int:
+    """The rows a sequence's cache holds: a batch entry's, or with block_table its pages'."""
+    if block_table is None:
+        return k_cache.shape[1]
+    tensor = isinstance(block_table, torch.Tensor)
+    shape_ok = tensor and block_table.dim() == 2 and block_table.shape[0] == batch and block_table.shape[1] >= 1
+    if not shape_ok or block_table.dtype != torch.int32:
+        described = f"a {block_table.dtype} tensor of shape {tuple(block_table.shape)}" if tensor else type(block_table).__name__
+        raise ValueError(f"block_table: expected an int32 tensor of shape ({batch}, pages_per_sequence >= 1), got {described}")
+    if block_table.device != device:
+        raise ValueError(f"block_table: on {block_table.device}, q on {device}")
+    return block_table.shape[1] * k_cache.shape[1]

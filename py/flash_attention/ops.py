@@ -11,6 +11,10 @@ implementations, for tracing, and the plain call that skips them):
     torch.ops.flash_attention.forward_out(...the ten before the per-sequence ones..., o,
                                           ...the ten per-sequence ones, num_splits...) -> lse
                                           (writes o in place)
+    torch.ops.flash_attention.append_to_cache(q, k_cache, v_cache, k, v, cache_seqlens,
+                                              cache_batch_idx, block_table, rotary_cos, rotary_sin,
+                                              rotary_interleaved, q_per_token) -> q rotated
+                                              (writes k_cache and v_cache in place)
 
 ``config`` is a configuration's short form, or "" to let the automatic choice (``choose_config``'s)
 pick one when the call runs. ``window_size`` is the pair (left, right). Without ``return_lse``,
@@ -18,6 +22,10 @@ pick one when the call runs. ``window_size`` is the pair (left, right). Without 
 per-sequence arguments are flash_attention.forward's: with cu_seqlens_q, q is (total_q, heads_q,
 d_head) and lse (heads_q, total_q); otherwise lse is (batch, heads_q, seqlen_q). ``num_splits`` is
 forward's (None: the heuristic's count with "", 1 with a configuration).
+
+append_to_cache is flash_attn_with_kvcache's first step (flash_attention.kvcache): k and v
+appended to the caches at cache_seqlens, k and q rotated where rotary_cos is given; without it the
+result is an empty tensor.
 
 There is no backward pass yet. Calling forward with an input that requires grad while grad mode is
 on raises, rather than return an output detached from the graph; so do calls that skip the
@@ -84,6 +92,14 @@ def _forward_out_fake(
     num_splits=None,
 ):
     return _fake_lse(q, return_lse, cu_seqlens_q)
+
+
+@torch.library.register_fake("flash_attention::append_to_cache")
+def _append_to_cache_fake(
+    q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
+    rotary_interleaved, q_per_token,
+):
+    return q.new_empty(q.shape if rotary_cos is not None else (0,))
 
 
 def check_no_grad(*tensors) -> None:

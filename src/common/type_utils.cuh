@@ -26,4 +26,22 @@ __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
     }
 }
 
+template <typename value_t>
+__device__ __forceinline__ float to_float(value_t x) {
+    if constexpr (std::is_same_v<value_t, float>)
+        return x;
+    else if constexpr (std::is_same_v<value_t, half>)
+        return __half2float(x);
+    else
+        return __bfloat162float(x);
+}
+
+template <typename value_t>
+__device__ __forceinline__ value_t from_float(float x) {
+    if constexpr (std::is_same_v<value_t, half>)
+        return __float2half_rn(x);
+    else
+        return __float2bfloat16_rn(x);
+}
+
 } // namespace flash
