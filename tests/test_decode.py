@@ -216,9 +216,9 @@ def _rotary_step_inputs(rng, dtype=torch.bfloat16, batch=2, cache_len=300, seqle
 
 
 def test_a_step_appends_and_rotates_in_one_kernel(rng):
-    """The append, the rotations and the attention are kernels of ours; of PyTorch's, only the
+    """A decode step's append, rotations and attention are kernels of ours; of PyTorch's, only the
     lengths' sum (seqused_k = cache_seqlens + new keys) runs."""
-    q, k_cache, v_cache, k_new, v_new, cos, sin, seqlens = _rotary_step_inputs(rng)
+    q, k_cache, v_cache, k_new, v_new, cos, sin, seqlens = _rotary_step_inputs(rng, seqlen_new=1)
     step = dict(rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens, causal=True)
     flash_attention.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **step)  # warm-up
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:

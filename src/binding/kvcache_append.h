@@ -39,8 +39,6 @@ inline at::Tensor append_to_cache(const at::Tensor &q, const at::Tensor &k_cache
                                   const at::Tensor &seqlens, const std::optional<at::Tensor> &batch_idx,
                                   const std::optional<at::Tensor> &block_table, const std::optional<at::Tensor> &rotary_cos,
                                   const std::optional<at::Tensor> &rotary_sin, bool interleaved, bool q_per_token) {
-    if (!q.is_cuda())
-        throw py::value_error("q: expected a CUDA tensor, got a tensor on " + q.device().str());
     if (q.scalar_type() != at::kHalf && q.scalar_type() != at::kBFloat16)
         throw py::type_error("q: dtype must be float16 or bfloat16, got " + dtype_str(q));
     check_rows_tensor(q, "q", q);
@@ -118,6 +116,9 @@ inline at::Tensor append_to_cache(const at::Tensor &q, const at::Tensor &k_cache
         params.heads_q = static_cast<int>(q.size(2));
         params.q_per_token = q_per_token;
     }
+    // Last: every rule above is checked from shapes alone.
+    if (!q.is_cuda())
+        throw py::value_error("q: expected a CUDA tensor, got a tensor on " + q.device().str());
     const c10::cuda::CUDAGuard guard(q.device());
     flash::append_to_cache(q.scalar_type() == at::kHalf ? DType::FP16 : DType::BF16, params,
                            at::cuda::getCurrentCUDAStream(q.device().index()).stream());

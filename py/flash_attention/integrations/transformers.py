@@ -214,7 +214,7 @@ def attention_forward(
     if attention_mask is None and kwargs.keys().isdisjoint(_PACKED_KEYWORDS):
         # Every decode step of a batch without padding: the plain call, with nothing built for it
         # (a model calls this once per layer and token, and its host time is the step's).
-        return _attention(None, q, k, v, None, causal, scaling, window, softcap or 0.0, None, False), None
+        return flash_attention.flash_attn_func(q, k, v, 0.0, scaling, causal, window, softcap or 0.0), None
     options = {"softmax_scale": scaling, "causal": causal, "window_size": window, "softcap": softcap or 0.0}
     packed = _packed_keywords(kwargs)
     if packed is not None:
