@@ -724,8 +724,8 @@ def test_the_sequence_check_names_pages_and_cache_entries_past_the_cache():
 
 
 def test_paged_and_indexed_shapes_are_checked_before_any_launch():
-    """block_table's and kv_batch_idx's rules, checked from shapes alone (meta tensors), and a paged
-    append with no page to write to."""
+    """block_table's and kv_batch_idx's rules, checked from shapes alone (meta tensors), and appends
+    with no page or no row to write to (CPU tensors: raised before the device is looked at)."""
     q, table = _meta((2, 1, 8, 128)), torch.empty((2, 4), dtype=torch.int32, device="meta")
     with pytest.raises(ValueError, match=r"^k: a paged cache is .* page_size a multiple of 16"):
         flash_attention.choose_config(q, _meta((6, 24, 2, 128)), block_table=table, arch="sm_90")
@@ -748,9 +748,13 @@ def test_paged_and_indexed_shapes_are_checked_before_any_launch():
     if paged_kernels and 90 in [a // 10 for a in flash_attention._C.compiled_architectures()]:
         choice = flash_attention.choose_config(q, _meta((6, 16, 2, 128)), block_table=table, arch="sm_90")
         assert choice.config in paged_kernels, "only the SM80 family reads paged caches"
-    pages = torch.empty((0, 16, 2, 128))
-    with pytest.raises(ValueError, match=r"^k_cache: has no rows to append the new keys to"):
+    half = dict(dtype=torch.float16)
+    q, new = torch.empty(2, 1, 8, 128, **half), torch.empty(2, 1, 2, 128, **half)
+    pages = torch.empty((0, 16, 2, 128), **half)
+    with pytest.raises(ValueError, match=r"^k: a paged cache is \(num_pages, .* with at least one page"):
         flash_attention.flash_attn_with_kvcache(
-            torch.empty(2, 1, 8, 128), pages, pages, torch.empty(2, 1, 2, 128), torch.empty(2, 1, 2, 128),
-            cache_seqlens=0, block_table=torch.zeros((2, 1), dtype=torch.int32),
+            q, pages, pages, new, new, cache_seqlens=0, block_table=torch.zeros((2, 1), dtype=torch.int32)
         )
+    rowless = torch.empty((2, 0, 2, 128), **half)
+    with pytest.raises(ValueError, match=r"^k_cache: has no rows to append the new keys to"):
+        flash_attention.flash_attn_with_kvcache(q, rowless, rowless, new, new, cache_seqlens=0)
