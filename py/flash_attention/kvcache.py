@@ -18,7 +18,6 @@ import torch
 from . import _C, sequence_checks
 from .functional import _attention, _plain_eager
 from .ops import check_no_grad
-from .sequences import sequence_arguments
 
 __all__ = ["flash_attn_with_kvcache"]
 
@@ -82,9 +81,11 @@ def flash_attn_with_kvcache(
     for name, tensor in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4:
             raise ValueError(f"{name}: expected a 4-D tensor (batch, seq, heads, d)")
-    for name, tensor in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
-        if tensor is not None and not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(tensor).__name__}")
+    appends = k is not None or v is not None or rotary_cos is not None or rotary_sin is not None
+    if appends:
+        for name, tensor in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            if tensor is not None and not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(tensor).__name__}")
     batch = q.shape[0]
     seqlens = _cache_seqlens(cache_seqlens, batch, q.device)
     leftpad = cache_leftpad
@@ -96,7 +97,7 @@ def flash_attn_with_kvcache(
     new_keys = 0 if k is None else k.shape[1]
     if not torch.compiler.is_compiling() and sequence_checks.requested():
         sequence_checks.check_cache_contents(capacity, new_keys, seqlens, leftpad)
-    if any(t is not None for t in (k, v, rotary_cos, rotary_sin)):
+    if appends:
         # Queries are rotated at their own positions where a mask tells them apart, else all at the
         # cache's end (FlashAttention-2's rule).
         per_token = causal or tuple(window_size) != (-1, -1)
@@ -113,15 +114,20 @@ def flash_attn_with_kvcache(
         if rotary_cos is not None:
             q = rotated
     # The keys each sequence attends, counted from its first valid row (the lengths themselves where
-    # nothing moves them: a decode step without new keys launches no kernel for them).
+    # nothing moves them: a decode step without new keys launches no kernel for them). The
+    # per-sequence keywords are built here (sequences.sequence_arguments' form, its checks needless
+    # for these tensors): a decode step's host time is counted in microseconds.
     used = seqlens
     if new_keys:
         used = used + new_keys
+    sequences = {"seqused_k": used}
     if leftpad is not None:
-        used = used - leftpad
-    sequences = sequence_arguments(
-        seqused_k=used.to(torch.int32), leftpad_k=leftpad, kv_batch_idx=cache_batch_idx, block_table=block_table
-    )
+        sequences["seqused_k"] = used - leftpad
+        sequences["leftpad_k"] = leftpad
+    if cache_batch_idx is not None:
+        sequences["kv_batch_idx"] = cache_batch_idx
+    if block_table is not None:
+        sequences["block_table"] = block_table
     return _attention(
         None, q, k_cache, v_cache, None, causal, softmax_scale, window_size, softcap, alibi_slopes, return_softmax_lse,
         sequences=sequences, num_splits=num_splits,
