@@ -758,3 +758,30 @@ def test_paged_and_indexed_shapes_are_checked_before_any_launch():
     rowless = torch.empty((2, 0, 2, 128), **half)
     with pytest.raises(ValueError, match=r"^k_cache: has no rows to append the new keys to"):
         flash_attention.flash_attn_with_kvcache(q, rowless, rowless, new, new, cache_seqlens=0)
+
+
+def test_the_append_checks_its_tensors_before_any_launch():
+    """flash_attn_with_kvcache's append (the operator append_to_cache) names the argument and the
+    rule of a bad tensor from shapes and dtypes alone (CPU tensors: raised before the device is
+    looked at), on the plain call and through the operator."""
+    half = dict(dtype=torch.float16)
+    q, cache, new = torch.empty(2, 1, 8, 64, **half), torch.empty(2, 32, 2, 64, **half), torch.empty(2, 1, 2, 64, **half)
+    angles = torch.zeros(32, 16)
+    cases = [
+        (dict(k=new), ValueError, r"^k, v: give both new keys and new values, or neither"),
+        (dict(rotary_cos=angles), ValueError, r"^rotary_cos, rotary_sin: give both, or neither"),
+        (dict(k=new[:, :, :1], v=new[:, :, :1]), ValueError, r"^k, v: expected \(batch, seqlen_new, heads_kv, d\) = \(2, n, 2, 64\)"),
+        (dict(k=new.float(), v=new.float()), ValueError, r"^k: float on cpu, q is Half on cpu"),
+        (dict(rotary_cos=torch.zeros(32, 40), rotary_sin=torch.zeros(32, 40)), ValueError, r"^rotary_cos: rotary_dim 80 is more than d_head 64"),
+        (dict(rotary_cos=angles.int(), rotary_sin=angles.int()), ValueError, r"^rotary_cos, rotary_sin: expected contiguous float32 or Half"),
+        (dict(rotary_cos=angles, rotary_sin=angles[:8]), ValueError, r"^rotary_cos, rotary_sin: expected two \(seqlen_ro, rotary_dim / 2\)"),
+    ]
+    for keywords, error, message in cases:
+        with pytest.raises(error, match=message):
+            flash_attention.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=3, **keywords)
+        arguments = {name: keywords.get(name) for name in ("k", "v", "rotary_cos", "rotary_sin")}
+        with pytest.raises(error, match=message):
+            torch.ops.flash_attention.append_to_cache(
+                q, cache, cache, arguments["k"], arguments["v"], torch.full((2,), 3, dtype=torch.int32), None, None,
+                arguments["rotary_cos"], arguments["rotary_sin"], True, True,
+            )
