@@ -23,8 +23,8 @@ inline void check_rows_tensor(const at::Tensor &t, const char *name, const at::T
     if (t.dim() != 4)
         throw py::value_error(std::string(name) + ": expected 4 dimensions (batch, seq, heads, d_head), got " + shape_str(t));
     if (t.scalar_type() != q.scalar_type() || t.device() != q.device())
-        throw py::value_error(std::string(name) + ": must have q's dtype and device (" + dtype_str(q) + " on " +
-                              q.device().str() + "), got " + dtype_str(t) + " on " + t.device().str());
+        throw py::value_error(std::string(name) + ": " + dtype_str(t) + " on " + t.device().str() + ", q is " + dtype_str(q) +
+                              " on " + q.device().str());
     if (t.size(3) > 1 && t.stride(3) != 1)
         throw py::value_error(std::string(name) + ": the last dimension (d_head) must be contiguous");
 }
