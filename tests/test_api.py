@@ -775,6 +775,8 @@ def test_the_append_checks_its_tensors_before_any_launch():
         (dict(rotary_cos=torch.zeros(32, 40), rotary_sin=torch.zeros(32, 40)), ValueError, r"^rotary_cos: rotary_dim 80 is more than d_head 64"),
         (dict(rotary_cos=angles.int(), rotary_sin=angles.int()), ValueError, r"^rotary_cos, rotary_sin: expected contiguous float32 or Half"),
         (dict(rotary_cos=angles, rotary_sin=angles[:8]), ValueError, r"^rotary_cos, rotary_sin: expected two \(seqlen_ro, rotary_dim / 2\)"),
+        # Every rule met: the device is the last one looked at.
+        (dict(k=new, v=new, rotary_cos=angles, rotary_sin=angles), ValueError, r"^q: expected a CUDA tensor, got a tensor on cpu"),
     ]
     for keywords, error, message in cases:
         with pytest.raises(error, match=message):
@@ -785,3 +787,5 @@ def test_the_append_checks_its_tensors_before_any_launch():
                 q, cache, cache, arguments["k"], arguments["v"], torch.full((2,), 3, dtype=torch.int32), None, None,
                 arguments["rotary_cos"], arguments["rotary_sin"], True, True,
             )
+    with pytest.raises(TypeError, match=r"^q: dtype must be float16 or bfloat16, got Float"):
+        flash_attention.flash_attn_with_kvcache(q.float(), cache, cache, new, new, cache_seqlens=3)
