@@ -230,6 +230,23 @@ def test_a_step_appends_and_rotates_in_one_kernel(rng):
     assert len(kernels) - len(ours) <= 1, f"PyTorch kernels ran beside ours: {kernels}"
 
 
+def test_rotary_tables_in_the_tensors_dtype_rotate_as_float32_tables_of_the_same_values(rng):
+    """cos and sin may be q's dtype (FlashAttention-2's) or float32: the same values give the same
+    bits in the caches and the output."""
+    q, k_cache, v_cache, k_new, v_new, cos, sin, seqlens = _rotary_step_inputs(rng)
+    tables = {dtype: (cos.to(torch.bfloat16).to(dtype), sin.to(torch.bfloat16).to(dtype)) for dtype in (torch.bfloat16, torch.float32)}
+    results = {}
+    for dtype, (c, s) in tables.items():
+        caches = (k_cache.clone(), v_cache.clone())
+        out = flash_attention.flash_attn_with_kvcache(
+            q, *caches, k_new, v_new, rotary_cos=c, rotary_sin=s, cache_seqlens=seqlens, causal=True,
+            rotary_interleaved=False,
+        )
+        results[dtype] = (out, *caches)
+    for ours, theirs in zip(results[torch.bfloat16], results[torch.float32], strict=True):
+        assert torch.equal(ours, theirs), "bfloat16 and float32 tables of the same values differ"
+
+
 def test_a_step_with_appends_compiles_whole_and_declares_the_cache_written(rng):
     """torch.compile traces the append operator (its fake implementation) and the attention in one
     graph; the compiled step writes the caches as the eager one does, and gives the same bits."""
