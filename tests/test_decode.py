@@ -234,7 +234,10 @@ def test_rotary_tables_in_the_tensors_dtype_rotate_as_float32_tables_of_the_same
     """cos and sin may be q's dtype (FlashAttention-2's) or float32: the same values give the same
     bits in the caches and the output."""
     q, k_cache, v_cache, k_new, v_new, cos, sin, seqlens = _rotary_step_inputs(rng)
-    tables = {dtype: (cos.to(torch.bfloat16).to(dtype), sin.to(torch.bfloat16).to(dtype)) for dtype in (torch.bfloat16, torch.float32)}
+    tables = {
+        dtype: (cos.to(torch.bfloat16).to(dtype), sin.to(torch.bfloat16).to(dtype))
+        for dtype in (torch.bfloat16, torch.float32)
+    }
     results = {}
     for dtype, (c, s) in tables.items():
         caches = (k_cache.clone(), v_cache.clone())
