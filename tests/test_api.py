@@ -222,6 +222,19 @@ def test_a_decoding_call_that_does_not_split_runs_whole_on_the_decoding_configur
     assert prefill.config not in decoding, prefill
 
 
+def test_a_short_cache_runs_whole_and_splits_from_six_key_tiles():
+    """Below six key tiles of 64 a split saves less than the combine costs: 256 keys (4 tiles) run
+    whole on the decoding configuration, 384 (6 tiles) split."""
+    decoding = _bf16_d128_decoding_configs()
+    q = _meta((1, 1, 32, 128), torch.bfloat16)
+    short = flash_attention.choose_config(q, _meta((1, 256, 8, 128), torch.bfloat16), causal=True, arch="sm_90",
+                                          multiprocessors=132)
+    assert short.config in decoding and short.num_splits == 1, short
+    longer = flash_attention.choose_config(q, _meta((1, 384, 8, 128), torch.bfloat16), causal=True, arch="sm_90",
+                                           multiprocessors=132)
+    assert longer.config in decoding and longer.num_splits == 3, longer
+
+
 def test_a_speculative_step_is_chosen_for_with_each_querys_heads_packed():
     """Four queries of 32 heads over 8: packed as 16 rows per key/value head, they fit a decoding
     block and keep the causal mask (each row's diagonal is its query's); one query needs no mask.

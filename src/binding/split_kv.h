@@ -29,6 +29,11 @@ namespace flash::binding {
 
 // A split gets at least this many key tiles, so that its block's pipeline has something to overlap.
 constexpr int MIN_TILES_PER_SPLIT = 2;
+// Fewer key tiles than this run whole: splitting them takes too few tiles off a block's walk to pay
+// for the combine's launch and the partial buffers (H200, d_head 128, CUDA-graph replays: 4 tiles
+// ran 8.6 us whole and 9.3 split in 2, 6 tiles 10.8 whole and 9.2 split in 3; plus ~5 us of host
+// time per split call; benchmarks/HISTORY.md #2026-11-26-short-caches).
+constexpr int MIN_TILES_TO_SPLIT = 6;
 // Blocks of a splitting configuration resident per multiprocessor (two fit its shared memory).
 constexpr int BLOCKS_PER_SM = 2;
 // The heuristic takes the fewest splits whose waves are at least this fraction as full as the best
@@ -58,12 +63,14 @@ inline int num_splits_argument(py::handle value, bool named) {
     return num_splits_value(value.cast<int64_t>());
 }
 
-// The number of splits that fills the GPU's waves: the wave efficiency of s splits is the share
+// The number of splits that fills the GPU's waves (none below MIN_TILES_TO_SPLIT tiles): the wave efficiency of s splits is the share
 // of the resident slots (BLOCKS_PER_SM per multiprocessor) its blocks fill, over all the waves they
 // take; the heuristic takes the fewest splits within WAVE_EFFICIENCY_KEPT of the best, up to one
 // per MIN_TILES_PER_SPLIT tiles and MAX_SPLITS (measured on the H200, benchmarks/HISTORY.md
 // #2026-11-26-decode: 5 splits of 64 blocks, 1.2 waves, ran 30% slower than 4).
 inline int heuristic_splits(int64_t query_blocks, int key_tiles, int multiprocessors) {
+    if (key_tiles < MIN_TILES_TO_SPLIT)
+        return 1;
     const int64_t slots = static_cast<int64_t>(BLOCKS_PER_SM) * multiprocessors;
     const int most = std::max(1, std::min(key_tiles / MIN_TILES_PER_SPLIT, MAX_SPLITS));
     const auto efficiency = [&](int splits) {

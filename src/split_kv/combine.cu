@@ -2,7 +2,9 @@
 // kernels' do, which tools/sanitize.sh selects by): one block per (row, head, sequence), as the forward
 // kernel's grid lays them out. A decode step has few rows and many splits, so the work of a row is
 // spread over the block: every thread loads one split's log-sum-exp, and each thread then sums four
-// columns over its share of the splits, with the loads of all its splits in flight at once.
+// columns over its share of the splits. The loads of a thread's first PREFETCHED_SPLITS partial
+// outputs are issued with the log-sum-exps', before the weights are known, so that a decode step's
+// combine waits for memory once.
 #include <cmath>
 
 #include "common/common.h"
@@ -20,6 +22,9 @@ static_assert(MAX_SPLITS <= COMBINE_THREADS, "a thread loads each split's log-su
 // Columns a thread sums: one float4 of the partial outputs (a row of up to 512 columns fits the
 // block, twice the largest head size compiled).
 constexpr int COLUMNS_PER_THREAD = 4;
+// Partial outputs a thread loads before the weights are known: 8 covers 32 splits at d_head 128
+// (4 threads per column group), 64 at d_head 64; the rest are loaded after.
+constexpr int PREFETCHED_SPLITS = 8;
 
 template <typename Op>
 __device__ __forceinline__ float warp_reduce(float v, Op op) {
@@ -63,6 +68,23 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_forward_kernel(const 
     __shared__ float weights[MAX_SPLITS];
     __shared__ float4 sums[COMBINE_THREADS];
 
+    // Thread t sums columns COLUMNS_PER_THREAD * (t % column_groups) .. + 3 over splits t /
+    // column_groups, + split_groups, ...; then the split groups are summed in order.
+    const int column_groups = params.d_head / COLUMNS_PER_THREAD;
+    const int split_groups = COMBINE_THREADS / column_groups;
+    const int column = COLUMNS_PER_THREAD * (t % column_groups);
+    const int split_group = t / column_groups;
+    const int64_t element = batch * params.o_strides.batch + head * params.o_strides.head + row * params.o_strides.seq + column;
+    const float *o_partial = split.o_partial + element;
+    const auto has_split = [&](int s) { return split_group < split_groups && s < split.num_splits; };
+    float4 prefetched[PREFETCHED_SPLITS];
+#pragma unroll
+    for (int k = 0; k < PREFETCHED_SPLITS; ++k) {
+        const int s = split_group + k * split_groups;
+        if (has_split(s))
+            prefetched[k] = *reinterpret_cast<const float4 *>(o_partial + s * split.o_split_stride);
+    }
+
     // The merged log-sum-exp: log of the sum over splits of exp(lse_s); a split without a key
     // (+infinity, or -infinity) counts as exp(lse_s) = 0.
     const int64_t lse_offset = batch * params.lse_batch_stride + head * params.lse_head_stride + row;
@@ -80,29 +102,26 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_forward_kernel(const 
         weights[t] = attends ? expf(lse - merged_lse) : 0.0f;
     __syncthreads();
 
-    // Thread t sums columns COLUMNS_PER_THREAD * (t % column_groups) .. + 3 over splits t /
-    // column_groups, + split_groups, ...; then the split groups are summed in order.
-    const int column_groups = params.d_head / COLUMNS_PER_THREAD;
-    const int split_groups = COMBINE_THREADS / column_groups;
-    const int column = COLUMNS_PER_THREAD * (t % column_groups);
-    const int split_group = t / column_groups;
-    const int64_t element = batch * params.o_strides.batch + head * params.o_strides.head + row * params.o_strides.seq + column;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (split_group < split_groups) {
-        const float *o_partial = split.o_partial + element;
-#pragma unroll 4
-        for (int s = split_group; s < split.num_splits; s += split_groups) {
-            const float4 part = *reinterpret_cast<const float4 *>(o_partial + s * split.o_split_stride);
-            const float weight = weights[s];
-            // A split without a key has weight 0, and its partial output is not read into the sum.
-            if (weight != 0.0f) {
-                acc.x += weight * part.x;
-                acc.y += weight * part.y;
-                acc.z += weight * part.z;
-                acc.w += weight * part.w;
-            }
+    // A split without a key has weight 0, and its partial output is not added to the sum.
+    const auto add = [&](int s, const float4 &part) {
+        const float weight = weights[s];
+        if (weight != 0.0f) {
+            acc.x += weight * part.x;
+            acc.y += weight * part.y;
+            acc.z += weight * part.z;
+            acc.w += weight * part.w;
         }
+    };
+#pragma unroll
+    for (int k = 0; k < PREFETCHED_SPLITS; ++k) {
+        const int s = split_group + k * split_groups;
+        if (has_split(s))
+            add(s, prefetched[k]);
     }
+#pragma unroll 4
+    for (int s = split_group + PREFETCHED_SPLITS * split_groups; has_split(s); s += split_groups)
+        add(s, *reinterpret_cast<const float4 *>(o_partial + s * split.o_split_stride));
     sums[t] = acc;
     __syncthreads();
     if (split_group == 0) {
