@@ -63,10 +63,10 @@ inline int num_splits_argument(py::handle value, bool named) {
     return num_splits_value(value.cast<int64_t>());
 }
 
-// The number of splits that fills the GPU's waves (none below MIN_TILES_TO_SPLIT tiles): the wave efficiency of s splits is the share
-// of the resident slots (BLOCKS_PER_SM per multiprocessor) its blocks fill, over all the waves they
-// take; the heuristic takes the fewest splits within WAVE_EFFICIENCY_KEPT of the best, up to one
-// per MIN_TILES_PER_SPLIT tiles and MAX_SPLITS (measured on the H200, benchmarks/HISTORY.md
+// The number of splits that fills the GPU's waves (none below MIN_TILES_TO_SPLIT tiles): the wave
+// efficiency of s splits is the share of the resident slots (BLOCKS_PER_SM per multiprocessor) its
+// blocks fill, over all the waves they take; the heuristic takes the fewest splits within
+// WAVE_EFFICIENCY_KEPT of the best, up to one per MIN_TILES_PER_SPLIT tiles and MAX_SPLITS (measured on the H200, benchmarks/HISTORY.md
 // #2026-11-26-decode: 5 splits of 64 blocks, 1.2 waves, ran 30% slower than 4).
 inline int heuristic_splits(int64_t query_blocks, int key_tiles, int multiprocessors) {
     if (key_tiles < MIN_TILES_TO_SPLIT)
