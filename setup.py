@@ -4,7 +4,8 @@ The kernel instantiations are generated first (tools/build/generate_kernel_insta
 the kernel map can never be stale. FLASH_BUILD_KERNELS picks the compiled set (see README.md);
 TORCH_CUDA_ARCH_LIST overrides the default targets, real machine code for sm_80 and sm_90. Its 9.0
 is compiled as 9.0a (sm_90a, which the Hopper family needs and which runs on sm_90 alone), and the
-Hopper family's configurations are compiled only when it has 9.0.
+Hopper family's configurations are compiled only when it has 9.0. FLASH_BUILD_PTX_ONLY=1 compiles
+PTX alone for those architectures (no machine code: CI's build, which only has to compile and import).
 """
 
 import os
@@ -19,6 +20,7 @@ sys.path[:0] = [str(ROOT / "py"), str(ROOT / "tools" / "build")]
 from flash_helpers.build_env import (  # noqa: E402
     ARCH_LIST_ENV,
     arch_list_for_build,
+    ptx_only_gencode_flags,
     resolve_arch_list,
     resolve_build_kernels_key,
 )
@@ -46,7 +48,9 @@ setup(
             extra_compile_args={
                 "cxx": ["-O3", "-std=c++20"],
                 # 3189 and relaxed constexpr: torch's own headers, read by nvcc in C++20 mode.
-                "nvcc": ["-O3", "-std=c++20", "-lineinfo", "-diag-suppress=3189", "--expt-relaxed-constexpr"],
+                # Explicit -gencode flags (PTX alone) replace those torch derives from the list.
+                "nvcc": ["-O3", "-std=c++20", "-lineinfo", "-diag-suppress=3189", "--expt-relaxed-constexpr"]
+                + ptx_only_gencode_flags(os.environ[ARCH_LIST_ENV]),
             },
         )
     ],

@@ -16,8 +16,10 @@ from flash_helpers.build_env import (
     ARCH_LIST_ENV,
     BUILD_KERNELS_ENV,
     DEFAULT_ARCH_LIST,
+    PTX_ONLY_ENV,
     REBUILD_HINT,
     arch_list_for_build,
+    ptx_only_gencode_flags,
     resolve_arch_list,
     sm90_in_arch_list,
 )
@@ -1072,6 +1074,26 @@ def test_sm80_short_forms_build_without_sm90():
 def test_arch_list_for_build_compiles_sm90_as_sm90a(arch_list, for_build):
     assert arch_list_for_build(arch_list) == for_build
     assert sm90_in_arch_list(for_build) == sm90_in_arch_list(arch_list)
+
+
+@pytest.mark.parametrize(
+    "arch_list, flags",
+    [
+        ("9.0a", ["-gencode=arch=compute_90a,code=compute_90a"]),
+        ("8.0;9.0a", ["-gencode=arch=compute_80,code=compute_80", "-gencode=arch=compute_90a,code=compute_90a"]),
+        ("8.0 8.6+PTX", ["-gencode=arch=compute_80,code=compute_80", "-gencode=arch=compute_86,code=compute_86"]),
+    ],
+)
+def test_ptx_only_builds_pass_nvcc_ptx_targets_of_the_list(arch_list, flags):
+    assert ptx_only_gencode_flags(arch_list, {PTX_ONLY_ENV: "1"}) == flags
+    # Unset or 0: no flags, and torch's builder adds machine code for the list.
+    assert ptx_only_gencode_flags(arch_list, {}) == []
+    assert ptx_only_gencode_flags(arch_list, {PTX_ONLY_ENV: "0"}) == []
+
+
+def test_a_ptx_only_build_names_an_entry_it_cannot_read():
+    with pytest.raises(ValueError, match=r"TORCH_CUDA_ARCH_LIST: 'Hopper' is not an architecture"):
+        ptx_only_gencode_flags("Hopper", {PTX_ONLY_ENV: "1"})
 
 
 def test_rebuild_hint_names_both_variables():

@@ -62,11 +62,13 @@ sys.exit(not any(pathlib.Path(location, '_C' + suffix).exists()
 }
 
 build_extension() {
-    # setup.py reads FLASH_BUILD_KERNELS (which kernels) and TORCH_CUDA_ARCH_LIST (which GPUs);
+    # setup.py reads FLASH_BUILD_KERNELS (which kernels), TORCH_CUDA_ARCH_LIST (which GPUs) and
+    # FLASH_BUILD_PTX_ONLY (PTX without machine code);
     # torch's build reads MAX_JOBS (parallel compiler processes).
     export MAX_JOBS=${MAX_JOBS:-$(nproc)}
     echo "building flash_attention._C: FLASH_BUILD_KERNELS=${FLASH_BUILD_KERNELS:-default}" \
-        "TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-(setup.py default)} MAX_JOBS=$MAX_JOBS" >&2
+        "TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-(setup.py default)} FLASH_BUILD_PTX_ONLY=${FLASH_BUILD_PTX_ONLY:-0}" \
+        "MAX_JOBS=$MAX_JOBS" >&2
     echo "every configuration is a compilation unit of its own (README.md says how long the default set" \
         "takes); one line per compiled unit follows ([done/total] file)" >&2
     local log start=$SECONDS

@@ -1,6 +1,7 @@
 """The build's environment: which set ``FLASH_BUILD_KERNELS`` names, which architectures
-``TORCH_CUDA_ARCH_LIST`` lists (and how the build passes them on to torch), and the hint for a
-configuration that was not compiled. Importable without torch.
+``TORCH_CUDA_ARCH_LIST`` lists (and how the build passes them on to torch), whether
+``FLASH_BUILD_PTX_ONLY`` asks for PTX alone, and the hint for a configuration that was not compiled.
+Importable without torch.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ __all__ = [
     "ARCH_LIST_ENV",
     "BUILD_KERNELS_ENV",
     "DEFAULT_ARCH_LIST",
+    "PTX_ONLY_ENV",
     "REBUILD_HINT",
     "arch_list_for_build",
+    "ptx_only_gencode_flags",
     "resolve_arch_list",
     "resolve_build_kernels_key",
     "sm90_in_arch_list",
@@ -21,6 +24,7 @@ __all__ = [
 
 BUILD_KERNELS_ENV = "FLASH_BUILD_KERNELS"
 ARCH_LIST_ENV = "TORCH_CUDA_ARCH_LIST"
+PTX_ONLY_ENV = "FLASH_BUILD_PTX_ONLY"
 # The architectures a build compiles for unless TORCH_CUDA_ARCH_LIST says otherwise: sm_80 and sm_90.
 DEFAULT_ARCH_LIST = "8.0;9.0"
 # What to do about a configuration that is not compiled; the binding's message says it too (the
@@ -57,3 +61,26 @@ def arch_list_for_build(arch_list: str) -> str:
     code that the Hopper family's wgmma and setmaxnreg need (it runs on sm_90 alone; the SM80
     family's kernels compile the same for it). The other entries, suffixes and separators stay."""
     return _SM90_ENTRY_RE.sub("9.0a", arch_list)
+
+
+# An architecture entry as arch_list_for_build leaves it: major.minor, an optional a, an optional +PTX.
+_ARCH_ENTRY_RE = re.compile(r"^(\d+)\.(\d+)(a?)(\+PTX)?$")
+
+
+def ptx_only_gencode_flags(arch_list: str, env: dict[str, str] | None = None) -> list[str]:
+    """nvcc's -gencode flags for PTX alone (``code=compute_XX``) at each architecture of
+    ``arch_list`` (as arch_list_for_build gives it), where ``FLASH_BUILD_PTX_ONLY`` is 1; else none,
+    and torch's builder adds machine code for the list. PTX alone skips ptxas, about a third of a
+    kernel's compile time: a build that only has to compile and import (CI, which has no GPU) is
+    that much faster, and a GPU would compile the kernels from PTX on their first launch."""
+    env = os.environ if env is None else env
+    if env.get(PTX_ONLY_ENV, "0") != "1":
+        return []
+    flags = []
+    for entry in re.split(r"[;\s]+", arch_list.strip()):
+        match = _ARCH_ENTRY_RE.match(entry)
+        if match is None:
+            raise ValueError(f"{ARCH_LIST_ENV}: {entry!r} is not an architecture such as 8.0 or 9.0a ({PTX_ONLY_ENV}=1)")
+        arch = f"{match[1]}{match[2]}{match[3]}"
+        flags.append(f"-gencode=arch=compute_{arch},code=compute_{arch}")
+    return flags
