@@ -77,12 +77,13 @@ py::tuple choose_kernel(py::handle q_obj, py::handle k_obj, bool causal, py::han
     at::Tensor k = tensor_argument(k_obj, "k");
     at::Tensor v = k;
     to_batch_layout(sequences, q, k, v);
-    if (const GroupedQueryPacking packing(q, k, v, std::nullopt, args, sequences); packing.active()) {
-        q = packing.pack(q);
+    const GroupedQueryPacking packing(q, k, v, std::nullopt, args, sequences);
+    if (packing.active())
         args = packing.arguments(args);
-    }
     ForwardParams params{};
     const Problem problem = checked_problem(q, k, v, args, sequences, false, params);
+    if (packing.active())
+        packing.pack_params(params);
     const Gpu gpu{capability, smem_per_block};
     // Without a multiprocessor count no split is predicted, and the count reported is 0 (unknown).
     const AutomaticChoice automatic =

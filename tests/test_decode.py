@@ -129,6 +129,46 @@ def test_several_queries_with_grouped_heads_run_packed(mask, heads, seqlen_q, rn
         assert torch.equal(heads_first.transpose(1, 2), again), "SDPA's layout gives other bits"
 
 
+def _cuda_kernels(call):
+    """The names of the CUDA kernels `call` runs (after a warm-up call)."""
+    call()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        call()
+        torch.cuda.synchronize()
+    return [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.parametrize("num_splits", [0, 1, 5])
+@pytest.mark.parametrize("d_head", [128, 72, 59])
+def test_grouped_rows_are_read_and_written_in_the_calls_layout(d_head, num_splits, rng):
+    """Several queries with grouped heads on the decoding configuration: its kernel reads q and writes
+    o in their own layouts, whatever their strides (a query's heads do not continue into the next
+    query's), whole or split; a head size served by a larger configuration runs in place, one that
+    is not a multiple of 8 on padded copies. The output matches the reference, is the o given, and
+    repeats bit for bit; contiguous inputs give the same bits."""
+    heads_q, heads_kv, seqlen_q = 32, 8, 4
+    wide = helpers.random_tensor((2, seqlen_q, 2 * heads_q, d_head), torch.bfloat16, rng)
+    q = wide[:, :, ::2]  # heads 2 d_head apart, queries 2 heads_q d_head apart
+    k, v = (helpers.random_tensor((2, 1500, heads_kv, d_head), torch.bfloat16, rng) for _ in range(2))
+    o = helpers.nan_like(q.transpose(1, 2).contiguous()).transpose(1, 2)  # heads first in memory
+    out, lse = flash_attention.forward(None, q, k, v, o, return_lse=True, causal=True, num_splits=num_splits)
+    assert out.data_ptr() == o.data_ptr(), "the output is not the o given"
+    reference = helpers.assert_matches_reference(out, q, k, v, causal=True)
+    helpers.assert_lse_matches(lse, reference)
+    again = flash_attention.forward(None, q, k, v, causal=True, num_splits=num_splits)
+    assert torch.equal(out, again), "repeated calls differ"
+    contiguous = flash_attention.forward(None, q.contiguous(), k, v, causal=True, num_splits=num_splits)
+    assert torch.equal(out, contiguous), "the layouts give other bits"
+
+
+def test_several_queries_run_without_copies_on_the_decoding_configuration(rng):
+    """A speculative step (4 queries, 4 query heads per key/value head) on the decoding configuration
+    runs our kernels alone: no PyTorch copy packs q or unpacks o."""
+    q, k, v = _decode_inputs(rng, torch.bfloat16, 128, batch=1, seqlen_q=4, seqlen_k=8192, heads=(32, 8))
+    kernels = _cuda_kernels(lambda: flash_attention.flash_attn_func(q, k, v, causal=True))
+    assert all("_forward_kernel" in name for name in kernels), f"PyTorch kernels ran beside ours: {kernels}"
+
+
 def test_num_splits_is_checked(rng):
     q, k, v = _decode_inputs(rng, torch.bfloat16, 128)
     with pytest.raises(ValueError, match="^num_splits: must be 0"):
@@ -220,11 +260,7 @@ def test_a_step_appends_and_rotates_in_one_kernel(rng):
     lengths' sum (seqused_k = cache_seqlens + new keys) runs."""
     q, k_cache, v_cache, k_new, v_new, cos, sin, seqlens = _rotary_step_inputs(rng, seqlen_new=1)
     step = dict(rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens, causal=True)
-    flash_attention.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **step)  # warm-up
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-        flash_attention.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **step)
-        torch.cuda.synchronize()
-    kernels = [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = _cuda_kernels(lambda: flash_attention.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **step))
     ours = [name for name in kernels if "_forward_kernel" in name]
     assert sum("append_forward_kernel" in name for name in kernels) == 1, kernels
     assert len(kernels) - len(ours) <= 1, f"PyTorch kernels ran beside ours: {kernels}"

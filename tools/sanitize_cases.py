@@ -28,6 +28,7 @@ does not).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import sys
 
@@ -136,13 +137,16 @@ def paged_call(inputs: helpers.Inputs, rng) -> tuple:
 
 def decode_step(cfg, inputs: helpers.Inputs, rng) -> helpers.Inputs:
     """A decode step with the mask and softcap of ``inputs`` (no ALiBi: a slope per query head would
-    keep the heads apart): DECODE_QUERIES queries per sequence, slots of DECODE_SLOT keys."""
+    keep the heads apart): DECODE_QUERIES queries per sequence, slots of DECODE_SLOT keys. q is a view
+    whose queries lie a head further apart than their heads span, so a kernel that reads grouped
+    rows in place finds them query by query."""
     dtype = cfg.dtype.to_torch_dtype()
-    q = helpers.random_tensor((len(DECODE_KEYS), DECODE_QUERIES, HEADS[0], cfg.d_head), dtype, rng)
+    q_wide = helpers.random_tensor((len(DECODE_KEYS), DECODE_QUERIES, HEADS[0] + 1, cfg.d_head), dtype, rng)
     k, v = (helpers.random_tensor((len(DECODE_KEYS), DECODE_SLOT, HEADS[1], cfg.d_head), dtype, rng) for _ in range(2))
     kwargs = {key: inputs.kwargs[key] for key in ("causal", "window_size", "softcap") if key in inputs.kwargs}
     kwargs["seqused_k"] = torch.tensor(DECODE_KEYS, dtype=torch.int32)
-    return on_gpu(helpers.Inputs(q, k, v, kwargs))
+    step = on_gpu(helpers.Inputs(q_wide, k, v, kwargs))
+    return dataclasses.replace(step, q=step.q[:, :, : HEADS[0]])
 
 
 def run_append(dtype, rng) -> bool:

@@ -202,16 +202,15 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     // A head size that is not a multiple of 8 runs on copies of q, k and v padded with zero columns
     // (HeadPadding), with the call's softmax scale; the kernels read every other size in place.
     ProblemArguments problem_args = args;
-    // Decoding with grouped heads runs packed (GroupedQueryPacking): o is allocated in the call's
-    // layout first, so that the packed output is a view of it where the layout allows.
+    // Decoding with grouped heads runs packed (GroupedQueryPacking): checked in the call's layout,
+    // with o allocated in it first (o_call), so that a kernel reading grouped rows writes it in place.
     const GroupedQueryPacking packing(q, k, v, o_given, args, sequences);
     std::optional<at::Tensor> o_call;
     if (packing.active()) {
         o_call = o_given ? *o_given
                  : heads_first ? at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2)
                                : at::empty(q.sizes(), q.options());
-        o_given = packing.packs_in_place(*o_call) ? packing.pack(*o_call) : packing.packed_output(*o_call);
-        q = packing.pack(q);
+        o_given = o_call;
         problem_args = packing.arguments(problem_args);
     }
     HeadPadding padding(q);
@@ -221,6 +220,8 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
         padding.pad(q, k, v, (padding.call_d_head + ELEMS_PER_COPY - 1) / ELEMS_PER_COPY * ELEMS_PER_COPY);
     ForwardParams params{};
     const Problem problem = checked_problem(q, k, v, problem_args, sequences, true, params);
+    if (packing.active())
+        packing.pack_params(params);
     const Gpu gpu = gpu_of(q);
     if (named)
         check_named_config(*named, q, params, problem);
@@ -256,6 +257,15 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
         launcher = automatic.choice.launcher;
         split = automatic.split;
     }
+    // Grouped rows that the kernel does not read in place run on packed q and o: views where the
+    // rows are evenly spaced, else copies (the output copied back into o_call once it is done).
+    const bool rows_in_place = packing.active() && launcher->reads_grouped_rows;
+    bool copies_back = false;
+    if (packing.active() && !rows_in_place) {
+        q = packing.pack(q);
+        copies_back = !packing.packs_in_place(*o_call) || padding.copied;
+        o_given = copies_back ? std::nullopt : std::optional(packing.pack(*o_call));
+    }
     ForwardResult result;
     at::Tensor &o = result.o;
     if (o_given && padding.copied) {
@@ -271,13 +281,17 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     } else {
         o = at::empty(q.sizes(), q.options());
     }
+    // The kernel's rows and heads per batch entry, for lse's layout: q's, or packed (grouped rows
+    // read in place).
+    const int64_t kernel_group = rows_in_place ? packing.group : 1;
+    const int64_t lse_rows = q.size(1) * kernel_group, lse_heads = q.size(2) / kernel_group;
     if (return_lse) {
         // (batch, heads_q, seqlen_q), or with cu_seqlens (heads_q, total_q).
-        result.lse = sequences.packed() ? at::empty({q.size(2), q.size(1)}, q.options().dtype(at::kFloat))
-                                        : at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
+        result.lse = sequences.packed() ? at::empty({lse_heads, lse_rows}, q.options().dtype(at::kFloat))
+                                        : at::empty({q.size(0), lse_heads, lse_rows}, q.options().dtype(at::kFloat));
         params.lse = result.lse.data_ptr<float>();
-        params.lse_head_stride = q.size(1);
-        params.lse_batch_stride = sequences.packed() ? 0 : q.size(2) * q.size(1);
+        params.lse_head_stride = lse_rows;
+        params.lse_batch_stride = sequences.packed() ? 0 : lse_heads * lse_rows;
     }
     if (sequences.has_gaps()) {
         // Rows of q that no sequence uses: no kernel writes them.
@@ -289,7 +303,7 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
         if (padding.copied)
             o = padding.call_columns(o, o_given);
         if (packing.active()) {
-            if (!packing.packs_in_place(*o_call))
+            if (copies_back)
                 o_call->copy_(packing.unpack(o));
             o = *o_call;
             if (return_lse)
@@ -321,6 +335,13 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     params.k_strides = strides_of(k);
     params.v_strides = strides_of(v);
     params.o_strides = strides_of(o);
+    // A query's rows_per_query rows are consecutive rows (grouped rows read in place: address_rows).
+    params.q_query_stride = params.rows_per_query * params.q_strides.seq;
+    params.o_query_stride = params.rows_per_query * params.o_strides.seq;
+    if (rows_in_place) {
+        packing.address_rows(q, params.q_strides, params.q_query_stride);
+        packing.address_rows(o, params.o_strides, params.o_query_stride);
+    }
     if (sequences.packed()) {
         // Every sequence is in the one batch entry: the kernels' batch index must not move them (a
         // paged k and v keep theirs, which step from page to page).
@@ -338,12 +359,12 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     // A varlen kernel runs a dense call too (a split one, or a decoding configuration's, which has no
     // other): every sequence is then its batch entry's rows. Dense kernels do not read them.
     if (!sequences.any()) {
-        params.sequences.rows_q = static_cast<int>(q.size(1));
+        params.sequences.rows_q = params.seqlen_q; // q's rows, or packed grouped rows
         params.sequences.rows_k = static_cast<int>(k.size(1));
     }
     std::optional<SplitBuffers> split_buffers;
     if (split)
-        split_buffers.emplace(split->num_splits, o, sequences.packed(), params);
+        split_buffers.emplace(split->num_splits, o, lse_rows, lse_heads, sequences.packed(), params);
     const auto run = [&] {
         launcher->launch(params, stream);
         if (split)

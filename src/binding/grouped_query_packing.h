@@ -3,9 +3,12 @@
 // become rows of one sequence of that head, so a block reads each K and V tile once for the whole
 // group instead of once per query head. q (batch, queries, heads_q, d_head) is seen as (batch,
 // queries * group, heads_kv, d_head): row r is query r / group's head r % group of the group
-// (ForwardParams::rows_per_query = group, so the mask's diagonals stay the queries'). That is a view
-// of q where one query or one key/value head makes the rows evenly spaced; otherwise the packed q
-// is a copy (a few rows per sequence), and the packed output is copied back into the call's.
+// (ForwardParams::rows_per_query = group, so the mask's diagonals stay the queries'). The call is
+// checked in its own layout and its parameter block packed (pack_params); then a kernel that reads
+// grouped rows (ForwardLauncher::reads_grouped_rows: the SM80 family's varlen variant, which runs
+// decoding) reads q and writes o in place, at a query stride (address_rows). Another kernel gets
+// packed q and o: views where one query or one key/value head makes the rows evenly spaced,
+// otherwise copies (a few rows per sequence), the output copied back into the call's.
 //
 // No ALiBi: a slope per query head would tell the rows of a query apart. A single query aligned to
 // the last key sees every key through a causal mask or a right window, so those run as no mask.
@@ -19,6 +22,7 @@
 
 #include "binding/problem.h"
 #include "binding/sequences.h"
+#include "common/forward_params.h"
 
 namespace flash::binding {
 
@@ -49,14 +53,34 @@ struct GroupedQueryPacking {
 
     bool active() const { return group > 1; }
 
+    // The packed problem's parameter block from the call's (checked on q in the call's layout):
+    // queries * group rows of heads_kv heads, each query's rows sharing its diagonal.
+    void pack_params(ForwardParams &params) const {
+        params.seqlen_q = static_cast<int>(params.seqlen_q * group);
+        params.heads_q = static_cast<int>(params.heads_q / group);
+        set_rows_per_query(params, static_cast<int>(group));
+        params.sequences.rows_q = static_cast<int>(params.sequences.rows_q * group);
+    }
+
+    // The strides of t (q or o in the call's layout) as a kernel that reads grouped rows addresses
+    // them: a row is a head of the group, a packed head a group of heads, and the query stride
+    // steps from query to query.
+    void address_rows(const at::Tensor &t, TensorStrides &strides, int64_t &query_stride) const {
+        strides = TensorStrides{t.stride(0), t.stride(2), group * t.stride(2)};
+        query_stride = t.stride(1);
+    }
+
     // (batch, queries, heads_q, d) -> (batch, queries * group, heads_kv, d): where the rows are
     // evenly spaced (packs_in_place), one strided view (row r at head stride * r, a key/value
-    // head's rows group head strides apart: one view operation, where a decode step's host time
-    // is counted in microseconds), else a copy.
+    // head's rows group head strides apart), else a copy.
     at::Tensor pack(const at::Tensor &t) const {
-        if (packs_in_place(t))
+        if (packs_in_place(t)) {
+            TensorStrides strides;
+            int64_t query_stride;
+            address_rows(t, strides, query_stride);
             return t.as_strided({t.size(0), queries * group, t.size(2) / group, t.size(3)},
-                                {t.stride(0), t.stride(2), group * t.stride(2), t.stride(3)}, t.storage_offset());
+                                {strides.batch, strides.seq, strides.head, t.stride(3)}, t.storage_offset());
+        }
         return t.unflatten(2, {t.size(2) / group, group}).transpose(2, 3).flatten(1, 2);
     }
 
@@ -64,19 +88,12 @@ struct GroupedQueryPacking {
     // next query's (seq stride).
     bool packs_in_place(const at::Tensor &t) const { return queries == 1 || t.stride(1) == group * t.stride(2); }
 
-    // An output for the packed call where o cannot be packed in place.
-    at::Tensor packed_output(const at::Tensor &o) const {
-        return at::empty({o.size(0), queries * group, o.size(2) / group, o.size(3)}, o.options());
-    }
-
     // The packed output (batch, queries * group, heads_kv, d) in the call's layout (batch, queries,
     // heads_q, d).
     at::Tensor unpack(const at::Tensor &o) const { return o.unflatten(1, {queries, group}).transpose(2, 3).flatten(2, 3); }
 
-    // The packed call's problem: each query's rows share its diagonal; a single query needs no
-    // causal mask or right window.
+    // The packed call's arguments: a single query needs no causal mask or right window.
     ProblemArguments arguments(ProblemArguments args) const {
-        args.rows_per_query = static_cast<int>(group);
         if (queries == 1) {
             args.causal = false;
             args.window.right = -1;

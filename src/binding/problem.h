@@ -23,7 +23,6 @@ struct ProblemArguments {
     Window window;
     float softcap;
     std::optional<at::Tensor> alibi_slopes;
-    int rows_per_query = 1; // > 1: q's rows are its queries' grouped heads, packed (GroupedQueryPacking)
 };
 
 // The arguments with their own values checked (types were checked where they were decoded).
@@ -95,8 +94,7 @@ inline Problem decode_problem(const ProblemArguments &args, const SequenceArgume
 
     params.softmax_scale = args.softmax_scale.value_or(1.0f / std::sqrt(static_cast<float>(params.d_head)));
     params.mask.softcap = args.softcap;
-    params.rows_per_query = args.rows_per_query;
-    set_window(params.mask, args.causal, args.window, params.seqlen_q / args.rows_per_query, params.seqlen_k);
+    set_window(params.mask, args.causal, args.window, params.seqlen_q, params.seqlen_k);
 
     params.mask.alibi_slopes = nullptr;
     params.mask.alibi_batch_stride = 0;

@@ -193,16 +193,16 @@ struct SplitBuffers {
     at::Tensor partials;
 
     // Sets params.split (and lse's strides, which the partial log-sum-exps share) for o (batch
-    // entries, rows, heads, d_head); packed (cu_seqlens): lse is (heads, rows).
-    SplitBuffers(int num_splits, const at::Tensor &o, bool packed, ForwardParams &params) {
+    // entries, ..., d_head) and lse (batch entries, heads, rows); packed (cu_seqlens): lse is
+    // (heads, rows).
+    SplitBuffers(int num_splits, const at::Tensor &o, int64_t rows, int64_t heads, bool packed, ForwardParams &params) {
         // A split's partial output spans o's elements, rounded up to whole float4s (the combine's
         // loads), so that the log-sum-exps after them stay aligned too.
         int64_t o_span = 1;
         for (int dim = 0; dim < o.dim(); ++dim)
             o_span += (o.size(dim) - 1) * o.stride(dim);
         o_span = (o_span + 3) / 4 * 4;
-        const int64_t batch_entries = o.size(0), rows = o.size(1), heads = o.size(2);
-        const int64_t lse_span = batch_entries * heads * rows;
+        const int64_t lse_span = o.size(0) * heads * rows;
         partials = at::empty({num_splits * (o_span + lse_span)}, o.options().dtype(at::kFloat));
         float *o_partial = partials.data_ptr<float>();
         params.lse_head_stride = rows;

@@ -117,6 +117,30 @@ struct ForwardParams {
     // A zeroed counter in device memory for a kernel that hands out its work tiles as blocks ask for
     // them (ForwardLauncher::needs_work_counter); null for the others.
     int *work_counter;
+    // Where a query's rows start in q and o, for kernels that read rows query by query
+    // (ForwardLauncher::reads_grouped_rows): row r of a (batch, head) lies at (r / rows_per_query) *
+    // query stride + (r % rows_per_query) * the strides' seq. With one row per query the query
+    // stride is seq's; grouped heads packed as rows are read in the call's q and o (batch, queries,
+    // heads_q, d_head) in place, the head being the group's first.
+    int64_t q_query_stride;
+    int64_t o_query_stride;
+    // r / rows_per_query without a divide instruction: (umulhi(r, multiplier) + r) >> shift, for
+    // 0 <= r < 2^31 (set_rows_per_query sets both).
+    uint32_t rows_per_query_multiplier = 1;
+    int rows_per_query_shift = 0;
 };
+
+// Sets rows_per_query and its division's multiplier and shift: with l = ceil(log2(rows)),
+// multiplier = floor(2^(32 + l) / rows) - 2^32 + 1 (the 33-bit reciprocal's low word), so that
+// (umulhi(r, multiplier) + r) >> l = floor(r / rows) for r < 2^31; rows = 1 gives 1 and 0.
+inline void set_rows_per_query(ForwardParams &params, int rows) {
+    int log2_ceil = 0;
+    while ((int64_t{1} << log2_ceil) < rows)
+        ++log2_ceil;
+    params.rows_per_query = rows;
+    params.rows_per_query_shift = log2_ceil;
+    params.rows_per_query_multiplier =
+        static_cast<uint32_t>((uint64_t{1} << (32 + log2_ceil)) / static_cast<uint64_t>(rows) - (uint64_t{1} << 32) + 1);
+}
 
 } // namespace flash

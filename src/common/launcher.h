@@ -15,6 +15,9 @@ struct ForwardLauncher {
     int smem_bytes;
     // Whether the kernel needs ForwardParams::work_counter: the binding then zeroes one per call.
     bool needs_work_counter;
+    // Whether it reads q and writes o at ForwardParams::q_query_stride and o_query_stride, so that
+    // grouped heads packed as rows run on the call's tensors in place (else on packed copies).
+    bool reads_grouped_rows;
     // Computes the grid and block, raises the kernel's shared-memory limit on first use on the
     // current device, and launches on `stream`; throws std::runtime_error on a CUDA error.
     void (*launch)(const ForwardParams &params, cudaStream_t stream);

@@ -8,23 +8,23 @@
 
 namespace flash::sm80 {
 
-// O's rows of the block go to `O` (row stride O_row_stride); with masked tails, rows at or past
-// valid_rows and columns at or past valid_cols (the call's d_head) do not exist.
-template <typename Kernel, bool MASKED_TAILS>
-__device__ __forceinline__ void store_O(typename Kernel::value_t *O, int64_t O_row_stride,
-                                        const typename Kernel::Q_tile &Q_smem,
-                                        const typename Kernel::O_accumulators &O_acc, int warp_first_row,
-                                        int valid_rows, int valid_cols) {
+// O's rows of the block go out through the Q tile: copy_out(Q_smem) copies them to global memory
+// once every warp's accumulators are in it.
+template <typename Kernel, typename CopyOut>
+__device__ __forceinline__ void store_O(const typename Kernel::Q_tile &Q_smem, const typename Kernel::O_accumulators &O_acc,
+                                        int warp_first_row, CopyOut &&copy_out) {
     __syncthreads(); // every warp is done with Q
     store_accumulators(Q_smem, O_acc, warp_first_row);
     __syncthreads();
-    copy_shared_to_global<Kernel::n_threads, MASKED_TAILS, MASKED_TAILS>(O, O_row_stride, Q_smem, valid_rows, valid_cols);
+    copy_out(Q_smem);
 }
 
 // A split's float32 partial O (SplitKV), straight from the accumulators: each lane's pairs of
-// columns as 8-byte stores, rows at or past valid_rows and columns at or past valid_cols skipped.
-template <int M, int N>
-__device__ __forceinline__ void store_partial_O(float *O, int64_t O_row_stride, const Accumulators<M, N> &O_acc,
+// columns as 8-byte stores to row `row` at O_row(row) (once per row: a store may change what it
+// reads, so between the stores it would be computed again), rows at or past valid_rows and columns
+// at or past valid_cols skipped.
+template <int M, int N, typename RowAddress>
+__device__ __forceinline__ void store_partial_O(const RowAddress &O_row, const Accumulators<M, N> &O_acc,
                                                 int warp_first_row, int valid_rows, int valid_cols) {
     const int lane = threadIdx.x % WARP_SIZE;
     const int lane_row = warp_first_row + lane / QUAD_SIZE;
@@ -36,11 +36,12 @@ __device__ __forceinline__ void store_partial_O(float *O, int64_t O_row_stride, 
             const int row = lane_row + m * MMA_M + half_row * 8;
             if (row >= valid_rows)
                 continue;
+            float *const O = O_row(row);
 #pragma unroll
             for (int n = 0; n < N; ++n) {
                 const int col = n * MMA_N + lane_col;
                 if (col < valid_cols)
-                    *reinterpret_cast<float2 *>(O + row * O_row_stride + col) =
+                    *reinterpret_cast<float2 *>(O + col) =
                         make_float2(O_acc.r[m][n][2 * half_row], O_acc.r[m][n][2 * half_row + 1]);
             }
         }

@@ -97,8 +97,11 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     if (num_splits > 1)
         tiles.keep_split(split, num_splits);
 
-    const value_t *Q = tensor_rows<const value_t>(params.q, params.q_strides, batch, head, Q_first_row);
-    value_t *O = tensor_rows<value_t>(params.o, params.o_strides, batch, head, Q_first_row);
+    // Q and O at the block's first row; the varlen variant's at row 0 of the (batch, head), whose
+    // rows it finds query by query (row_offset: grouped heads packed as rows are read in place).
+    const int first_addressed_row = VARLEN ? 0 : Q_first_row;
+    const value_t *Q = tensor_rows<const value_t>(params.q, params.q_strides, batch, head, first_addressed_row);
+    value_t *O = tensor_rows<value_t>(params.o, params.o_strides, batch, head, first_addressed_row);
     const int kv_batch = sequence.tensor_batch_k();
     const int *page_table = nullptr;
     if constexpr (VARLEN)
@@ -129,8 +132,18 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
         auto V_addresses = B_from_rows_k_addresses(KV_copies.V_smem(0));
         int next_stage_shift = KV_stage_bytes;
 
-        if constexpr (MASKED_TAILS)
-            copy_global_to_shared<async_copy, n_threads, true, true>(Q_smem, Q, params.q_strides.seq, Q_rows, params.d_head);
+        if constexpr (VARLEN)
+            // Rows past the block's are not read: their address is the last row's.
+            copy_rows_global_to_shared<async_copy, n_threads, MASKED_TAILS, MASKED_TAILS>(
+                Q_smem,
+                [&](int, int row) {
+                    return Q + row_offset(Q_first_row + min(row, Q_rows - 1), params.q_strides.seq, params.q_query_stride,
+                                          params);
+                },
+                Q_rows, params.d_head);
+        else if constexpr (MASKED_TAILS)
+            copy_global_to_shared<async_copy, n_threads, true, true>(Q_smem, Q, params.q_strides.seq, Q_rows,
+                                                                     params.d_head);
         else
             copy_global_to_shared<async_copy, n_threads>(Q_smem, Q, params.q_strides.seq);
         using Whole = std::true_type;
@@ -222,13 +235,27 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     if (num_splits > 1) {
         float *lse = params.split.lse_partial + split * params.split.lse_split_stride;
         finish_softmax(softmax, O_acc, score_scale, lse, params, batch, head, Q_first_row, warp_first_row, Q_rows);
-        float *O_partial = tensor_rows<float>(params.split.o_partial, params.o_strides, batch, head, Q_first_row) +
+        float *O_partial = tensor_rows<float>(params.split.o_partial, params.o_strides, batch, head, 0) +
                            split * params.split.o_split_stride;
-        store_partial_O(O_partial, params.o_strides.seq, O_acc, warp_first_row, Q_rows, params.d_head);
+        store_partial_O(
+            [&](int row) {
+                return O_partial + row_offset(Q_first_row + row, params.o_strides.seq, params.o_query_stride, params);
+            },
+            O_acc, warp_first_row, Q_rows, params.d_head);
         return;
     }
     finish_softmax(softmax, O_acc, score_scale, params.lse, params, batch, head, Q_first_row, warp_first_row, Q_rows);
-    store_O<Kernel, MASKED_TAILS>(O, params.o_strides.seq, Q_smem, O_acc, warp_first_row, Q_rows, params.d_head);
+    store_O<Kernel>(Q_smem, O_acc, warp_first_row, [&](const typename Kernel::Q_tile &tile) {
+        if constexpr (VARLEN)
+            copy_shared_to_global_rows<n_threads, MASKED_TAILS, MASKED_TAILS>(
+                [&](int row) {
+                    return O + row_offset(Q_first_row + row, params.o_strides.seq, params.o_query_stride, params);
+                },
+                tile, Q_rows, params.d_head);
+        else
+            copy_shared_to_global<n_threads, MASKED_TAILS, MASKED_TAILS>(O, params.o_strides.seq, tile, Q_rows,
+                                                                         params.d_head);
+    });
 }
 
 } // namespace flash::sm80

@@ -33,8 +33,9 @@ void launch(const ForwardParams &params, cudaStream_t stream) {
 template <FlashForwardKernelConfig CFG, ProblemVariant VARIANT>
 ForwardLauncher launcher() {
     using Kernel = StaticForwardKernelConfig<CFG>;
+    // The varlen variant (a decoding configuration's) addresses grouped rows.
     return ForwardLauncher{reinterpret_cast<const void *>(kernel_of<Kernel, VARIANT>), Kernel::smem_bytes, false,
-                           &launch<Kernel, VARIANT>};
+                           VARIANT.varlen, &launch<Kernel, VARIANT>};
 }
 
 } // namespace flash::sm80

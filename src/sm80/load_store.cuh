@@ -188,6 +188,25 @@ __device__ __forceinline__ void copy_shared_to_global(typename Tile::value_t *ds
     }
 }
 
+// As copy_shared_to_global, for rows that lie anywhere in global memory (grouped heads packed as
+// rows): tile row `row` goes to dst_row(row), contiguous. The addresses come first: computed
+// between the stores, they would be computed again after each (a store may change what they read).
+template <int n_threads, bool partial_rows, bool partial_cols, typename Tile, typename RowAddress>
+__device__ __forceinline__ void copy_shared_to_global_rows(const RowAddress &dst_row, const Tile &src,
+                                                           int valid_rows = Tile::rows, int valid_cols = Tile::cols) {
+    using Plan = TileCopyPlan<n_threads, Tile>;
+    typename Tile::value_t *dst[Plan::steps];
+#pragma unroll
+    for (int i = 0; i < Plan::steps; ++i)
+        dst[i] = dst_row(Plan::row(i)) + Plan::col(i);
+#pragma unroll
+    for (int i = 0; i < Plan::steps; ++i) {
+        const int row = Plan::row(i), col = Plan::col(i);
+        if (Plan::exists(i) && (!partial_rows || row < valid_rows) && (!partial_cols || col < valid_cols))
+            *reinterpret_cast<uint4 *>(dst[i]) = *reinterpret_cast<const uint4 *>(src.at(row, col));
+    }
+}
+
 // The shared-memory addresses one lane gives ldmatrix when its warp reads a tile as 8-row groups:
 // rows lane_row + 8i, 16-byte chunks 2p + chunk_lsb (p a compile-time "chunk pair"). The swizzle
 // XORs the low three chunk bits with row % 8, which is the same for all the lane's rows, so it

@@ -98,7 +98,7 @@ ForwardLauncher launcher() {
     using Kernel = StaticHopperKernelConfig<CFG>;
     // Persistent clusters take their work tiles in a fixed rotation, without the counter.
     return ForwardLauncher{reinterpret_cast<const void *>(kernel_of<Kernel, VARIANT>), Kernel::smem_bytes,
-                           Kernel::persistent && !Kernel::multicast, &launch<Kernel, VARIANT>};
+                           Kernel::persistent && !Kernel::multicast, false, &launch<Kernel, VARIANT>};
 }
 
 } // namespace flash::sm90

@@ -74,7 +74,8 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_forward_kernel(const 
     const int split_groups = COMBINE_THREADS / column_groups;
     const int column = COLUMNS_PER_THREAD * (t % column_groups);
     const int split_group = t / column_groups;
-    const int64_t element = batch * params.o_strides.batch + head * params.o_strides.head + row * params.o_strides.seq + column;
+    const int64_t element = batch * params.o_strides.batch + head * params.o_strides.head +
+                            row_offset(row, params.o_strides.seq, params.o_query_stride, params) + column;
     const float *o_partial = split.o_partial + element;
     const auto has_split = [&](int s) { return split_group < split_groups && s < split.num_splits; };
     float4 prefetched[PREFETCHED_SPLITS];
