@@ -140,13 +140,15 @@ def _cuda_kernels(call):
 
 @pytest.mark.parametrize("num_splits", [0, 1, 5])
 @pytest.mark.parametrize("d_head", [128, 72, 59])
-def test_grouped_rows_are_read_and_written_in_the_calls_layout(d_head, num_splits, rng):
+@pytest.mark.parametrize("heads", [(32, 8), (12, 2)], ids=["group4", "group6"])
+def test_grouped_rows_are_read_and_written_in_the_calls_layout(heads, d_head, num_splits, rng):
     """Several queries with grouped heads on the decoding configuration: its kernel reads q and writes
     o in their own layouts, whatever their strides (a query's heads do not continue into the next
-    query's), whole or split; a head size served by a larger configuration runs in place, one that
-    is not a multiple of 8 on padded copies. The output matches the reference, is the o given, and
-    repeats bit for bit; contiguous inputs give the same bits."""
-    heads_q, heads_kv, seqlen_q = 32, 8, 4
+    query's), whole or split, with groups of a power of two heads and not (the kernel divides rows
+    by the group through a reciprocal); a head size served by a larger configuration runs in place,
+    one that is not a multiple of 8 on padded copies. The output matches the reference, is the o
+    given, and repeats bit for bit; contiguous inputs give the same bits."""
+    (heads_q, heads_kv), seqlen_q = heads, 4
     wide = helpers.random_tensor((2, seqlen_q, 2 * heads_q, d_head), torch.bfloat16, rng)
     q = wide[:, :, ::2]  # heads 2 d_head apart, queries 2 heads_q d_head apart
     k, v = (helpers.random_tensor((2, 1500, heads_kv, d_head), torch.bfloat16, rng) for _ in range(2))

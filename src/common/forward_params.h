@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "common/fast_division.h"
+
 namespace flash {
 
 // Element strides of one (batch, seq, heads, d_head) tensor; the last dimension is contiguous.
@@ -124,23 +126,13 @@ struct ForwardParams {
     // heads_q, d_head) in place, the head being the group's first.
     int64_t q_query_stride;
     int64_t o_query_stride;
-    // r / rows_per_query without a divide instruction: (umulhi(r, multiplier) + r) >> shift, for
-    // 0 <= r < 2^31 (set_rows_per_query sets both).
-    uint32_t rows_per_query_multiplier = 1;
-    int rows_per_query_shift = 0;
+    // rows_per_query's reciprocal, which the kernels divide by (set_rows_per_query sets both).
+    Reciprocal rows_per_query_reciprocal;
 };
 
-// Sets rows_per_query and its division's multiplier and shift: with l = ceil(log2(rows)),
-// multiplier = floor(2^(32 + l) / rows) - 2^32 + 1 (the 33-bit reciprocal's low word), so that
-// (umulhi(r, multiplier) + r) >> l = floor(r / rows) for r < 2^31; rows = 1 gives 1 and 0.
 inline void set_rows_per_query(ForwardParams &params, int rows) {
-    int log2_ceil = 0;
-    while ((int64_t{1} << log2_ceil) < rows)
-        ++log2_ceil;
     params.rows_per_query = rows;
-    params.rows_per_query_shift = log2_ceil;
-    params.rows_per_query_multiplier =
-        static_cast<uint32_t>((uint64_t{1} << (32 + log2_ceil)) / static_cast<uint64_t>(rows) - (uint64_t{1} << 32) + 1);
+    params.rows_per_query_reciprocal = reciprocal_of(rows);
 }
 
 } // namespace flash

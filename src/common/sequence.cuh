@@ -58,7 +58,7 @@ __device__ __forceinline__ UsedRows paged_rows(const SequenceLayout &layout, int
 // Row `row`'s offset from row 0 of a (batch, head) of q or o, whose queries are query_stride apart
 // and a query's rows seq_stride apart (ForwardParams::q_query_stride).
 __device__ __forceinline__ int64_t row_offset(int row, int64_t seq_stride, int64_t query_stride, const ForwardParams &params) {
-    const int query = (__umulhi(static_cast<unsigned>(row), params.rows_per_query_multiplier) + row) >> params.rows_per_query_shift;
+    const int query = divided(row, params.rows_per_query_reciprocal);
     return query * query_stride + (row - query * params.rows_per_query) * seq_stride;
 }
 
