@@ -78,12 +78,13 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_forward_kernel(const 
                             row_offset(row, params.o_strides.seq, params.o_query_stride, params) + column;
     const float *o_partial = split.o_partial + element;
     const auto has_split = [&](int s) { return split_group < split_groups && s < split.num_splits; };
+    const auto partial = [&](int s) { return *reinterpret_cast<const float4 *>(o_partial + s * split.o_split_stride); };
     float4 prefetched[PREFETCHED_SPLITS];
 #pragma unroll
     for (int k = 0; k < PREFETCHED_SPLITS; ++k) {
         const int s = split_group + k * split_groups;
         if (has_split(s))
-            prefetched[k] = *reinterpret_cast<const float4 *>(o_partial + s * split.o_split_stride);
+            prefetched[k] = partial(s);
     }
 
     // The merged log-sum-exp: log of the sum over splits of exp(lse_s); a split without a key
@@ -122,7 +123,7 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_forward_kernel(const 
     }
 #pragma unroll 4
     for (int s = split_group + PREFETCHED_SPLITS * split_groups; has_split(s); s += split_groups)
-        add(s, *reinterpret_cast<const float4 *>(o_partial + s * split.o_split_stride));
+        add(s, partial(s));
     sums[t] = acc;
     __syncthreads();
     if (split_group == 0) {
