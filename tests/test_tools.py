@@ -550,31 +550,40 @@ def _pt_bench_rows(causal=False, gqa_ratio=1, efficient_gqa=""):
         row(1024, "sdpa_flash", "", 0.5),
         row(1024, "sdpa_cudnn", "", 0.25),
         row(1024, "sdpa_efficient", "", math.nan),
+        row(1024, "peer_fa3", "", 2.0),
+        row(1024, "peer_fa4", pt_bench.PEER_MISSING + "ImportError: no flash_attn.cute", math.nan),
         row(2048, "ours", CFG_B.short_form(), 2.0),
         row(2048, pt_bench.AUTO, CFG_B.short_form(), 2.0),
         row(2048, "sdpa_flash", "", 1.0),
         row(2048, "sdpa_cudnn", "", 1.0),
         row(2048, "sdpa_efficient", efficient_gqa, 4.0),
+        row(2048, "peer_fa3", "", 1.0),
+        row(2048, "peer_fa4", pt_bench.PEER_MISSING + "ImportError: no flash_attn.cute", math.nan),
     ]
 
 
-def test_pt_bench_table_shows_the_best_configuration_and_the_ratios_to_flash_and_cudnn():
+def test_pt_bench_table_shows_the_best_configuration_and_the_ratios_to_flash_cudnn_and_the_peers():
     lines = pt_bench.format_group_table(_pt_bench_rows()).splitlines()
     assert lines[0] == "fp16, d_head 128, 16 heads, no mask (TFLOP/s)"
     assert lines[1] == "FLOPs: 4 * batch * heads_q * seqlen_q * seqlen_k * d_head"
     assert lines[2].split() == [
-        "seq", "batch", "best", "config", "ours", "auto", "FLASH", "CUDNN", "EFFICIENT", "ours/FLASH", "ours/CUDNN",
-        "auto/ours", "choice/ours",
+        "seq", "batch", "best", "config", "ours", "auto", "FLASH", "CUDNN", "EFFICIENT", "FA3", "FA4", "ours/FLASH",
+        "ours/CUDNN", "ours/FA3", "ours/FA4", "auto/ours", "choice/ours",
     ]  # fmt: skip
-    # 1.0 ms against FLASH's 0.5 ms and CUDNN's 0.25 ms; EFFICIENT could not run at 1024; auto
-    # chose the best configuration, and took 1.25 ms, 0.8 of its speed, timed apart.
-    assert CFG_A.short_form() in lines[4] and lines[4].split()[-5:] == ["-", "0.500", "0.250", "0.800", "1.000"]
-    assert CFG_B.short_form() in lines[5] and lines[5].split()[-4:] == ["0.500", "0.500", "1.000", "1.000"]
+    # 1.0 ms against FLASH's 0.5 ms, CUDNN's 0.25 ms and FA3's 2.0 ms; EFFICIENT could not run at
+    # 1024, FA4 nowhere (it is missing, and shown so); auto chose the best configuration, and took
+    # 1.25 ms, 0.8 of its speed, timed apart.
+    assert CFG_A.short_form() in lines[4]
+    assert lines[4].split()[-9:] == ["-", "68.7", "-", "0.500", "0.250", "2.000", "-", "0.800", "1.000"]
+    assert CFG_B.short_form() in lines[5]
+    assert lines[5].split()[-6:] == ["0.500", "0.500", "0.500", "-", "1.000", "1.000"]
     assert lines[6:] == [
         "harmonic mean of ours/FLASH over 2 sequence lengths: 0.500",
         "harmonic mean of ours/CUDNN over 2 sequence lengths: 0.333",
+        "harmonic mean of ours/FA3 over 2 sequence lengths: 0.800",
         "automatic configuration chose the best at 2 of 2 lengths; choice/ours lowest 1.000; auto/ours (timed apart) "
         "lowest 0.800",
+        "FA4 missing at every length: ImportError: no flash_attn.cute",
     ]
 
 
@@ -601,9 +610,11 @@ def test_pt_bench_times_a_head_size_without_configurations_of_its_own_through_au
         common.timing_row("bf16", problem, pt_bench.AUTO, CFG_B.short_form(), 1.0),
         common.timing_row("bf16", problem, "sdpa_flash", "", 2.0),
     ]
-    line = pt_bench.format_group_table(rows).splitlines()[4]
-    assert f"auto: {CFG_B.short_form()}" in line
-    assert line.split()[-4:-2] == ["2.000", "-"]  # ours/FLASH counts auto's timing; no CUDNN row
+    lines = pt_bench.format_group_table(rows).splitlines()
+    assert f"auto: {CFG_B.short_form()}" in lines[4]
+    assert lines[4].split()[-6:-4] == ["2.000", "-"]  # ours/FLASH counts auto's timing; no CUDNN row
+    # No peer rows at all (not timed): shown as missing, never dropped.
+    assert lines[-2:] == ["FA3 missing at every length: not timed", "FA4 missing at every length: not timed"]
     assert pt_bench.parse_args(["--d-heads", "40", "80", "224"]).d_heads == [40, 80, 224]
     for bad in ("84", "264", "0"):
         with pytest.raises(SystemExit):
@@ -648,8 +659,8 @@ def test_pt_bench_table_of_causal_gqa_says_how_flops_and_heads_were_counted():
     assert lines[1].startswith("FLOPs: half of 4 * batch * heads_q * seqlen_q * seqlen_k * d_head (causal)")
     # Half the FLOPs in the same time: half the TFLOP/s; the ratios are the same.
     assert rows[0].tflops == pytest.approx(_pt_bench_rows()[0].tflops / 2)
-    assert lines[4].split()[-4:] == ["0.500", "0.250", "0.800", "1.000"]
-    assert lines[-1] == "SDPA EFFICIENT rejects enable_gqa: it was given k and v with each head repeated"
+    assert lines[4].split()[-6:] == ["0.500", "0.250", "2.000", "-", "0.800", "1.000"]
+    assert lines[-2] == "SDPA EFFICIENT rejects enable_gqa: it was given k and v with each head repeated"
 
 
 def test_pt_bench_plot(tmp_path):
@@ -1587,9 +1598,19 @@ def test_pt_bench_sustain_flag_selects_the_sustained_timer(stand_in_gpu, monkeyp
     assert asked == [0.5] and "sustained stand-in" in capsys.readouterr().out
 
 
-def test_pt_bench_times_each_mask_length_and_gqa_shape(stand_in_gpu, tmp_path, capsys):
+def test_pt_bench_times_each_mask_length_and_gqa_shape(stand_in_gpu, tmp_path, capsys, monkeypatch):
     times = {(TUNED_128, False): 0.25, (TUNED_128, True): 0.5, (DEFAULT_128, False): 1.0, (DEFAULT_128, True): 1.0}
     extension = stand_in_gpu(times=times)
+    # FA3 as a stand-in (timed at the stand-in's 0.5 ms), FA4 missing.
+    peer_calls = []
+
+    def fa3_stand_in(q, k, v, causal):
+        peer_calls.append((q.shape[1], k.shape[2], causal))
+        return q
+
+    monkeypatch.setattr(
+        pt_bench, "PEERS", {"fa3": lambda name: (fa3_stand_in, ""), "fa4": lambda name: (None, "ImportError: stand-in")}
+    )
     status = pt_bench.main(
         ["--dtypes", "fp16", "--seq-lens", "128", "200", "--causal", "both", "--gqa-ratio", "4",
          "--csv", str(tmp_path / "bench.csv")]
@@ -1613,8 +1634,13 @@ def test_pt_bench_times_each_mask_length_and_gqa_shape(stand_in_gpu, tmp_path, c
     assert TUNED_128.short_form() in tables[0].splitlines()[4] and DEFAULT_128.short_form() in tables[0].splitlines()[5]
     assert "SDPA CUDNN cannot run fp16, batch 16, seq 128, 16 heads (4 k/v heads), d_head 128, causal" in err
 
+    assert sorted(set(peer_calls)) == [(seq_len, 4, causal) for seq_len in (128, 200) for causal in (False, True)]
+    assert "FA4 missing at every length: ImportError: stand-in" in tables[0]
+
     rows = common.read_timing_csv(tmp_path / "bench.csv")
-    assert len(rows) == 2 * ((2 + 1 + 3) + (1 + 1 + 3))
+    assert len(rows) == 2 * ((2 + 1 + 3 + 2) + (1 + 1 + 3 + 2))
+    fa4 = [row for row in rows if row.implementation == "peer_fa4"]
+    assert len(fa4) == 4 and all(r.config == "missing: ImportError: stand-in" and math.isnan(r.time_ms) for r in fa4)
     flash = [row for row in rows if row.implementation == "sdpa_flash"]
     assert [(r.causal, r.seq_len, r.heads, r.heads_kv, r.config, r.time_ms) for r in flash] == [
         (causal, seq_len, 16, 4, common.GQA_NATIVE, 0.5) for causal in (False, True) for seq_len in (128, 200)

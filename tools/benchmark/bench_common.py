@@ -269,6 +269,18 @@ def load_fa3(function: str):
     return getattr(fa3_fwd_interface, function), ""
 
 
+def load_fa4(function: str):
+    """FlashAttention-4's ``function`` from the flash-attn-4 package (module flash_attn.cute; on an
+    H100 or H200 it runs its SM90 path) and "", or None and why it cannot be imported."""
+    try:
+        import flash_attn.cute as fa4
+    except Exception as error:  # its CuTe DSL runtime raises more than ImportError when incomplete
+        return None, f"{type(error).__name__}: {error}"
+    if not hasattr(fa4, function):
+        return None, f"flash_attn.cute has no {function}"
+    return getattr(fa4, function), ""
+
+
 def gpu_available() -> bool:
     import torch
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Compares the compiled forward kernels with PyTorch's SDPA (FLASH, CUDNN and EFFICIENT backends).
+"""Compares the compiled forward kernels with PyTorch's SDPA (FLASH, CUDNN and EFFICIENT backends)
+and the peers FlashAttention-3 and FlashAttention-4.
 
 For each dtype, d_head, mask (--causal) and sequence length, at the benchmark shape (batch 16,
 capped at 64Ki tokens: 16/16/16/16/8/4 for seq 512/1024/2048/4096/8192/16384; heads * d_head =
@@ -8,9 +9,13 @@ heads per key/value head),
 times every selected compiled configuration that has the kernel variant the problem needs (any
 length fits a configuration compiled with masked tails), then automatic configuration ("auto":
 flash_attn_func, the configuration chosen per call from the dispatch table), then SDPA with each
-backend, on the same inputs in the same run. Time is the median of triton.testing.do_bench (of CUDA-event timings if
-triton is missing); TFLOP/s = 4 * batch * heads_q * seq^2 * d_head / time, half of that with the
-causal mask, as FlashAttention counts. With --rounds R every shape is measured R times, round
+backend and each peer's flash_attn_func (FA3: the fa3-fwd package's fa3_fwd_interface, which runs
+bfloat16 alone; FA4: the flash-attn-4 package's flash_attn.cute, its SM90 path on Hopper), on the
+same inputs in the same run. A peer that cannot be imported or cannot run a shape is shown as '-',
+and the table says why; the peers' wheels are installed apart, as decode_bench.py says. Time is
+the median of triton.testing.do_bench (of CUDA-event timings if triton is missing); TFLOP/s =
+4 * batch * heads_q * seq^2 * d_head / time, half of that with the causal mask, as FlashAttention
+counts. With --rounds R every shape is measured R times, round
 robin over the whole list, and each row keeps its median time: the GPU's clock drifts with its
 power and temperature over a run, and rounds spread that drift over every implementation and
 length alike instead of letting it favour whichever was timed first. At each shape and round the
@@ -21,9 +26,10 @@ implementation at the steady clock its own power draw leaves, as in a training o
 (slower: about 2 S seconds per implementation and shape).
 
 Prints one table per (dtype, d_head, mask) with the best configuration per seq and its ratios to
-the FLASH and CUDNN backends, then the harmonic means of those ratios, for each length that is not
-a multiple of 128 (with its next multiple among the lengths) how much more time per FLOP ours takes
-there than at the multiple, and auto's ratio to the best
+the FLASH and CUDNN backends and to each peer, then the harmonic means of those ratios, for each
+length that is not a multiple of 128 (with its next multiple among the lengths) how much more time
+per FLOP ours takes there than at the multiple, where a peer was missing and why, and auto's ratio
+to the best
 configuration: "auto/ours" compares its own timing with the best's (run-to-run noise and the
 call's overhead included), "choice/ours" the chosen configuration's timing among ours with the
 best's (auto is not counted as a configuration). A backend that cannot run a
@@ -53,6 +59,10 @@ CHECK_REFERENCE = "flash"
 # Automatic configuration: flash_attn_func, which picks its configuration per call (choose_config),
 # timed as a model calls it, beside the best configuration chosen by hand.
 AUTO = "auto"
+# The peers timed, in table order, with their flash_attn_func's loader (bench_common).
+PEERS = {"fa3": common.load_fa3, "fa4": common.load_fa4}
+# A peer's rows where it could not run: the config field says why, after this prefix.
+PEER_MISSING = "missing: "
 
 
 @dataclasses.dataclass
@@ -159,12 +169,26 @@ def implementation_name(reference: str) -> str:
     return f"sdpa_{reference}"
 
 
+def peer_implementation(peer: str) -> str:
+    return f"peer_{peer}"
+
+
+def load_peers() -> dict:
+    """Each peer's flash_attn_func, or None, with why it is missing."""
+    return {peer: load("flash_attn_func") for peer, load in PEERS.items()}
+
+
+def peer_call(function, q, k, v, causal: bool):
+    """A call of a peer's flash_attn_func as the tables time it (its lse, where returned, is dropped)."""
+    return lambda: function(q, k, v, causal=causal)
+
+
 def benchmark_shape(
-    dtype_name: str, problem: common.Problem, configs, timer, progress, round_index: int = 0
+    dtype_name: str, problem: common.Problem, configs, timer, progress, round_index: int = 0, peers: dict | None = None
 ) -> tuple[list[common.TimingRow], str | None]:
-    """Times our configurations, automatic configuration and SDPA on one problem, in the order
-    ``common.timing_order`` gives for the round; returns the rows (in that order) and a correctness
-    failure, if any."""
+    """Times our configurations, automatic configuration, SDPA and the peers (``load_peers``) on one
+    problem, in the order ``common.timing_order`` gives for the round; returns the rows (in that
+    order) and a correctness failure, if any."""
     import flash_attention
 
     q, k, v = common.make_inputs(problem, common.dtype_from_name(dtype_name))
@@ -176,9 +200,20 @@ def benchmark_shape(
 
     rows = []
     check_output = None
-    # What to time: our configurations, then AUTO, then each SDPA reference by name.
-    for item in common.timing_order([*configs, AUTO, *REFERENCES], round_index, (dtype_name, problem)):
-        if item == AUTO:
+    peers = peers or {}
+    # What to time: our configurations, then AUTO, then each SDPA reference and each peer by name.
+    for item in common.timing_order([*configs, AUTO, *REFERENCES, *PEERS], round_index, (dtype_name, problem)):
+        if item in PEERS:
+            function, missing = peers.get(item, (None, "not loaded"))
+            if function is not None:
+                try:
+                    rows.append(row(peer_implementation(item), "", timer(peer_call(function, q, k, v, problem.causal))))
+                except Exception as error:  # the peers raise their own types for what they do not run
+                    missing = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                    progress.write(f"{item.upper()} cannot run {dtype_name}, {problem.describe()}: {missing}")
+            if missing:
+                rows.append(row(peer_implementation(item), PEER_MISSING + missing, math.nan))
+        elif item == AUTO:
             choice = flash_attention.choose_config(q, k, causal=problem.causal)
             auto = functools.partial(flash_attention.flash_attn_func, q, k, v, causal=problem.causal)
             rows.append(row(AUTO, choice.config.short_form(), timer(auto)))
@@ -231,6 +266,29 @@ def reference_tflops(rows: list[common.TimingRow], reference: str) -> float:
     return next((r.tflops for r in rows if r.implementation == implementation_name(reference)), math.nan)
 
 
+def peer_tflops(rows: list[common.TimingRow], peer: str) -> float:
+    return next((r.tflops for r in rows if r.implementation == peer_implementation(peer)), math.nan)
+
+
+def peer_missing_lines(rows: list[common.TimingRow]) -> list[str]:
+    """Per peer that did not run at some length of the table: where and why."""
+    lines = []
+    for peer in PEERS:
+        seq_lens = sorted({r.seq_len for r in rows})
+        missing = {}
+        for seq_len in seq_lens:
+            at_seq = [r for r in rows if r.seq_len == seq_len and r.implementation == peer_implementation(peer)]
+            if not at_seq:
+                missing.setdefault("not timed", []).append(seq_len)
+            elif not math.isfinite(at_seq[0].tflops):
+                reason = at_seq[0].config.removeprefix(PEER_MISSING) or "no time"
+                missing.setdefault(reason, []).append(seq_len)
+        for reason, at in missing.items():
+            where = "every length" if at == seq_lens else "seq " + ", ".join(map(str, at))
+            lines.append(f"{peer.upper()} missing at {where}: {reason}")
+    return lines
+
+
 def auto_row(rows: list[common.TimingRow]) -> common.TimingRow | None:
     return next((r for r in rows if r.implementation == AUTO), None)
 
@@ -255,12 +313,15 @@ def format_group_table(rows: list[common.TimingRow]) -> str:
         "ours",
         "auto",
         *(r.upper() for r in REFERENCES),
+        *(p.upper() for p in PEERS),
         *(f"ours/{r.upper()}" for r in RATIO_REFERENCES),
+        *(f"ours/{p.upper()}" for p in PEERS),
         "auto/ours",
         "choice/ours",
     ]
     table = []
     ratios = {reference: [] for reference in RATIO_REFERENCES}
+    peer_ratios = {peer: [] for peer in PEERS}
     auto_ratios, choice_ratios = [], []
     ours_by_seq = {}
     for seq_len in sorted({r.seq_len for r in rows}):
@@ -269,6 +330,8 @@ def format_group_table(rows: list[common.TimingRow]) -> str:
         ours_by_seq[seq_len] = ours
         for reference in RATIO_REFERENCES:
             ratios[reference].append(ours / reference_tflops(at_seq, reference))
+        for peer in PEERS:
+            peer_ratios[peer].append(ours / peer_tflops(at_seq, peer))
         auto = auto_row(at_seq)
         auto_ratios.append(auto.tflops / ours if auto else math.nan)
         choice_ratios.append(choice_tflops(at_seq) / ours)
@@ -280,21 +343,23 @@ def format_group_table(rows: list[common.TimingRow]) -> str:
                 ours,
                 auto.tflops if auto else math.nan,
                 *(reference_tflops(at_seq, reference) for reference in REFERENCES),
+                *(peer_tflops(at_seq, peer) for peer in PEERS),
                 *(ratios[reference][-1] for reference in RATIO_REFERENCES),
+                *(peer_ratios[peer][-1] for peer in PEERS),
                 auto_ratios[-1],
                 choice_ratios[-1],
             ]
         )
     heads = f"{first.heads_q} heads" + (f", {first.heads_kv} k/v heads" if first.heads_kv != first.heads_q else "")
     title = f"{rows[0].dtype}, d_head {first.d_head}, {heads}, {common.mask_name(first.causal)} (TFLOP/s)"
-    ratio_formats = {len(headers) - 1 - i: ".3f" for i in range(len(RATIO_REFERENCES) + 2)}
+    ratio_formats = {len(headers) - 1 - i: ".3f" for i in range(len(RATIO_REFERENCES) + len(PEERS) + 2)}
     lines = [title, f"FLOPs: {common.flop_rule(first)}"]
     lines.append(common.format_table(headers, table, float_formats=ratio_formats))
-    for reference in RATIO_REFERENCES:
-        usable = [ratio for ratio in ratios[reference] if math.isfinite(ratio)]
+    for name, values in [*ratios.items(), *peer_ratios.items()]:
+        usable = [ratio for ratio in values if math.isfinite(ratio)]
         if usable:
             mean = common.harmonic_mean(usable)
-            lines.append(f"harmonic mean of ours/{reference.upper()} over {len(usable)} sequence lengths: {mean:.3f}")
+            lines.append(f"harmonic mean of ours/{name.upper()} over {len(usable)} sequence lengths: {mean:.3f}")
     lines += ragged_length_lines(ours_by_seq)
     measured = [ratio for ratio in auto_ratios if math.isfinite(ratio)]
     chosen = [ratio for ratio in choice_ratios if math.isfinite(ratio)]
@@ -307,6 +372,7 @@ def format_group_table(rows: list[common.TimingRow]) -> str:
         if any(r.implementation == implementation_name(reference) and r.config == common.GQA_REPEATED for r in rows):
             label = common.SDPA_REFERENCES[reference]
             lines.append(f"{label} rejects enable_gqa: it was given k and v with each head repeated")
+    lines += peer_missing_lines(rows)
     return "\n".join(lines)
 
 
@@ -324,7 +390,8 @@ def ragged_length_lines(ours_by_seq: dict[int, float]) -> list[str]:
 
 
 def plot(path: str, rows: list[common.TimingRow]) -> None:
-    """TFLOP/s against seq, one panel per (dtype, d_head, mask): our best configuration and each backend."""
+    """TFLOP/s against seq, one panel per (dtype, d_head, mask): our best configuration, each backend
+    and each peer."""
     groups_plotted = sorted({(r.dtype, r.d_head, r.causal) for r in rows})
     with common.png_figure(path, panels=len(groups_plotted)) as axes:
         for axis, (dtype_name, d_head, causal) in zip(axes, groups_plotted, strict=True):
@@ -336,6 +403,7 @@ def plot(path: str, rows: list[common.TimingRow]) -> None:
             lines += [
                 (f"SDPA {ref.upper()}", [reference_tflops(at_seq[s], ref) for s in seq_lens]) for ref in REFERENCES
             ]
+            lines += [(peer.upper(), [peer_tflops(at_seq[s], peer) for s in seq_lens]) for peer in PEERS]
             for label, values in lines:
                 axis.plot(seq_lens, values, marker="o", label=label)
             axis.set_xscale("log", base=2)
@@ -364,6 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     versions = f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}"
     rounds = f"; the median of {args.rounds} rounds" if args.rounds > 1 else ""
     print(f"{torch.cuda.get_device_name()}, {versions}; {timing}{rounds}")
+    peers = load_peers()
+    for peer, (function, missing) in peers.items():
+        print(f"{peer.upper()}: {function.__module__ if function else 'missing: ' + missing}")
 
     all_rows, failures = [], []
     plan = []  # per group: the configurations that fit each of its problems
@@ -374,13 +445,15 @@ def main(argv: list[str] | None = None) -> int:
     measured = {}
     for round_index in range(args.rounds):
         for group_index, (group, fitting) in enumerate(plan):
-            total = sum(len(at_problem) + 1 + len(REFERENCES) for at_problem in fitting)
+            total = sum(len(at_problem) + 1 + len(REFERENCES) + len(PEERS) for at_problem in fitting)
             description = f"{group.dtype_name} d_head {group.d_head} {common.mask_name(group.causal)}"
             if args.rounds > 1:
                 description += f", round {round_index + 1} of {args.rounds}"
             with common.Progress(total, description) as progress:
                 for problem_index, (problem, at_problem) in enumerate(zip(group.problems, fitting, strict=True)):
-                    rows, failure = benchmark_shape(group.dtype_name, problem, at_problem, timer, progress, round_index)
+                    rows, failure = benchmark_shape(
+                        group.dtype_name, problem, at_problem, timer, progress, round_index, peers
+                    )
                     measured.setdefault((group_index, problem_index), []).extend(rows)
                     if failure and failure not in failures:
                         failures.append(failure)
