@@ -683,6 +683,16 @@ def test_pt_bench_arguments_make_one_group_per_dtype_d_head_and_mask():
     assert groups[2].problems[0] == common.Problem(16, 1000, 1000, 8, 2, 256, False)
 
 
+def test_pt_bench_has_the_llama70b_gqa_shape():
+    args = pt_bench.parse_args(["--shape", "llama70b", "--seq-lens", "4096", "16384", "--causal", "both"])
+    groups = pt_bench.groups(args)
+    assert [(g.d_head, g.causal) for g in groups] == [(128, False), (128, True)] * 2  # fp16 and bf16
+    assert groups[1].problems == [common.Problem(2, s, s, 64, 8, 128, True) for s in (4096, 16384)]
+    for bad in (["--d-heads", "64"], ["--gqa-ratio", "2"]):
+        with pytest.raises(SystemExit):
+            pt_bench.parse_args(["--shape", "llama70b", *bad])
+
+
 @pytest.mark.parametrize(
     "flags, masks",
     [([], (False,)), (["--causal"], (True,)), (["--causal", "off"], (False,)), (["--causal", "both"], (False, True))],

@@ -5,7 +5,8 @@ and the peers FlashAttention-3 and FlashAttention-4.
 For each dtype, d_head, mask (--causal) and sequence length, at the benchmark shape (batch 16,
 capped at 64Ki tokens: 16/16/16/16/8/4 for seq 512/1024/2048/4096/8192/16384; heads * d_head =
 2048, or the nearest below: 16 heads for d_head 128, 32 for 64, 21 for 96; --gqa-ratio R query
-heads per key/value head),
+heads per key/value head; --shape llama70b: batch 2, 64 query heads over 8 key/value heads of 128,
+the grouped-query problem the peers publish figures for),
 times every selected compiled configuration that has the kernel variant the problem needs (any
 length fits a configuration compiled with masked tails), then automatic configuration ("auto":
 flash_attn_func, the configuration chosen per call from the dispatch table), then SDPA with each
@@ -63,6 +64,9 @@ AUTO = "auto"
 PEERS = {"fa3": common.load_fa3, "fa4": common.load_fa4}
 # A peer's rows where it could not run: the config field says why, after this prefix.
 PEER_MISSING = "missing: "
+# --shape llama70b: the grouped-query problem of a Llama-70B-shaped model, as the peers' published
+# figures use it: batch 2, 64 query heads over 8 key/value heads of 128, at any length.
+LLAMA70B = {"batch": 2, "heads_q": 64, "heads_kv": 8, "d_head": 128}
 
 
 @dataclasses.dataclass
@@ -77,6 +81,12 @@ class Group:
 
 def groups(args: argparse.Namespace) -> list[Group]:
     def problems(d_head: int, causal: bool) -> list[common.Problem]:
+        if args.shape == "llama70b":
+            shape = LLAMA70B
+            return [
+                common.Problem(shape["batch"], s, s, shape["heads_q"], shape["heads_kv"], shape["d_head"], causal)
+                for s in args.seq_lens
+            ]
         return [common.benchmark_problem(seq_len, d_head, causal, args.gqa_ratio) for seq_len in args.seq_lens]
 
     masks = common.causal_values(args.causal)
@@ -117,6 +127,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "is the benchmark shape's (default: 1)",
     )
     parser.add_argument(
+        "--shape",
+        choices=("standard", "llama70b"),
+        default="standard",
+        help="standard: the benchmark shape above; llama70b: batch 2, 64 query heads over 8 key/value heads of "
+        "128 (with --d-heads 128 and no --gqa-ratio) (default: %(default)s)",
+    )
+    parser.add_argument(
         "--kernels",
         help="configurations to time: short forms separated by ';', or a set name (prog, progall, tune, all, "
         "'B_r,B_c'); default: the KERNELS environment variable, else every compiled configuration",
@@ -154,6 +171,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--check-gpu", action="store_true", help="only check that a CUDA GPU is visible (exit status 0 if so)"
     )
     args = parser.parse_args(argv)
+    if args.shape == "llama70b" and (args.d_heads != [LLAMA70B["d_head"]] or args.gqa_ratio != 1):
+        parser.error(
+            "--shape llama70b: its heads are 64 over 8 of 128; pass --d-heads 128 (the default) and no --gqa-ratio"
+        )
     if not (math.isfinite(args.sustain_s) and args.sustain_s >= 0):
         parser.error(f"--sustain-s must be a finite number of seconds, 0 or more; got {args.sustain_s:g}")
     # The shapes are built here once so that a ratio not dividing some d_head's heads is a usage
