@@ -683,6 +683,30 @@ def test_pt_bench_arguments_make_one_group_per_dtype_d_head_and_mask():
     assert groups[2].problems[0] == common.Problem(16, 1000, 1000, 8, 2, 256, False)
 
 
+def test_pt_bench_shows_a_peer_that_raises_as_missing_with_its_error(stand_in_gpu, capsys, monkeypatch):
+    stand_in_gpu()
+
+    def fa4_rejects(q, k, v, causal):
+        raise ValueError("fp16 is not supported\nmore detail")
+
+    monkeypatch.setattr(
+        pt_bench, "PEERS", {"fa3": lambda name: (None, "ImportError: stand-in"), "fa4": lambda name: (fa4_rejects, "")}
+    )
+    assert pt_bench.main(["--dtypes", "fp16", "--seq-lens", "128"]) == 0
+    out, err = capsys.readouterr()
+    assert "FA4 cannot run fp16, batch 16, seq 128" in err and "ValueError: fp16 is not supported" in err
+    assert "FA4 missing at every length: ValueError: fp16 is not supported" in out
+    assert "FA3 missing at every length: ImportError: stand-in" in out
+
+
+def test_peer_loaders_say_why_a_peer_is_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)  # an import of it raises ImportError
+    monkeypatch.setitem(sys.modules, "fa3_fwd_interface", None)
+    for load in (common.load_fa3, common.load_fa4):
+        function, why = load("flash_attn_func")
+        assert function is None and "Error: import of" in why
+
+
 def test_pt_bench_has_the_llama70b_gqa_shape():
     args = pt_bench.parse_args(["--shape", "llama70b", "--seq-lens", "4096", "16384", "--causal", "both"])
     groups = pt_bench.groups(args)
