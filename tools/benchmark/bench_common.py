@@ -14,6 +14,7 @@ import collections
 import contextlib
 import csv
 import dataclasses
+import importlib
 import math
 import os
 import pathlib
@@ -257,28 +258,28 @@ def fitting_configs(configs: Iterable[KernelConfig], dtype: DType, problem: Prob
 # GPU, inputs and timing
 
 
-def load_fa3(function: str):
-    """FlashAttention-3's ``function`` from the fa3-fwd package (module fa3_fwd_interface) and "",
-    or None and why it cannot be imported."""
+def load_peer_function(module: str, function: str):
+    """``function`` of a peer's module and "", or None and why it cannot be had. Any exception of
+    the import counts: FlashAttention-4's CuTe DSL runtime raises more than ImportError when a
+    piece of it is missing."""
     try:
-        import fa3_fwd_interface
-    except (ImportError, OSError) as error:
+        loaded = importlib.import_module(module)
+    except Exception as error:
         return None, f"{type(error).__name__}: {error}"
-    if not hasattr(fa3_fwd_interface, function):
-        return None, f"fa3_fwd_interface has no {function}"
-    return getattr(fa3_fwd_interface, function), ""
+    if not hasattr(loaded, function):
+        return None, f"{module} has no {function}"
+    return getattr(loaded, function), ""
+
+
+def load_fa3(function: str):
+    """FlashAttention-3's ``function`` from the fa3-fwd package (module fa3_fwd_interface)."""
+    return load_peer_function("fa3_fwd_interface", function)
 
 
 def load_fa4(function: str):
     """FlashAttention-4's ``function`` from the flash-attn-4 package (module flash_attn.cute; on an
-    H100 or H200 it runs its SM90 path) and "", or None and why it cannot be imported."""
-    try:
-        import flash_attn.cute as fa4
-    except Exception as error:  # its CuTe DSL runtime raises more than ImportError when incomplete
-        return None, f"{type(error).__name__}: {error}"
-    if not hasattr(fa4, function):
-        return None, f"flash_attn.cute has no {function}"
-    return getattr(fa4, function), ""
+    H100 or H200 it runs its SM90 path)."""
+    return load_peer_function("flash_attn.cute", function)
 
 
 def gpu_available() -> bool:

@@ -294,8 +294,8 @@ def peer_tflops(rows: list[common.TimingRow], peer: str) -> float:
 def peer_missing_lines(rows: list[common.TimingRow]) -> list[str]:
     """Per peer that did not run at some length of the table: where and why."""
     lines = []
+    seq_lens = sorted({r.seq_len for r in rows})
     for peer in PEERS:
-        seq_lens = sorted({r.seq_len for r in rows})
         missing = {}
         for seq_len in seq_lens:
             at_seq = [r for r in rows if r.seq_len == seq_len and r.implementation == peer_implementation(peer)]
