@@ -267,8 +267,8 @@ class Problem:
 
     def make(self, cfg, rng: torch.Generator) -> Inputs:
         """Fresh random inputs for ``cfg``'s dtype and d_head: (batch, seqlen, heads, d_head) tensors,
-        or for a variable-length batch its layout's tensors and keywords (the padded slots' rows
-        random too, so that a kernel reading them shows)."""
+        or for a variable-length batch its layout's tensors and keywords, the rows no sequence uses
+        holding NaN (a kernel that lets them into a result shows, even times a zero probability)."""
         dtype = cfg.dtype.to_torch_dtype()
         kwargs = {}
         if self.varlen is None:
@@ -282,6 +282,10 @@ class Problem:
             k_rows = (sum(slots_k),) if packed else (self.batch, self.seqlen_k)
         q = random_tensor((*q_rows, self.heads_q, cfg.d_head), dtype, rng)
         k, v = (random_tensor((*k_rows, self.heads_kv, cfg.d_head), dtype, rng) for _ in range(2))
+        if self.varlen is not None:
+            poison_unused_rows(q, slots_q, self.varlen.lengths_q, kwargs.get("leftpad_q"))
+            for t in (k, v):
+                poison_unused_rows(t, slots_k, self.varlen.lengths_k, kwargs.get("leftpad_k"))
         if self.softcap > 0:
             # As FlashAttention's tests do: scores reach several times softcap, where the cap bends.
             q = q * (self.softcap / 4)
@@ -298,6 +302,17 @@ class Problem:
             # FlashAttention's tests' slopes: uniform in [0, 0.3).
             kwargs["alibi_slopes"] = torch.rand(shape, generator=rng, device=rng.device) * 0.3
         return Inputs(q, k, v, kwargs)
+
+
+def poison_unused_rows(t: torch.Tensor, slots: list[int], lengths: Sequence[int], leftpad: torch.Tensor | None) -> None:
+    """NaN in the rows of ``t`` (packed (total, ...) or 4-D (batch, slot, ...)) that no sequence
+    uses: sequence b uses ``lengths[b]`` rows of its slot of ``slots[b]`` rows, from leftpad[b] on."""
+    rows = t.view(-1, *t.shape[-2:])
+    unused = torch.ones(rows.shape[0], dtype=torch.bool)
+    left = leftpad.tolist() if leftpad is not None else [0] * len(lengths)
+    for start, skipped, length in zip(itertools.accumulate([0, *slots[:-1]]), left, lengths):
+        unused[start + skipped : start + skipped + length] = False
+    rows[unused.to(t.device)] = float("nan")
 
 
 def varlen_problem(varlen: Varlen, **keywords) -> Problem:

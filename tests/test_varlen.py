@@ -5,7 +5,9 @@ slots) and leftpad_q/k, and the entry points flash_attn_varlen_func and its pack
 Every result is compared with the float32 reference sequence by sequence (VarlenReference: each
 sequence's used rows against its used keys, masks and ALiBi aligned to its own lengths, the
 criterion of the other tests per sequence); padding rows are never compared as results, except
-that with seqused or leftpad every row outside the sequences must be 0 (lse +inf). Each call writes
+that with seqused or leftpad every row outside the sequences must be 0 (lse +inf). The rows of q, k
+and v that no sequence uses hold NaN, so a kernel that lets one into a result shows (a key past a
+sequence's end that the mask drops still reaches P V, where zero times NaN is NaN). Each call writes
 into a NaN-poisoned o and is repeated bitwise identically (helpers.check_forward).
 
 - The main matrix: per-sequence lengths (0, 1, lengths that are multiples of no block, queries and
@@ -200,12 +202,12 @@ def test_seqused_k_alone(cfg, problem, rng):
     check_forward(cfg, problem.make(cfg, rng))
 
 
-def with_rows_around(inputs: Inputs, before: int, after: int, rng) -> Inputs:
-    """``inputs`` (packed) inside q, k and v with ``before`` random rows ahead of the batch and
+def with_rows_around(inputs: Inputs, before: int, after: int) -> Inputs:
+    """``inputs`` (packed) inside q, k and v with ``before`` rows of NaN ahead of the batch and
     ``after`` behind it, the cu_seqlens moved along: rows that belong to no sequence."""
     def surround(t):
-        return torch.cat([helpers.random_tensor((before, *t.shape[1:]), t.dtype, rng), t,
-                          helpers.random_tensor((after, *t.shape[1:]), t.dtype, rng)])  # fmt: skip
+        return torch.cat([t.new_full((before, *t.shape[1:]), float("nan")), t,
+                          t.new_full((after, *t.shape[1:]), float("nan"))])  # fmt: skip
 
     kwargs = dict(inputs.kwargs, cu_seqlens_q=inputs.kwargs["cu_seqlens_q"] + before)
     kwargs["cu_seqlens_k"] = inputs.kwargs["cu_seqlens_k"] + before
@@ -222,7 +224,7 @@ def test_rows_outside_the_batch(cfg, layout, rng):
     """cu_seqlens that start past row 0 and end before the last row: with cu_seqlens alone those rows
     are left as they were; with seqused they are 0 (and their lse +inf)."""
     problem = varlen_problem(Varlen(*LENGTHS["ragged"], helpers.VARLEN_LAYOUTS[layout]), causal=True)
-    inputs = with_rows_around(problem.make(cfg, rng), before=5, after=7, rng=rng)
+    inputs = with_rows_around(problem.make(cfg, rng), before=5, after=7)
     if layout == "packed":
         out, lse = inputs.forward(cfg, nan_like(inputs.q), return_lse=True)
         assert out[:5].isnan().all() and out[-7:].isnan().all(), "rows outside the batch were written"

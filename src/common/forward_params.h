@@ -128,6 +128,9 @@ struct ForwardParams {
     int64_t o_query_stride;
     // rows_per_query's reciprocal, which the kernels divide by (set_rows_per_query sets both).
     Reciprocal rows_per_query_reciprocal;
+    // Global memory of the kernel's own for this call, uninitialized
+    // (ForwardLauncher::scratch_bytes); null where it needs none.
+    void *scratch;
 };
 
 inline void set_rows_per_query(ForwardParams &params, int rows) {

@@ -2,6 +2,8 @@
 // to run and describe one compiled kernel without including any kernel code.
 #pragma once
 
+#include <cstdint>
+
 #include <cuda_runtime.h>
 
 #include "forward_params.h"
@@ -18,6 +20,8 @@ struct ForwardLauncher {
     // Whether it reads q and writes o at ForwardParams::q_query_stride and o_query_stride, so that
     // grouped heads packed as rows run on the call's tensors in place (else on packed copies).
     bool reads_grouped_rows;
+    // How many bytes of ForwardParams::scratch the kernel needs for a call (null: none).
+    int64_t (*scratch_bytes)(const ForwardParams &params);
     // Computes the grid and block, raises the kernel's shared-memory limit on first use on the
     // current device, and launches on `stream`; throws std::runtime_error on a CUDA error.
     void (*launch)(const ForwardParams &params, cudaStream_t stream);

@@ -35,7 +35,7 @@ ForwardLauncher launcher() {
     using Kernel = StaticForwardKernelConfig<CFG>;
     // The varlen variant (a decoding configuration's) addresses grouped rows.
     return ForwardLauncher{reinterpret_cast<const void *>(kernel_of<Kernel, VARIANT>), Kernel::smem_bytes, false,
-                           VARIANT.varlen, &launch<Kernel, VARIANT>};
+                           VARIANT.varlen, nullptr, &launch<Kernel, VARIANT>};
 }
 
 } // namespace flash::sm80

@@ -40,6 +40,7 @@
 #include "sm90/epilogue.cuh"
 #include "sm90/kernel_params.h"
 #include "sm90/mainloop.cuh"
+#include "sm90/sequence_tensor_maps.cuh"
 #include "sm90/shared_tiles.cuh"
 #include "sm90/tile_loader.cuh"
 #include "sm90/tile_scheduler.cuh"
@@ -73,10 +74,12 @@ __device__ __forceinline__ void consume_work_tile(const KernelParams &kp, Consum
     const int batch = work.batch;
     const Tiles tiles(params, Q_first_row);
     const BoxCoordinates Q_boxes = q_boxes(sequence);
-    const Loader loader{kp, smem, head, head / group_size, Q_boxes, kv_boxes(sequence), rows_of(sequence), rank};
     // Without warp specialization (one work tile per block) the first consumer thread also
     // loads: Q and the first round now, each later tile once its stage has been released.
     const bool loads = !Kernel::warp_specialized && threadIdx.x == 0;
+    const KVTensorMaps kv_maps =
+        loads ? KVTensorMapBinder<Kernel, VARLEN>{kp}.bind(sequence, tiles.begin, tiles.end) : call_tensor_maps(kp);
+    const Loader loader{kp, smem, head, head / group_size, Q_boxes, kv_boxes(sequence), rows_of(sequence), kv_maps, rank};
     if (loads && !tiles.empty()) {
         loader.load_Q(Q_first_row, 0, index, true);
         for (int tile = tiles.begin; tile < min(tiles.begin + Kernel::stages, tiles.end); ++tile)
@@ -127,7 +130,8 @@ __device__ __forceinline__ void consume_work_tile(const KernelParams &kp, Consum
 // an unmasked problem. SCORE_MODS applies softcap and ALiBi to every tile's scores. With VARLEN
 // each sequence has lengths of its own (Sequence): the work tiles cover the longest sequence's
 // query blocks, those past a shorter one's rows are skipped (a single-pass block exits at once),
-// and the tensor maps' bounds stop at each sequence's end. (Separate template arguments, as in the
+// and K and V load through tensor maps whose bounds stop at the sequence's end
+// (sequence_tensor_maps.cuh); O is stored row by row, up to it. (Separate template arguments, as in the
 // SM80 family: nvcc's host stubs cannot spell an all-zero class-type template argument.) Compiled
 // for sm_90a only; elsewhere the body is empty and the binding never launches it.
 template <typename Kernel, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS, bool VARLEN>

@@ -17,6 +17,9 @@ struct KernelParams {
     CUtensorMap k;
     CUtensorMap v;
     CUtensorMap o;
+    // A varlen kernel's slots for k and v maps bounded at a sequence's end (ForwardParams::scratch,
+    // sequence_tensor_maps.cuh); unused by the others.
+    CUtensorMap *sequence_maps;
 };
 
 } // namespace flash::sm90

@@ -1,7 +1,8 @@
 // The Hopper family's launcher: the call's tensor maps, then the traits' threads and dynamic shared
 // memory per thread block, one block per work tile (B_r query rows of one (batch, head), of the
 // longest sequence with per-sequence lengths), or, when persistent, one per SM at most; with
-// multicast, in clusters of two blocks.
+// multicast, in clusters of two blocks. A varlen kernel also asks for scratch, for its blocks'
+// tensor maps bounded at a sequence's end.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "sm90/forward_kernel.cuh"
 #include "sm90/kernel_params.h"
 #include "sm90/launcher.h"
+#include "sm90/sequence_tensor_maps.cuh"
 #include "sm90/tensor_maps.h"
 #include "sm90/traits.cuh"
 
@@ -46,6 +48,41 @@ inline int resident_clusters(const void *kernel, cudaLaunchConfig_t config) {
     return found->second;
 }
 
+// The launch's threads, dynamic shared memory per block, cluster shape and grid: one block per work
+// tile, or, when persistent, as many (clusters of) blocks as fit at once (with clusters, the GPCs'
+// SM counts may leave some SMs out). config.attrs points into the shape, which therefore stays put.
+template <typename Kernel, ProblemVariant VARIANT>
+struct LaunchShape {
+    cudaLaunchAttribute cluster_shape{};
+    cudaLaunchConfig_t config{};
+
+    explicit LaunchShape(const ForwardParams &params) {
+        constexpr int cluster = Kernel::cluster_size;
+        const int64_t Q_groups = ((params.seqlen_q + Kernel::B_r - 1) / Kernel::B_r + cluster - 1) / cluster;
+        const int64_t work_tiles = Q_groups * params.heads_q * params.batch;
+        config.blockDim = dim3(Kernel::n_threads);
+        config.dynamicSmemBytes = Kernel::smem_bytes;
+        cluster_shape.id = cudaLaunchAttributeClusterDimension;
+        cluster_shape.val.clusterDim = {cluster, 1, 1};
+        config.attrs = &cluster_shape;
+        config.numAttrs = cluster > 1 ? 1 : 0;
+        int64_t clusters = work_tiles;
+        if constexpr (Kernel::persistent)
+            clusters = std::min<int64_t>(clusters, cluster > 1 ? resident_clusters(kernel(), config) : multiprocessor_count());
+        config.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
+    }
+    LaunchShape(const LaunchShape &) = delete;
+    LaunchShape &operator=(const LaunchShape &) = delete;
+
+    static const void *kernel() { return reinterpret_cast<const void *>(kernel_of<Kernel, VARIANT>); }
+};
+
+// A varlen kernel's scratch: its blocks' slots for sequence tensor maps (sequence_tensor_maps.cuh).
+template <typename Kernel, ProblemVariant VARIANT>
+int64_t sequence_maps_bytes(const ForwardParams &params) {
+    return LaunchShape<Kernel, VARIANT>(params).config.gridDim.x * SequenceTensorMapSlots<Kernel>::bytes_per_block;
+}
+
 template <typename Kernel, ProblemVariant VARIANT>
 void launch(const ForwardParams &params, cudaStream_t stream) {
     const auto kernel = kernel_of<Kernel, VARIANT>;
@@ -70,27 +107,11 @@ void launch(const ForwardParams &params, cudaStream_t stream) {
         map_of(params.k, params.k_strides, params.seqlen_k, layout.rows_k, params.heads_kv, batch_k, Kernel::KV_slice_rows),
         map_of(params.v, params.v_strides, params.seqlen_k, layout.rows_k, params.heads_kv, batch_k, Kernel::KV_slice_rows),
         map_of(params.o, params.o_strides, params.seqlen_q, layout.rows_q, params.heads_q, batch_q, WGMMA_M),
+        static_cast<CUtensorMap *>(params.scratch),
     };
-    constexpr int cluster = Kernel::cluster_size;
-    const int64_t Q_groups = ((params.seqlen_q + Kernel::B_r - 1) / Kernel::B_r + cluster - 1) / cluster;
-    const int64_t work_tiles = Q_groups * params.heads_q * params.batch;
-    cudaLaunchConfig_t config{};
-    config.blockDim = dim3(Kernel::n_threads);
-    config.dynamicSmemBytes = Kernel::smem_bytes;
-    config.stream = stream;
-    cudaLaunchAttribute cluster_shape{};
-    cluster_shape.id = cudaLaunchAttributeClusterDimension;
-    cluster_shape.val.clusterDim = {cluster, 1, 1};
-    config.attrs = &cluster_shape;
-    config.numAttrs = cluster > 1 ? 1 : 0;
-    // A persistent launch is as many clusters as fit at once: with clusters, the GPCs' SM counts
-    // may leave some SMs out.
-    int64_t clusters = work_tiles;
-    if constexpr (Kernel::persistent)
-        clusters = std::min<int64_t>(
-            clusters, cluster > 1 ? resident_clusters(reinterpret_cast<const void *>(kernel), config) : multiprocessor_count());
-    config.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
-    check_cuda(cudaLaunchKernelEx(&config, kernel, kp), "cudaLaunchKernelEx");
+    LaunchShape<Kernel, VARIANT> shape(params);
+    shape.config.stream = stream;
+    check_cuda(cudaLaunchKernelEx(&shape.config, kernel, kp), "cudaLaunchKernelEx");
 }
 
 template <HopperForwardKernelConfig CFG, ProblemVariant VARIANT>
@@ -98,7 +119,8 @@ ForwardLauncher launcher() {
     using Kernel = StaticHopperKernelConfig<CFG>;
     // Persistent clusters take their work tiles in a fixed rotation, without the counter.
     return ForwardLauncher{reinterpret_cast<const void *>(kernel_of<Kernel, VARIANT>), Kernel::smem_bytes,
-                           Kernel::persistent && !Kernel::multicast, false, &launch<Kernel, VARIANT>};
+                           Kernel::persistent && !Kernel::multicast, false,
+                           VARIANT.varlen ? &sequence_maps_bytes<Kernel, VARIANT> : nullptr, &launch<Kernel, VARIANT>};
 }
 
 } // namespace flash::sm90

@@ -7,6 +7,7 @@
 #include "common/forward_params.h"
 #include "sm90/box_coordinates.cuh"
 #include "sm90/kernel_params.h"
+#include "sm90/sequence_tensor_maps.cuh"
 #include "sm90/shared_tiles.cuh"
 #include "sm90/tile_scheduler.cuh"
 #include "sm90/tma.cuh"
@@ -27,7 +28,8 @@ struct TileLoader {
     BoxCoordinates q_boxes; // of the work tile's sequence
     BoxCoordinates kv_boxes;
     SequenceRows rows; // with VARLEN, handed off to the consumers with the index
-    uint32_t rank;     // in the cluster
+    KVTensorMaps kv_maps;
+    uint32_t rank; // in the cluster
 
     // Q of the n-th work tile, numbered `index`; a persistent block's producer also tells each
     // warpgroup that index. A work tile whose rows attend no key loads no Q.
@@ -54,8 +56,8 @@ struct TileLoader {
         const int round = n / Kernel::stages;
         const int stage = n % Kernel::stages;
         const uint32_t released_parity = (round & 1) ^ 1;
-        load_tile(&kp.k, smem.K(stage), smem.K_empty(stage), smem.K_full(stage), released_parity, tile);
-        load_tile(&kp.v, smem.V(stage), smem.V_empty(stage), smem.V_full(stage), released_parity, tile);
+        load_tile(kv_maps.k(), smem.K(stage), smem.K_empty(stage), smem.K_full(stage), released_parity, tile);
+        load_tile(kv_maps.v(), smem.V(stage), smem.V_empty(stage), smem.V_full(stage), released_parity, tile);
     }
 
   private:
@@ -87,6 +89,7 @@ template <typename Kernel, typename Tiles, bool VARLEN, typename Scheduler>
 __device__ __forceinline__ void produce(const KernelParams &kp, const SharedTiles<Kernel> &smem,
                                         const Scheduler &scheduler, int group_size, uint32_t rank) {
     using Loader = TileLoader<Kernel, Scheduler, VARLEN>;
+    KVTensorMapBinder<Kernel, VARLEN> kv_maps{kp};
     int n = 0;        // work tiles loaded so far
     int KV_loads = 0; // KV tiles loaded so far: the position in the pipeline
     for (int index = scheduler.first(); index < scheduler.end();) {
@@ -99,8 +102,15 @@ __device__ __forceinline__ void produce(const KernelParams &kp, const SharedTile
         const ForwardParams &params = sequence.params;
         const Tiles tiles(params, work.Q_block * Kernel::B_r);
         const auto [first_tile, end_tile] = loaded_tiles<Kernel::cluster_size>(params, work, tiles, Kernel::B_r);
-        const Loader loader{kp,    smem, work.head, work.head / group_size, q_boxes(sequence), kv_boxes(sequence),
-                            rows_of(sequence), rank};
+        const Loader loader{kp,
+                            smem,
+                            work.head,
+                            work.head / group_size,
+                            q_boxes(sequence),
+                            kv_boxes(sequence),
+                            rows_of(sequence),
+                            kv_maps.bind(sequence, first_tile, end_tile),
+                            rank};
         loader.load_Q(work.Q_block * Kernel::B_r, n, index, !tiles.empty() && work.Q_block < work.Q_blocks);
         for (int tile = first_tile; tile < end_tile; ++tile)
             loader.load_KV(tile, KV_loads++);
@@ -109,7 +119,7 @@ __device__ __forceinline__ void produce(const KernelParams &kp, const SharedTile
     }
     // The end, as a work tile past the last that loads nothing.
     if constexpr (Kernel::persistent)
-        Loader{kp, smem, 0, 0, {}, {}, {}, rank}.load_Q(0, n, scheduler.end(), false);
+        Loader{kp, smem, 0, 0, {}, {}, {}, call_tensor_maps(kp), rank}.load_Q(0, n, scheduler.end(), false);
 }
 
 } // namespace flash::sm90

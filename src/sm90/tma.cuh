@@ -103,6 +103,25 @@ __device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk
 // Waits until this thread's committed stores have read their shared memory.
 __device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 
+// Sets the extent of dimension `dim` of a tensor map in global memory (a generic-proxy write; the
+// map's users need tensor_map_release and tensor_map_acquire before the copy engine reads it).
+template <int dim>
+__device__ __forceinline__ void tensor_map_set_extent(CUtensorMap *map, int extent) {
+    asm volatile("tensormap.replace.tile.global_dim.global.b1024.b32 [%0], %1, %2;\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+                 "n"(dim), "r"(extent)
+                 : "memory");
+}
+
+// Makes this thread's writes to tensor maps in global memory visible to the copy engine's reads of
+// tensor maps (the tensormap proxy), at the GPU's scope...
+__device__ __forceinline__ void tensor_map_release() {
+    asm volatile("fence.proxy.tensormap::generic.release.gpu;\n" ::: "memory");
+}
+// ... and has this thread's next copies through `map` read it as written, not a cached copy.
+__device__ __forceinline__ void tensor_map_acquire(const CUtensorMap *map) {
+    asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
 // Orders this thread's ordinary shared-memory writes before later reads by the copy engine or
 // the tensor cores (the async proxy).
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
