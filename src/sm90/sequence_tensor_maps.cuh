@@ -33,24 +33,28 @@ static_assert(offsetof(KernelParams, v) == offsetof(KernelParams, k) + sizeof(CU
 // The call's maps, for the tiles that end within their sequence.
 __device__ __forceinline__ KVTensorMaps call_tensor_maps(const KernelParams &kp) { return {&kp.k}; }
 
-// One block's slots: `pairs` pairs of (k, v) maps, used in turn. A persistent block's producer
+// One block's slots: `pairs` pairs of (k, v) maps, written in turn. A persistent block's producer
 // binds a work tile's maps before its first KV load, while the loads of earlier work tiles may still
 // be reading theirs; but it has waited for the release of the stage its last load went to, so at
-// most `stages` tile loads are in flight, and each work tile that bound a pair loads at least one
-// tile: stages + 1 pairs are never rewritten while a load may read them. A single-pass block binds
-// once.
+// most `stages` tile loads are in flight, and each work tile that wrote a pair, or used the last one
+// written, loads at least one tile: stages + 1 pairs are never rewritten while a load may read
+// them. A single-pass block binds once.
 template <typename Kernel>
 struct SequenceTensorMapSlots {
     static constexpr int pairs = Kernel::persistent ? Kernel::stages + 1 : 1;
     static constexpr int64_t bytes_per_block = pairs * 2 * static_cast<int64_t>(sizeof(CUtensorMap));
 };
 
-// Binds each work tile's K and V maps; run by the block's loading thread alone.
+// Binds each work tile's K and V maps; run by the block's loading thread alone. Work tiles of one
+// sequence (or of sequences that end at the same row of their batch entries) share a pair, and a
+// slot is copied from the call's maps only the first time it is written: later only the extent
+// changes.
 template <typename Kernel, bool VARLEN>
 struct KVTensorMapBinder {
     using Slots = SequenceTensorMapSlots<Kernel>;
     const KernelParams &kp;
-    int bound = 0; // pairs this block has written
+    int written = 0;     // pairs this block has written
+    int last_end = -1;   // the extent of the pair written last
 
     // The maps through which a work tile of `sequence` loads its KV tiles [first_tile, end_tile).
     __device__ __forceinline__ KVTensorMaps bind(const Sequence<false> &, int, int) { return call_tensor_maps(kp); }
@@ -58,18 +62,27 @@ struct KVTensorMapBinder {
         const UsedRows rows = sequence.k_rows;
         if (first_tile >= end_tile || end_tile * Kernel::B_c <= rows.length)
             return call_tensor_maps(kp); // no tile it loads reaches past the sequence's end
-        CUtensorMap *const pair = kp.sequence_maps + 2 * (blockIdx.x * Slots::pairs + bound++ % Slots::pairs);
-        copy_pair(pair, kp);
         // The rows' dimension (tensor_maps.h) ends with the sequence, in its batch entry.
-        tensor_map_set_extent<1>(pair, rows.start + rows.length);
-        tensor_map_set_extent<1>(pair + 1, rows.start + rows.length);
-        tensor_map_release();
-        tensor_map_acquire(pair);
-        tensor_map_acquire(pair + 1);
-        return {pair};
+        const int end = rows.start + rows.length;
+        if (end != last_end) {
+            CUtensorMap *const pair = slot(written);
+            if (written < Slots::pairs)
+                copy_pair(pair, kp);
+            tensor_map_set_extent<1>(pair, end);
+            tensor_map_set_extent<1>(pair + 1, end);
+            tensor_map_release();
+            tensor_map_acquire(pair);
+            tensor_map_acquire(pair + 1);
+            last_end = end;
+            ++written;
+        }
+        return {slot(written - 1)};
     }
 
   private:
+    __device__ __forceinline__ CUtensorMap *slot(int n) const {
+        return kp.sequence_maps + 2 * (blockIdx.x * Slots::pairs + n % Slots::pairs);
+    }
     // The call's k and v maps, 8 bytes at a time: the producer warpgroup runs on few registers.
     __device__ __forceinline__ static void copy_pair(CUtensorMap *to, const KernelParams &kp) {
         const uint2 *const source = reinterpret_cast<const uint2 *>(&kp.k);
