@@ -15,7 +15,8 @@ into a NaN-poisoned o and is repeated bitwise identically (helpers.check_forward
   padded on the right, the left or both), every mask kind (causal, windows bounded on one side or
   both), softcap, ALiBi per head and per (batch, head), MHA/GQA/MQA, on every configuration
   compiled with the varlen kernels (both families, every head size and dtype that has them).
-- Focused tests: softmax scales; seqused_k alone (decode-like); rows outside the batch; equal
+- Focused tests: softmax scales; seqused_k alone (decode-like); the Hopper family's work plan (a
+  long sequence after short ones, a batch larger than it sorts); rows outside the batch; equal
   lengths against the dense call; the automatic choice (flash_attn_varlen_func) and the packed
   entry points; configurations without varlen kernels.
 - Bad arguments (the exception, the argument named, CUDA usable afterwards); contents that break
@@ -200,6 +201,40 @@ def seqused_k_alone_cases() -> list[tuple]:
 @varlen_cases("cfg, problem", seqused_k_alone_cases(), config_and_problem_id)
 def test_seqused_k_alone(cfg, problem, rng):
     check_forward(cfg, problem.make(cfg, rng))
+
+
+def plan_cases() -> list[tuple]:
+    """The Hopper family's work plan (its varlen kernels list their work tiles, longest sequences
+    first): one long sequence after many short ones, which the plan moves to the front."""
+    long_last = (*random_lengths("plan_short", 40, 1, 70, with_extremes=False), 1500)
+    return [
+        (cfg, varlen_problem(Varlen(long_last, long_last), heads_q=4, heads_kv=2))
+        for cfg in VARLEN_CONFIGS
+        if cfg.family == "sm90"
+    ]
+
+
+NO_HOPPER_VARLEN_CONFIG = "no Hopper configuration under test is compiled with the varlen kernels (the work plan is theirs)"
+
+
+@gpu
+@helpers.gpu_cases("cfg, problem", plan_cases(), config_and_problem_id, NO_HOPPER_VARLEN_CONFIG)
+def test_work_plan_with_a_long_sequence_last(cfg, problem, rng):
+    check_forward(cfg, problem.make(cfg, rng))
+
+
+@gpu
+@helpers.gpu_cases(
+    "cfg", [(cfg,) for cfg in VARLEN_CONFIGS if cfg.family == "sm90"], lambda cfg: cfg.short_form(), NO_HOPPER_VARLEN_CONFIG
+)
+def test_work_plan_of_more_sequences_than_it_sorts(cfg, rng):
+    """4,200 sequences (the plan sorts up to 4,096 and keeps a larger batch's order) of 0 or 1
+    query and as many keys: each row's output is its one key's value exactly, which a work tile
+    given the wrong sequence would not be."""
+    lengths = random_lengths("plan_many", 4200, 0, 1, with_extremes=True)
+    inputs = varlen_problem(Varlen(lengths, lengths), heads_q=4, heads_kv=2).make(cfg, rng)
+    out = inputs.forward(cfg, nan_like(inputs.q))
+    assert torch.equal(out, inputs.v.repeat_interleave(2, dim=1)), "a row's output is not its key's value"
 
 
 def with_rows_around(inputs: Inputs, before: int, after: int) -> Inputs:

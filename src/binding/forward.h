@@ -356,16 +356,16 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
         params.work_counter = work_counter.data_ptr<int>();
         check_cuda(cudaMemsetAsync(params.work_counter, 0, sizeof(int), stream), "zeroing the work counter");
     }
-    at::Tensor scratch;
-    if (launcher->scratch_bytes != nullptr) {
-        scratch = at::empty({launcher->scratch_bytes(params)}, q.options().dtype(at::kByte));
-        params.scratch = scratch.data_ptr();
-    }
     // A varlen kernel runs a dense call too (a split one, or a decoding configuration's, which has no
     // other): every sequence is then its batch entry's rows. Dense kernels do not read them.
     if (!sequences.any()) {
         params.sequences.rows_q = params.seqlen_q; // q's rows, or packed grouped rows
         params.sequences.rows_k = static_cast<int>(k.size(1));
+    }
+    at::Tensor scratch;
+    if (launcher->scratch_bytes != nullptr) {
+        scratch = at::empty({launcher->scratch_bytes(params)}, q.options().dtype(at::kByte));
+        params.scratch = scratch.data_ptr();
     }
     std::optional<SplitBuffers> split_buffers;
     if (split)

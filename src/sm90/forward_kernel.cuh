@@ -63,10 +63,10 @@ __device__ __forceinline__ void consume_work_tile(const KernelParams &kp, Consum
 
     const auto [work, sequence] = [&] {
         if constexpr (VARLEN && Kernel::persistent)
-            return locate_work<VARLEN, Kernel::B_r>(kp.params, scheduler, index,
+            return locate_work<VARLEN>(kp.params, scheduler, index,
                                                     Scheduler::handed_off_rows(smem.work_slot(wg)));
         else
-            return locate_work<VARLEN, Kernel::B_r>(kp.params, scheduler, index);
+            return locate_work<VARLEN>(kp.params, scheduler, index);
     }();
     const ForwardParams &params = sequence.params;
     const int Q_first_row = work.Q_block * Kernel::B_r;
@@ -128,22 +128,21 @@ __device__ __forceinline__ void consume_work_tile(const KernelParams &kp, Consum
 // The problem variant: MASK and MASKED_TAILS decide which tiles the block visits and which of
 // them are masked element by element (KVTileRange); the unmasked tiles in between run the code of
 // an unmasked problem. SCORE_MODS applies softcap and ALiBi to every tile's scores. With VARLEN
-// each sequence has lengths of its own (Sequence): the work tiles cover the longest sequence's
-// query blocks, those past a shorter one's rows are skipped (a single-pass block exits at once),
-// and K and V load through tensor maps whose bounds stop at the sequence's end
+// each sequence has lengths of its own (Sequence): the work tiles are those the call's plan lists
+// (varlen_work_plan.cuh; a single-pass block past them exits at once), and K and V load through tensor maps whose bounds stop at the sequence's end
 // (sequence_tensor_maps.cuh); O is stored row by row, up to it. (Separate template arguments, as in the
 // SM80 family: nvcc's host stubs cannot spell an all-zero class-type template argument.) Compiled
 // for sm_90a only; elsewhere the body is empty and the binding never launches it.
 template <typename Kernel, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS, bool VARLEN>
 __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(const __grid_constant__ KernelParams kp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using Scheduler = typename Kernel::template TileScheduler<MASK>;
+    using Scheduler = typename Kernel::template TileScheduler<MASK, VARLEN>;
     constexpr int cluster = Kernel::cluster_size;
     const ForwardParams &params = kp.params;
     if constexpr (VARLEN && !Kernel::persistent) {
-        // Every block of a cluster alike: they share the work tile's first query block.
+        // The grid covers as many work tiles as the call may have; its plan may list fewer.
         const Scheduler own(params, 0);
-        if (!locate_work<VARLEN, Kernel::B_r>(params, own, own.first()).work.has_rows())
+        if (own.first() >= own.end())
             return;
     }
 

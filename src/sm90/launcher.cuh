@@ -1,8 +1,8 @@
 // The Hopper family's launcher: the call's tensor maps, then the traits' threads and dynamic shared
 // memory per thread block, one block per work tile (B_r query rows of one (batch, head), of the
 // longest sequence with per-sequence lengths), or, when persistent, one per SM at most; with
-// multicast, in clusters of two blocks. A varlen kernel also asks for scratch, for its blocks'
-// tensor maps bounded at a sequence's end.
+// multicast, in clusters of two blocks. A varlen call first plans its work tiles, and asks for
+// scratch for the plan and for its blocks' tensor maps bounded at a sequence's end.
 #pragma once
 
 #include <algorithm>
@@ -21,6 +21,7 @@
 #include "sm90/sequence_tensor_maps.cuh"
 #include "sm90/tensor_maps.h"
 #include "sm90/traits.cuh"
+#include "sm90/varlen_work_plan.cuh"
 
 namespace flash::sm90 {
 
@@ -48,6 +49,21 @@ inline int resident_clusters(const void *kernel, cudaLaunchConfig_t config) {
     return found->second;
 }
 
+// How many work tiles a call may have: every (batch, head)'s query blocks (in clusters' groups) for
+// a dense call; for a varlen call at most that, and at most one more group per sequence than its
+// rows fill (what its plan may list).
+template <typename Kernel, ProblemVariant VARIANT>
+int64_t max_work_tiles(const ForwardParams &params) {
+    constexpr int64_t group_rows = Kernel::B_r * Kernel::cluster_size;
+    int64_t groups = (params.seqlen_q + group_rows - 1) / group_rows * params.batch;
+    if constexpr (VARIANT.varlen) {
+        const SequenceLayout &layout = params.sequences;
+        const int64_t rows = layout.cu_seqlens_q != nullptr ? layout.rows_q : int64_t{layout.rows_q} * params.batch;
+        groups = std::min(groups, (rows + group_rows - 1) / group_rows + params.batch);
+    }
+    return groups * params.heads_q;
+}
+
 // The launch's threads, dynamic shared memory per block, cluster shape and grid: one block per work
 // tile, or, when persistent, as many (clusters of) blocks as fit at once (with clusters, the GPCs'
 // SM counts may leave some SMs out). config.attrs points into the shape, which therefore stays put.
@@ -58,15 +74,13 @@ struct LaunchShape {
 
     explicit LaunchShape(const ForwardParams &params) {
         constexpr int cluster = Kernel::cluster_size;
-        const int64_t Q_groups = ((params.seqlen_q + Kernel::B_r - 1) / Kernel::B_r + cluster - 1) / cluster;
-        const int64_t work_tiles = Q_groups * params.heads_q * params.batch;
         config.blockDim = dim3(Kernel::n_threads);
         config.dynamicSmemBytes = Kernel::smem_bytes;
         cluster_shape.id = cudaLaunchAttributeClusterDimension;
         cluster_shape.val.clusterDim = {cluster, 1, 1};
         config.attrs = &cluster_shape;
         config.numAttrs = cluster > 1 ? 1 : 0;
-        int64_t clusters = work_tiles;
+        int64_t clusters = max_work_tiles<Kernel, VARIANT>(params);
         if constexpr (Kernel::persistent)
             clusters = std::min<int64_t>(clusters, cluster > 1 ? resident_clusters(kernel(), config) : multiprocessor_count());
         config.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
@@ -77,10 +91,25 @@ struct LaunchShape {
     static const void *kernel() { return reinterpret_cast<const void *>(kernel_of<Kernel, VARIANT>); }
 };
 
-// A varlen kernel's scratch: its blocks' slots for sequence tensor maps (sequence_tensor_maps.cuh).
+// A varlen call's scratch: its work plan (varlen_work_plan.cuh), then its blocks' slots for
+// sequence tensor maps (sequence_tensor_maps.cuh), aligned as the copy engine wants tensor maps.
 template <typename Kernel, ProblemVariant VARIANT>
-int64_t sequence_maps_bytes(const ForwardParams &params) {
-    return LaunchShape<Kernel, VARIANT>(params).config.gridDim.x * SequenceTensorMapSlots<Kernel>::bytes_per_block;
+struct VarlenScratch {
+    VarlenPlanLayout plan;
+    int64_t maps_offset;
+    int64_t bytes;
+
+    explicit VarlenScratch(const ForwardParams &params) : plan{max_work_tiles<Kernel, VARIANT>(params), params.batch} {
+        constexpr int64_t map_alignment = 128;
+        maps_offset = (plan.bytes() + map_alignment - 1) / map_alignment * map_alignment;
+        bytes = maps_offset +
+                LaunchShape<Kernel, VARIANT>(params).config.gridDim.x * SequenceTensorMapSlots<Kernel>::bytes_per_block;
+    }
+};
+
+template <typename Kernel, ProblemVariant VARIANT>
+int64_t varlen_scratch_bytes(const ForwardParams &params) {
+    return VarlenScratch<Kernel, VARIANT>(params).bytes;
 }
 
 template <typename Kernel, ProblemVariant VARIANT>
@@ -101,13 +130,20 @@ void launch(const ForwardParams &params, cudaStream_t stream) {
                         : layout.cu_seqlens_k != nullptr ? 1
                         : layout.kv_batch_idx != nullptr ? layout.kv_batches
                                                          : params.batch;
+    CUtensorMap *sequence_maps = nullptr;
+    if constexpr (VARIANT.varlen) {
+        const VarlenScratch<Kernel, VARIANT> scratch(params);
+        sequence_maps = reinterpret_cast<CUtensorMap *>(static_cast<uint8_t *>(params.scratch) + scratch.maps_offset);
+        varlen_plan_forward_kernel<Kernel::B_r, Kernel::cluster_size, VARIANT.mask><<<1, PLAN_THREADS, 0, stream>>>(params, scratch.plan);
+        check_cuda(cudaGetLastError(), "launching the varlen work plan");
+    }
     const KernelParams kp{
         params,
         map_of(params.q, params.q_strides, params.seqlen_q, layout.rows_q, params.heads_q, batch_q, WGMMA_M),
         map_of(params.k, params.k_strides, params.seqlen_k, layout.rows_k, params.heads_kv, batch_k, Kernel::KV_slice_rows),
         map_of(params.v, params.v_strides, params.seqlen_k, layout.rows_k, params.heads_kv, batch_k, Kernel::KV_slice_rows),
         map_of(params.o, params.o_strides, params.seqlen_q, layout.rows_q, params.heads_q, batch_q, WGMMA_M),
-        static_cast<CUtensorMap *>(params.scratch),
+        sequence_maps,
     };
     LaunchShape<Kernel, VARIANT> shape(params);
     shape.config.stream = stream;
@@ -120,7 +156,7 @@ ForwardLauncher launcher() {
     // Persistent clusters take their work tiles in a fixed rotation, without the counter.
     return ForwardLauncher{reinterpret_cast<const void *>(kernel_of<Kernel, VARIANT>), Kernel::smem_bytes,
                            Kernel::persistent && !Kernel::multicast, false,
-                           VARIANT.varlen ? &sequence_maps_bytes<Kernel, VARIANT> : nullptr, &launch<Kernel, VARIANT>};
+                           VARIANT.varlen ? &varlen_scratch_bytes<Kernel, VARIANT> : nullptr, &launch<Kernel, VARIANT>};
 }
 
 } // namespace flash::sm90

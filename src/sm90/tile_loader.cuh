@@ -83,8 +83,7 @@ struct TileLoader {
 
 // The producer warpgroup's thread, with warp specialization: each work tile's Q and the KV tiles
 // the block loads for it, running ahead of the consumers as far as the stages allow. A persistent
-// block asks for its next work tile as it starts loading this one, and passes over the work tiles
-// past their sequence's rows without a word to the consumers.
+// block asks for its next work tile as it starts loading this one.
 template <typename Kernel, typename Tiles, bool VARLEN, typename Scheduler>
 __device__ __forceinline__ void produce(const KernelParams &kp, const SharedTiles<Kernel> &smem,
                                         const Scheduler &scheduler, int group_size, uint32_t rank) {
@@ -94,11 +93,7 @@ __device__ __forceinline__ void produce(const KernelParams &kp, const SharedTile
     int KV_loads = 0; // KV tiles loaded so far: the position in the pipeline
     for (int index = scheduler.first(); index < scheduler.end();) {
         const int next = scheduler.next(index);
-        const auto [work, sequence] = locate_work<VARLEN, Kernel::B_r>(kp.params, scheduler, index);
-        if (VARLEN && !work.has_rows()) {
-            index = next;
-            continue;
-        }
+        const auto [work, sequence] = locate_work<VARLEN>(kp.params, scheduler, index);
         const ForwardParams &params = sequence.params;
         const Tiles tiles(params, work.Q_block * Kernel::B_r);
         const auto [first_tile, end_tile] = loaded_tiles<Kernel::cluster_size>(params, work, tiles, Kernel::B_r);

@@ -12,12 +12,14 @@
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "common/common.h"
 #include "common/forward_params.h"
 #include "common/problem_variant.h"
 #include "common/sequence.cuh"
+#include "sm90/varlen_work_plan.cuh"
 
 namespace flash::sm90 {
 
@@ -27,8 +29,8 @@ namespace flash::sm90 {
 // whichever work tile is next when it is free, ends on short ones. The blocks of a cluster take
 // `cluster` consecutive query blocks of one (batch, head) together, as one work tile numbered once;
 // in the last such group a block may have no query block (Q_block >= Q_blocks): it only loads its
-// share of K and V for the others. With per-sequence lengths the numbering covers the longest
-// sequence's query blocks, and a work tile counts only its own sequence's (limit_to).
+// share of K and V for the others. A varlen call's work tiles are its plan's (PlannedWorkTiles),
+// each with its own sequence's query blocks.
 struct WorkTile {
     int Q_block;
     int first_Q_block; // the cluster's first and last existing query blocks
@@ -46,13 +48,6 @@ struct WorkTile {
         return {first + rank, first, min(first + cluster - 1, Q_blocks - 1), Q_blocks, head_index % heads, head_index / heads};
     }
 
-    __device__ __forceinline__ void limit_to(int sequence_Q_blocks) {
-        Q_blocks = sequence_Q_blocks;
-        last_Q_block = min(last_Q_block, Q_blocks - 1);
-    }
-    // Whether any block of the cluster has a query block: a work tile past its sequence's rows has
-    // none, and is skipped.
-    __device__ __forceinline__ bool has_rows() const { return first_Q_block < Q_blocks; }
 };
 
 // A work tile with its sequence (common/sequence.cuh): the lengths the tile's blocks compute with.
@@ -64,14 +59,11 @@ struct LocatedWork {
 
 // The work tile numbered `index`, with its sequence's lengths: read from the sequence layout, or
 // (with VARLEN) handed off with the index.
-template <bool VARLEN, int B_r, typename Scheduler, typename... HandedOffRows>
+template <bool VARLEN, typename Scheduler, typename... HandedOffRows>
 __device__ __forceinline__ LocatedWork<VARLEN> locate_work(const ForwardParams &params, const Scheduler &scheduler,
                                                            int index, HandedOffRows... rows) {
     const WorkTile work = scheduler.work_tile(index);
-    LocatedWork<VARLEN> located{work, Sequence<VARLEN>(params, work.batch, rows...)};
-    if constexpr (VARLEN)
-        located.work.limit_to((located.sequence.params.seqlen_q + B_r - 1) / B_r);
-    return located;
+    return {work, Sequence<VARLEN>(params, work.batch, rows...)};
 }
 
 // The KV tiles a work tile's cluster loads, [begin, end): every tile some block of it visits. A
@@ -109,6 +101,7 @@ __device__ __forceinline__ std::pair<int, int> loaded_tiles(const ForwardParams 
 // (consecutive blocks).
 template <int B_r, int cluster, MaskKind MASK>
 struct WorkTileNumbering {
+    static constexpr int cluster_blocks = cluster;
     const ForwardParams &params;
     int Q_blocks;
     int n_work_tiles;
@@ -125,6 +118,33 @@ struct WorkTileNumbering {
         return WorkTile::of<MASK, cluster>(index, Q_blocks, params.heads_q, rank);
     }
 };
+
+// A varlen call's work tiles, as its plan lists them (varlen_work_plan.cuh): every one has rows, and
+// the longest sequences' come first.
+template <int B_r, int cluster, MaskKind MASK>
+struct PlannedWorkTiles {
+    static constexpr int cluster_blocks = cluster;
+    const ForwardParams &params;
+    const PlannedTile *tiles;
+    int n_work_tiles;
+    uint32_t rank; // in the cluster
+
+    __device__ __forceinline__ PlannedWorkTiles(const ForwardParams &params_, uint32_t rank_)
+        : params(params_), tiles(planned_tiles(params_.scratch)), n_work_tiles(planned_tile_count(params_.scratch)),
+          rank(rank_) {}
+
+    __device__ __forceinline__ int first() const { return blockIdx.x / cluster; }
+    __device__ __forceinline__ int end() const { return n_work_tiles; }
+    __device__ __forceinline__ WorkTile work_tile(int index) const {
+        const PlannedTile tile = tiles[index];
+        return {tile.first_Q_block + static_cast<int>(rank), tile.first_Q_block,
+                min(tile.first_Q_block + cluster - 1, tile.Q_blocks - 1), tile.Q_blocks, tile.head, tile.batch};
+    }
+};
+
+// How a kernel's work tiles are numbered: densely, or (varlen) as the call's plan lists them.
+template <int B_r, int cluster, MaskKind MASK, bool VARLEN>
+using WorkTilesOf = std::conditional_t<VARLEN, PlannedWorkTiles<B_r, cluster, MASK>, WorkTileNumbering<B_r, cluster, MASK>>;
 
 // A block computes one work tile and knows it from its index: nothing is handed off.
 struct NoHandOff {
@@ -157,13 +177,14 @@ struct WorkSlotHandOff {
     }
 };
 
-// One block (or cluster) per work tile: the grid is as large as the work.
-template <int B_r, int cluster, MaskKind MASK>
-struct SinglePassScheduler : WorkTileNumbering<B_r, cluster, MASK>, NoHandOff {
-    using WorkTileNumbering<B_r, cluster, MASK>::WorkTileNumbering;
+// One block (or cluster) per work tile: the grid is as large as the work (with a plan, as large as
+// it may be: the blocks past its tiles exit).
+template <typename WorkTiles>
+struct SinglePassScheduler : WorkTiles, NoHandOff {
+    using WorkTiles::WorkTiles;
     // Read where the block starts, not where the producer starts: a read of blockIdx.x inside the
     // producer's branch changes how ptxas schedules the consumers' main loop.
-    int first_index = blockIdx.x / cluster;
+    int first_index = blockIdx.x / WorkTiles::cluster_blocks;
     __device__ __forceinline__ int first() const { return first_index; }
     __device__ __forceinline__ int next(int) const { return this->n_work_tiles; }
 };
@@ -171,17 +192,17 @@ struct SinglePassScheduler : WorkTileNumbering<B_r, cluster, MASK>, NoHandOff {
 // A persistent block's first work tile is its own; it asks the work counter for each next one as
 // it starts loading this one, so the tiles go to the blocks that are free first (under a mask, the
 // longest first).
-template <int B_r, MaskKind MASK>
-struct AtomicCounterScheduler : WorkTileNumbering<B_r, 1, MASK>, WorkSlotHandOff {
-    using WorkTileNumbering<B_r, 1, MASK>::WorkTileNumbering;
+template <typename WorkTiles>
+struct AtomicCounterScheduler : WorkTiles, WorkSlotHandOff {
+    using WorkTiles::WorkTiles;
     __device__ __forceinline__ int next(int) const { return gridDim.x + atomicAdd(this->params.work_counter, 1); }
 };
 
 // The blocks of a cluster must take the same work tiles, so a persistent cluster takes every
 // (gridDim.x / cluster)-th in turn rather than asking the counter.
-template <int B_r, int cluster, MaskKind MASK>
-struct ClusterRotationScheduler : WorkTileNumbering<B_r, cluster, MASK>, WorkSlotHandOff {
-    using WorkTileNumbering<B_r, cluster, MASK>::WorkTileNumbering;
+template <typename WorkTiles, int cluster>
+struct ClusterRotationScheduler : WorkTiles, WorkSlotHandOff {
+    using WorkTiles::WorkTiles;
     __device__ __forceinline__ int next(int index) const { return index + gridDim.x / cluster; }
 };
 

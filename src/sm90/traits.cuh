@@ -50,12 +50,14 @@ struct StaticHopperKernelConfig {
     static constexpr int cluster_size = multicast ? 2 : 1;
     // Which block computes which work tile (tile_scheduler.cuh): one block (or cluster) per work
     // tile; persistent blocks that ask the work counter for their next; persistent clusters that take
-    // theirs in a fixed rotation. The mask kind decides the work tiles' order.
-    template <MaskKind MASK>
-    using TileScheduler =
-        std::conditional_t<!persistent, SinglePassScheduler<B_r, cluster_size, MASK>,
-                           std::conditional_t<(cluster_size > 1), ClusterRotationScheduler<B_r, cluster_size, MASK>,
-                                              AtomicCounterScheduler<B_r, MASK>>>;
+    // theirs in a fixed rotation. The mask kind decides the work tiles' order, and a varlen call's
+    // work tiles are those its plan lists, longest sequences first.
+    template <MaskKind MASK, bool VARLEN>
+    using TileScheduler = std::conditional_t<
+        !persistent, SinglePassScheduler<WorkTilesOf<B_r, cluster_size, MASK, VARLEN>>,
+        std::conditional_t<(cluster_size > 1),
+                           ClusterRotationScheduler<WorkTilesOf<B_r, cluster_size, MASK, VARLEN>, cluster_size>,
+                           AtomicCounterScheduler<WorkTilesOf<B_r, 1, MASK, VARLEN>>>>;
 
     static constexpr int n_threads = WARPGROUP_THREADS * (consumer_warpgroups + (warp_specialized ? 1 : 0));
     static constexpr int consumer_warps = consumer_warpgroups * WARPGROUP_THREADS / WARP_SIZE;
