@@ -29,6 +29,7 @@ import ncu_bench  # noqa: E402
 import progression  # noqa: E402
 import power_bench  # noqa: E402
 import pt_bench  # noqa: E402
+import varlen_bench  # noqa: E402
 import run_kernels  # noqa: E402
 import sass_counts  # noqa: E402
 import sass_diff  # noqa: E402
@@ -211,6 +212,20 @@ def test_decode_bench_reads_shapes_and_tabulates_bandwidth_and_ratios():
     host_rows = [dataclasses.replace(row, host_us=us) for row, us in zip(rows[:3], (12.0, 30.0, 15.0))]
     lines = decode_bench.format_table(host_rows, [decode_bench.OURS, decode_bench.FA3, decode_bench.SDPA], "host_us")
     assert lines.splitlines()[2] == "| bf16 | 1 | 8 x 32,768 | 12.0 | 30.0 | 15.0 | 0.400 | 0.800 |"
+
+
+def test_varlen_bench_takes_the_ragged_lengths_given_or_draws_them():
+    given = varlen_bench.parse_args(["--lengths", *map(str, [64] * 30), "8192"])
+    lengths, origin = varlen_bench.ragged_batch(given)
+    assert lengths == (64,) * 30 + (8192,) and "as given" in origin
+    drawn = varlen_bench.parse_args(
+        ["--total-tokens", "4096", "--min-len", "100", "--max-len", "900", "--seed", "3", "--equal-lengths", "512"]
+    )
+    lengths, origin = varlen_bench.ragged_batch(drawn)
+    assert sum(lengths) == 4096 and all(length <= 900 for length in lengths)
+    assert lengths == varlen_bench.ragged_lengths(4096, 100, 900, 3) and "seed 3" in origin
+    with pytest.raises(SystemExit):
+        varlen_bench.parse_args(["--lengths", "0"])
 
 
 def test_generate_bench_tabulates_tokens_per_second_and_agreement():

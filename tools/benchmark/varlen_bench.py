@@ -3,7 +3,7 @@
 
 The ragged batch (self-attention): --total-tokens tokens (default 64Ki) in sequences whose lengths
 are drawn with a fixed seed (--seed) uniformly from --min-len to --max-len (default 64 to 8192),
-the last one trimmed so that they add up to the total. Per head size (--d-heads: 16 heads of 128,
+the last one trimmed so that they add up to the total; or the lengths --lengths gives, in order. Per head size (--d-heads: 16 heads of 128,
 32 heads of 64, heads * d_head = 2048), dtype (--dtypes) and mask (--causal), on the same packed
 inputs in one run, in a seeded random order per shape (bench_common.timing_order):
 
@@ -284,6 +284,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-len", type=common.positive_int, default=8192, help="(default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the lengths and the inputs (default: %(default)s)")
     parser.add_argument(
+        "--lengths",
+        nargs="+",
+        type=common.positive_int,
+        metavar="LEN",
+        help="the ragged batch's sequence lengths, in batch order, instead of drawn ones (for example many "
+        "short sequences and a long one last, the order a scheduler that takes sequences as they come "
+        "ends on)",
+    )
+    parser.add_argument(
         "--equal-lengths",
         nargs="*",
         type=common.positive_int,
@@ -308,6 +317,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def ragged_batch(args: argparse.Namespace) -> tuple[tuple[int, ...], str]:
+    """The ragged batch's lengths, and where they come from: --lengths, or drawn."""
+    if args.lengths:
+        return tuple(args.lengths), "as given, in this order"
+    lengths = ragged_lengths(args.total_tokens, args.min_len, args.max_len, args.seed)
+    return lengths, f"uniform from {args.min_len} to {args.max_len}, seed {args.seed}, the last trimmed to fit"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not common.gpu_available():
@@ -318,13 +335,13 @@ def main(argv: list[str] | None = None) -> int:
 
     fa3, fa3_error = common.load_fa3("flash_attn_varlen_func")
     timer, timing_description = common.make_timer(args.rep_ms)
-    lengths = ragged_lengths(args.total_tokens, args.min_len, args.max_len, args.seed)
+    lengths, origin = ragged_batch(args)
     versions = f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}"
     print(f"{torch.cuda.get_device_name()}, {versions}; {timing_description}")
     print(f"FA3: {'fa3_fwd_interface' if fa3 else f'{NOT_INSTALLED} ({fa3_error})'}")
     print(
         f"ragged batch: {len(lengths)} sequences, {sum(lengths)} tokens, lengths {min(lengths)} to {max(lengths)} "
-        f"(uniform from {args.min_len} to {args.max_len}, seed {args.seed}, the last trimmed to fit)"
+        f"({origin})"
     )
     shapes = list(itertools.product(args.dtypes, args.d_heads, common.causal_values(args.causal)))
     batches = [(dtype, Batch(lengths, common.heads_for_d_head(d), d, causal)) for dtype, d, causal in shapes]
