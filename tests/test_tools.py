@@ -228,6 +228,41 @@ def test_varlen_bench_takes_the_ragged_lengths_given_or_draws_them():
         varlen_bench.parse_args(["--lengths", "0"])
 
 
+def test_varlen_bench_calls_fa3_by_position_and_fa4_by_keyword_and_keeps_the_output():
+    batch = varlen_bench.Batch((3, 5), heads=2, d_head=64, causal=True)
+    seen = {}
+
+    def fa3(*args, **kwargs):
+        seen["fa3"] = (args, kwargs)
+        return "fa3 output"
+
+    def fa4(*args, **kwargs):
+        seen["fa4"] = (args, kwargs)
+        return "fa4 output", "fa4 lse"
+
+    assert varlen_bench.flash_peer_call(varlen_bench.FA3, fa3, batch, "q", "k", "v", "cu")() == "fa3 output"
+    assert seen["fa3"] == (("q", "k", "v", "cu", "cu", 5, 5), {"causal": True})
+    assert varlen_bench.flash_peer_call(varlen_bench.FA4, fa4, batch, "q", "k", "v", "cu")() == "fa4 output"
+    keywords = {"cu_seqlens_q": "cu", "cu_seqlens_k": "cu", "max_seqlen_q": 5, "max_seqlen_k": 5, "causal": True}
+    assert seen["fa4"] == (("q", "k", "v"), keywords)
+
+
+def test_varlen_bench_table_shows_a_missing_peer_as_missing():
+    batch = varlen_bench.Batch((100, 200), heads=16, d_head=128, causal=False)
+    statuses = {varlen_bench.FA4: varlen_bench.NOT_INSTALLED, "sdpa_cudnn": varlen_bench.REFUSED}
+    rows = [
+        varlen_bench.timing("ragged", batch, "bf16", name, 2.0 if name == "ours" else 4.0, statuses.get(name, ""))
+        for name in ("ours", *varlen_bench.PEERS)
+    ]
+    table = varlen_bench.format_ragged_table(rows)
+    header, _, line = table.splitlines()
+    assert "| FA3 | FA4 |" in header and "| ours/FA3 | ours/FA4 |" in header
+    cells = [cell.strip() for cell in line.strip("|").split("|")]
+    by_header = dict(zip([cell.strip() for cell in header.strip("|").split("|")], cells))
+    assert by_header["FA4"] == by_header["ours/FA4"] == varlen_bench.NOT_INSTALLED
+    assert by_header["ours/FA3"] == "2.000" and by_header["ours/SDPA CUDNN"] == varlen_bench.REFUSED
+
+
 def test_generate_bench_tabulates_tokens_per_second_and_agreement():
     args = generate_bench.parse_args(["--batches", "1", "32", "--layers", "2"])
     assert (args.batches, args.layers, args.prompt_tokens, args.new_tokens) == ([1, 32], 2, 128, 256)

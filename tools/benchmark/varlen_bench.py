@@ -10,6 +10,9 @@ inputs in one run, in a seeded random order per shape (bench_common.timing_order
   ours       flash_attention.flash_attn_varlen_func (the configuration chosen automatically);
   FA3        FlashAttention-3's flash_attn_varlen_func (the fa3-fwd package, module
              fa3_fwd_interface; its build runs bfloat16 only, so its float16 cells read "n/a");
+  FA4        FlashAttention-4's flash_attn_varlen_func (the flash-attn-4 package, module
+             flash_attn.cute, its SM90 path on Hopper; pt_bench's documentation says how its
+             dependencies are carried);
   SDPA ...   torch.nn.functional.scaled_dot_product_attention on nested jagged tensors of the same
              values, restricted to each backend that may take them: FLASH, EFFICIENT and CUDNN
              (a backend that refuses them reads "n/a"). Its time includes what SDPA does to the
@@ -50,11 +53,18 @@ from collections.abc import Callable
 import bench_common as common
 from model_bench import markdown_table
 
-# The peers, in table order: FA3, then SDPA on nested tensors with each backend.
+# The peers, in table order: FA3, FA4, then SDPA on nested tensors with each backend.
 FA3 = "fa3"
+FA4 = "fa4"
+FLASH_PEERS = {FA3: common.load_fa3, FA4: common.load_fa4}
 SDPA_BACKENDS = ("flash", "efficient", "cudnn")
-PEERS = (FA3, *(f"sdpa_{backend}" for backend in SDPA_BACKENDS))
-LABELS = {"ours": "ours", FA3: "FA3", **{f"sdpa_{backend}": f"SDPA {backend.upper()}" for backend in SDPA_BACKENDS}}
+PEERS = (*FLASH_PEERS, *(f"sdpa_{backend}" for backend in SDPA_BACKENDS))
+LABELS = {
+    "ours": "ours",
+    FA3: "FA3",
+    FA4: "FA4",
+    **{f"sdpa_{backend}": f"SDPA {backend.upper()}" for backend in SDPA_BACKENDS},
+}
 # Cells of an implementation that did not run: its import failed, or it refused the shape.
 NOT_INSTALLED = "not installed"
 REFUSED = "n/a"
@@ -119,9 +129,32 @@ def packed_inputs(batch: Batch, dtype_name: str, seed: int):
     return q, k, v, cu_seqlens
 
 
-def calls(batch: Batch, q, k, v, cu_seqlens, fa3) -> dict[str, Callable | str]:
+def load_flash_peers() -> dict:
+    """FA3's and FA4's flash_attn_varlen_func, each with why it is missing ("" where loaded)."""
+    return {peer: load("flash_attn_varlen_func") for peer, load in FLASH_PEERS.items()}
+
+
+def flash_peer_call(peer: str, function, batch: Batch, q, k, v, cu_seqlens) -> Callable:
+    """A call of FA3's or FA4's flash_attn_varlen_func on the packed inputs, returning the output
+    alone (FA4 returns the lse with it): FA3's in FlashAttention-2's positional order, FA4's by
+    keyword (its positions differ)."""
+    longest = max(batch.lengths)
+    if peer == FA3:
+        return functools.partial(function, q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal=batch.causal)
+
+    def run():
+        result = function(
+            q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=longest, max_seqlen_k=longest,
+            causal=batch.causal,
+        )  # fmt: skip
+        return result[0] if isinstance(result, tuple) else result
+
+    return run
+
+
+def calls(batch: Batch, q, k, v, cu_seqlens, flash_peers: dict) -> dict[str, Callable | str]:
     """Each implementation's call on the packed inputs, returning (total, heads, d_head); a string
-    for a peer that is not installed."""
+    for a peer that is not installed (main prints why)."""
     import flash_attention
     import torch
     import torch.nn.functional as F
@@ -138,16 +171,21 @@ def calls(batch: Batch, q, k, v, cu_seqlens, fa3) -> dict[str, Callable | str]:
         return run
 
     implementations = {"ours": functools.partial(flash_attention.flash_attn_varlen_func, *varlen, causal=batch.causal)}
-    implementations[FA3] = NOT_INSTALLED if fa3 is None else functools.partial(fa3, *varlen, causal=batch.causal)
+    for peer, (function, _) in flash_peers.items():
+        implementations[peer] = (
+            NOT_INSTALLED if function is None else flash_peer_call(peer, function, batch, q, k, v, cu_seqlens)
+        )
     implementations.update({f"sdpa_{backend}": sdpa(backend) for backend in SDPA_BACKENDS})
     return implementations
 
 
-def time_batch(table: str, batch: Batch, dtype_name: str, fa3, timer, progress, seed: int) -> tuple[list, str | None]:
+def time_batch(
+    table: str, batch: Batch, dtype_name: str, flash_peers: dict, timer, progress, seed: int
+) -> tuple[list, str | None]:
     """Times ours and every peer on ``batch``; returns the rows (in table order) and a correctness
     failure, if any."""
     q, k, v, cu_seqlens = packed_inputs(batch, dtype_name, seed)
-    implementations = calls(batch, q, k, v, cu_seqlens, fa3)
+    implementations = calls(batch, q, k, v, cu_seqlens, flash_peers)
     outputs, rows = {}, {}
     for name in common.timing_order(list(implementations), 0, (table, dtype_name, batch)):
         call, status, time_ms = implementations[name], "", math.nan
@@ -156,7 +194,7 @@ def time_batch(table: str, batch: Batch, dtype_name: str, fa3, timer, progress, 
         else:
             try:
                 outputs[name] = call()
-            except RuntimeError as error:
+            except Exception as error:  # the peers raise their own types for what they do not run
                 if name == "ours":
                     raise
                 shape = f"{dtype_name} d_head {batch.d_head} {common.mask_name(batch.causal)}"
@@ -333,12 +371,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    fa3, fa3_error = common.load_fa3("flash_attn_varlen_func")
+    flash_peers = load_flash_peers()
     timer, timing_description = common.make_timer(args.rep_ms)
     lengths, origin = ragged_batch(args)
     versions = f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}"
     print(f"{torch.cuda.get_device_name()}, {versions}; {timing_description}")
-    print(f"FA3: {'fa3_fwd_interface' if fa3 else f'{NOT_INSTALLED} ({fa3_error})'}")
+    for peer, (function, missing) in flash_peers.items():
+        print(f"{LABELS[peer]}: {f'{function.__module__}' if function else f'{NOT_INSTALLED} ({missing})'}")
     print(
         f"ragged batch: {len(lengths)} sequences, {sum(lengths)} tokens, lengths {min(lengths)} to {max(lengths)} "
         f"({origin})"
@@ -354,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     total = len(batches) * (1 + len(PEERS)) + 2 * len(equal)
     with torch.inference_mode(), common.Progress(total, "varlen") as progress:
         for dtype_name, batch in batches:
-            rows, failure = time_batch("ragged", batch, dtype_name, fa3, timer, progress, args.seed)
+            rows, failure = time_batch("ragged", batch, dtype_name, flash_peers, timer, progress, args.seed)
             ragged_rows += rows
             if failure:
                 failures.append(failure)
