@@ -121,7 +121,7 @@ struct WorkTileNumbering {
 
 // A varlen call's work tiles, as its plan lists them (varlen_work_plan.cuh): every one has rows, and
 // the longest sequences' come first.
-template <int B_r, int cluster, MaskKind MASK>
+template <int cluster>
 struct PlannedWorkTiles {
     static constexpr int cluster_blocks = cluster;
     const ForwardParams &params;
@@ -144,7 +144,7 @@ struct PlannedWorkTiles {
 
 // How a kernel's work tiles are numbered: densely, or (varlen) as the call's plan lists them.
 template <int B_r, int cluster, MaskKind MASK, bool VARLEN>
-using WorkTilesOf = std::conditional_t<VARLEN, PlannedWorkTiles<B_r, cluster, MASK>, WorkTileNumbering<B_r, cluster, MASK>>;
+using WorkTilesOf = std::conditional_t<VARLEN, PlannedWorkTiles<cluster>, WorkTileNumbering<B_r, cluster, MASK>>;
 
 // A block computes one work tile and knows it from its index: nothing is handed off.
 struct NoHandOff {
@@ -200,10 +200,10 @@ struct AtomicCounterScheduler : WorkTiles, WorkSlotHandOff {
 
 // The blocks of a cluster must take the same work tiles, so a persistent cluster takes every
 // (gridDim.x / cluster)-th in turn rather than asking the counter.
-template <typename WorkTiles, int cluster>
+template <typename WorkTiles>
 struct ClusterRotationScheduler : WorkTiles, WorkSlotHandOff {
     using WorkTiles::WorkTiles;
-    __device__ __forceinline__ int next(int index) const { return index + gridDim.x / cluster; }
+    __device__ __forceinline__ int next(int index) const { return index + gridDim.x / WorkTiles::cluster_blocks; }
 };
 
 } // namespace flash::sm90

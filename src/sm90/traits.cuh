@@ -56,7 +56,7 @@ struct StaticHopperKernelConfig {
     using TileScheduler = std::conditional_t<
         !persistent, SinglePassScheduler<WorkTilesOf<B_r, cluster_size, MASK, VARLEN>>,
         std::conditional_t<(cluster_size > 1),
-                           ClusterRotationScheduler<WorkTilesOf<B_r, cluster_size, MASK, VARLEN>, cluster_size>,
+                           ClusterRotationScheduler<WorkTilesOf<B_r, cluster_size, MASK, VARLEN>>,
                            AtomicCounterScheduler<WorkTilesOf<B_r, 1, MASK, VARLEN>>>>;
 
     static constexpr int n_threads = WARPGROUP_THREADS * (consumer_warpgroups + (warp_specialized ? 1 : 0));
