@@ -3,9 +3,10 @@
 
 The ragged batch (self-attention): --total-tokens tokens (default 64Ki) in sequences whose lengths
 are drawn with a fixed seed (--seed) uniformly from --min-len to --max-len (default 64 to 8192),
-the last one trimmed so that they add up to the total; or the lengths --lengths gives, in order. Per head size (--d-heads: 16 heads of 128,
-32 heads of 64, heads * d_head = 2048), dtype (--dtypes) and mask (--causal), on the same packed
-inputs in one run, in a seeded random order per shape (bench_common.timing_order):
+the last one trimmed so that they add up to the total; or the lengths --lengths gives, in order.
+Per head size (--d-heads: 16 heads of 128, 32 heads of 64, heads * d_head = 2048), dtype (--dtypes)
+and mask (--causal), on the same packed inputs in one run, in a seeded random order per shape
+(bench_common.timing_order):
 
   ours       flash_attention.flash_attn_varlen_func (the configuration chosen automatically);
   FA3        FlashAttention-3's flash_attn_varlen_func (the fa3-fwd package, module
@@ -377,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     versions = f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}"
     print(f"{torch.cuda.get_device_name()}, {versions}; {timing_description}")
     for peer, (function, missing) in flash_peers.items():
-        print(f"{LABELS[peer]}: {f'{function.__module__}' if function else f'{NOT_INSTALLED} ({missing})'}")
+        print(f"{LABELS[peer]}: {function.__module__ if function else f'{NOT_INSTALLED} ({missing})'}")
     print(
         f"ragged batch: {len(lengths)} sequences, {sum(lengths)} tokens, lengths {min(lengths)} to {max(lengths)} "
         f"({origin})"
