@@ -35,9 +35,10 @@ from torch.utils.cpp_extension import BuildExtension, CUDAExtension  # noqa: E40
 
 kernel_set = resolve_build_kernels_key()
 instantiations = generate(get_kernels_to_build(kernel_set, arch_list), ROOT / "src", kernel_set)
-# The binding, the split-KV combine kernel (shared by the families), the KV cache append kernel, then
-# one unit per configuration.
-sources = ["src/flash_attention.cu", "src/split_kv/combine.cu", "src/kvcache/append.cu"] + [str(path.relative_to(ROOT)) for path in instantiations]
+# The binding, the split-KV combine kernel (shared by the families), the KV cache append kernel, the
+# Hopper family's varlen planning kernel (shared by its configurations), then one unit per configuration.
+shared_units = ["src/flash_attention.cu", "src/split_kv/combine.cu", "src/kvcache/append.cu", "src/sm90/varlen_work_plan.cu"]
+sources = shared_units + [str(path.relative_to(ROOT)) for path in instantiations]
 
 setup(
     ext_modules=[

@@ -16,9 +16,9 @@
 #   --jobs N             tools run at once on the GPU (default 4: all of them side by side)
 #   --kernel-filter F    compute-sanitizer's --kernel-name filter selecting our kernels; default
 #                        kns=_forward_kernel (a substring of every family's mangled kernel name:
-#                        flash_forward_kernel, hopper_forward_kernel, the split
-#                        keys' combine_forward_kernel and the KV cache's
-#                        append_forward_kernel)
+#                        flash_forward_kernel, hopper_forward_kernel, the Hopper
+#                        family's varlen_plan_forward_kernel, the split keys'
+#                        combine_forward_kernel and the KV cache's append_forward_kernel)
 #
 # A tool is clean when its run ends with status 0, its summary reports no error (racecheck: no
 # hazard, warnings included) and the driver found every result equal to the reference. The exit

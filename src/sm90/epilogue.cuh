@@ -1,5 +1,6 @@
 // The Hopper epilogue of one work tile: the shared normalisation and log-sum-exp
-// (finish_softmax), then O through shared memory by TMA (a varlen call's, by 16-byte stores).
+// (finish_softmax), then O through shared memory by TMA (a varlen call's box that would reach past
+// its sequence's end, by 16-byte stores).
 #pragma once
 
 #include <cstdint>
@@ -41,8 +42,8 @@ __device__ __forceinline__ void store_sequence_rows(const ForwardParams &params,
 }
 
 // A consumer warpgroup's 64 rows of the work tile starting at Q_first_row of (batch, head), whose
-// sequence's lengths are params' and whose boxes of O are at O_boxes (with VARLEN, stored row by
-// row instead: store_sequence_rows).
+// sequence's lengths are params' and whose boxes of O are at O_boxes (with VARLEN, a box that would
+// reach past the sequence's end is stored row by row instead: store_sequence_rows).
 template <typename Kernel, bool VARLEN, typename Softmax>
 __device__ __forceinline__ void write_outputs(const KernelParams &kp, const ForwardParams &params, const BoxCoordinates &O_boxes,
                                               const ConsumerWarpgroup<Kernel> &consumer, const Softmax &softmax,
@@ -77,9 +78,11 @@ __device__ __forceinline__ void write_outputs(const KernelParams &kp, const Forw
                 pack_pair<typename Kernel::value_t>(O_acc.r[0][n][2 * h], O_acc.r[0][n][2 * h + 1]);
         }
     }
-    if constexpr (VARLEN) {
+    const int wg_first_row = Q_first_row + consumer.wg * WGMMA_M;
+    // A varlen box that would reach past the sequence's end is stored row by row; the others, by TMA.
+    if (VARLEN && wg_first_row + WGMMA_M > params.seqlen_q) {
         named_barrier_sync(consumer.warpgroup_barrier, WARPGROUP_THREADS);
-        store_sequence_rows<Kernel>(params, O_smem, Q_first_row + consumer.wg * WGMMA_M, head, batch);
+        store_sequence_rows<Kernel>(params, O_smem, wg_first_row, head, batch);
         return;
     }
     fence_async_shared();
@@ -87,8 +90,7 @@ __device__ __forceinline__ void write_outputs(const KernelParams &kp, const Forw
     if (stores) {
 #pragma unroll
         for (int c = 0; c < Kernel::col_blocks; ++c)
-            O_boxes.store(&kp.o, O_smem + c * Kernel::Q_col_block_bytes, c * Swizzle::cols,
-                          Q_first_row + consumer.wg * WGMMA_M, head);
+            O_boxes.store(&kp.o, O_smem + c * Kernel::Q_col_block_bytes, c * Swizzle::cols, wg_first_row, head);
         tma_store_commit();
     }
 }

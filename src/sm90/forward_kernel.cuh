@@ -129,16 +129,20 @@ __device__ __forceinline__ void consume_work_tile(const KernelParams &kp, Consum
 // them are masked element by element (KVTileRange); the unmasked tiles in between run the code of
 // an unmasked problem. SCORE_MODS applies softcap and ALiBi to every tile's scores. With VARLEN
 // each sequence has lengths of its own (Sequence): the work tiles are those the call's plan lists
-// (varlen_work_plan.cuh; a single-pass block past them exits at once), and K and V load through tensor maps whose bounds stop at the sequence's end
-// (sequence_tensor_maps.cuh); O is stored row by row, up to it. (Separate template arguments, as in the
-// SM80 family: nvcc's host stubs cannot spell an all-zero class-type template argument.) Compiled
-// for sm_90a only; elsewhere the body is empty and the binding never launches it.
+// (varlen_work_plan.cuh; the kernel may start before the plan is written and waits for it; a
+// single-pass block past the plan's tiles exits at once), K and V load through tensor maps whose
+// bounds stop at the sequence's end (sequence_tensor_maps.cuh), and a box of O that would reach
+// past it is stored row by row. (Separate template arguments, as in the SM80 family: nvcc's host
+// stubs cannot spell an all-zero class-type template argument.) Compiled for sm_90a only;
+// elsewhere the body is empty and the binding never launches it.
 template <typename Kernel, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS, bool VARLEN>
 __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(const __grid_constant__ KernelParams kp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Scheduler = typename Kernel::template TileScheduler<MASK, VARLEN>;
     constexpr int cluster = Kernel::cluster_size;
     const ForwardParams &params = kp.params;
+    if constexpr (VARLEN)
+        wait_for_planned_work(); // the kernel may have started while its plan was being written
     if constexpr (VARLEN && !Kernel::persistent) {
         // The grid covers as many work tiles as the call may have; its plan may list fewer.
         const Scheduler own(params, 0);

@@ -66,20 +66,27 @@ int64_t max_work_tiles(const ForwardParams &params) {
 
 // The launch's threads, dynamic shared memory per block, cluster shape and grid: one block per work
 // tile, or, when persistent, as many (clusters of) blocks as fit at once (with clusters, the GPCs'
-// SM counts may leave some SMs out). config.attrs points into the shape, which therefore stays put.
+// SM counts may leave some SMs out). A varlen kernel may start while its planning kernel runs
+// (programmatic stream serialization; its blocks wait for the plan), which hides the second
+// launch's latency. config.attrs points into the shape, which therefore stays put.
 template <typename Kernel, ProblemVariant VARIANT>
 struct LaunchShape {
-    cudaLaunchAttribute cluster_shape{};
+    cudaLaunchAttribute attributes[2]{}; // the cluster shape first (resident_clusters reads it)
     cudaLaunchConfig_t config{};
 
     explicit LaunchShape(const ForwardParams &params) {
         constexpr int cluster = Kernel::cluster_size;
         config.blockDim = dim3(Kernel::n_threads);
         config.dynamicSmemBytes = Kernel::smem_bytes;
-        cluster_shape.id = cudaLaunchAttributeClusterDimension;
-        cluster_shape.val.clusterDim = {cluster, 1, 1};
-        config.attrs = &cluster_shape;
-        config.numAttrs = cluster > 1 ? 1 : 0;
+        config.attrs = attributes;
+        if constexpr (cluster > 1) {
+            attributes[config.numAttrs].id = cudaLaunchAttributeClusterDimension;
+            attributes[config.numAttrs++].val.clusterDim = {cluster, 1, 1};
+        }
+        if constexpr (VARIANT.varlen) {
+            attributes[config.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            attributes[config.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
+        }
         int64_t clusters = max_work_tiles<Kernel, VARIANT>(params);
         if constexpr (Kernel::persistent)
             clusters = std::min<int64_t>(clusters, cluster > 1 ? resident_clusters(kernel(), config) : multiprocessor_count());
@@ -134,8 +141,7 @@ void launch(const ForwardParams &params, cudaStream_t stream) {
     if constexpr (VARIANT.varlen) {
         const VarlenScratch<Kernel, VARIANT> scratch(params);
         sequence_maps = reinterpret_cast<CUtensorMap *>(static_cast<uint8_t *>(params.scratch) + scratch.maps_offset);
-        varlen_plan_forward_kernel<Kernel::B_r, Kernel::cluster_size, VARIANT.mask><<<1, PLAN_THREADS, 0, stream>>>(params, scratch.plan);
-        check_cuda(cudaGetLastError(), "launching the varlen work plan");
+        plan_varlen_work(params, scratch.plan, Kernel::B_r, Kernel::cluster_size, VARIANT.mask != MaskKind::NONE, stream);
     }
     const KernelParams kp{
         params,

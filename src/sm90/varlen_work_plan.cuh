@@ -7,18 +7,18 @@
 // shorter sequence (by keys, which is what a work tile's time grows with): the longest-processing-
 // time-first order, so that the last wave is short tiles.
 //
+// The planning kernel is compiled once, in varlen_work_plan.cu, not in every configuration's unit.
+//
 // The plan lies at the start of the call's scratch (ForwardParams::scratch): the number of tiles,
-// then one PlannedTile each, then the planning kernel's own arrays.
+// then one PlannedTile each, then room for the planning kernel's own arrays.
 #pragma once
 
 #include <cstdint>
 
-#include <cub/block/block_scan.cuh>
+#include <cuda_runtime.h>
 
 #include "common/common.h"
 #include "common/forward_params.h"
-#include "common/problem_variant.h"
-#include "common/sequence.cuh"
 
 namespace flash::sm90 {
 
@@ -38,11 +38,12 @@ struct VarlenPlanLayout {
     int batch;
 
     __host__ __device__ int64_t tiles_offset() const { return header_bytes; }
-    // Per sequence: its key count (the sort key), then its position in the order, then the tiles
-    // before each position (batch + 1 prefix sums).
-    __host__ __device__ int64_t keys_offset() const { return tiles_offset() + capacity * sizeof(PlannedTile); }
-    __host__ __device__ int64_t order_offset() const { return keys_offset() + batch * sizeof(int); }
-    __host__ __device__ int64_t prefix_offset() const { return order_offset() + batch * sizeof(int); }
+    // The planning kernel's arrays, where a batch too large to sort keeps them (a sorted one keeps
+    // them in shared memory): per position in the order its sequence, per sequence its query
+    // blocks, and the tiles before each position (batch + 1 prefix sums).
+    __host__ __device__ int64_t order_offset() const { return tiles_offset() + capacity * sizeof(PlannedTile); }
+    __host__ __device__ int64_t Q_blocks_offset() const { return order_offset() + batch * sizeof(int); }
+    __host__ __device__ int64_t prefix_offset() const { return Q_blocks_offset() + batch * sizeof(int); }
     __host__ __device__ int64_t bytes() const { return prefix_offset() + (batch + 1) * sizeof(int); }
 };
 
@@ -52,85 +53,20 @@ __device__ __forceinline__ const PlannedTile *planned_tiles(const void *scratch)
     return reinterpret_cast<const PlannedTile *>(static_cast<const uint8_t *>(scratch) + VarlenPlanLayout::header_bytes);
 }
 
-constexpr int PLAN_THREADS = 1024;
-// Sequences sorted by their keys up to this many (a comparison of every pair); a larger batch
-// keeps its own order.
-constexpr int PLAN_SORTED_SEQUENCES = 4096;
+// Writes the plan of `params` (a varlen call) into its scratch, on `stream`: work tiles of B_r query
+// rows in clusters of `cluster` blocks; with `last_Q_blocks_first` (under a mask) a sequence's last
+// query blocks, which see the most keys, come first. The attention kernel that reads the plan may be
+// launched at once after it with programmatic stream serialization: it waits for the plan with
+// wait_for_planned_work.
+void plan_varlen_work(const ForwardParams &params, const VarlenPlanLayout &layout, int B_r, int cluster,
+                      bool last_Q_blocks_first, cudaStream_t stream);
 
-// The planning kernel, one block of PLAN_THREADS. Work tiles of one (sequence, head) are listed
-// with the query block fastest and, under a mask, the last query blocks (which see the most keys)
-// first, as the dense numbering does (WorkTile).
-template <int B_r, int cluster, MaskKind MASK>
-__global__ void __launch_bounds__(PLAN_THREADS) varlen_plan_forward_kernel(const ForwardParams params, VarlenPlanLayout layout) {
-    using Scan = cub::BlockScan<int, PLAN_THREADS>;
-    __shared__ typename Scan::TempStorage scan_storage;
-    __shared__ int sorted_keys[PLAN_SORTED_SEQUENCES];
-    uint8_t *const scratch = static_cast<uint8_t *>(params.scratch);
-    int *const keys = reinterpret_cast<int *>(scratch + layout.keys_offset());
-    int *const order = reinterpret_cast<int *>(scratch + layout.order_offset());
-    int *const prefix = reinterpret_cast<int *>(scratch + layout.prefix_offset());
-    PlannedTile *const tiles = reinterpret_cast<PlannedTile *>(scratch + layout.tiles_offset());
-    const int batch = layout.batch;
-    const bool sorts = batch <= PLAN_SORTED_SEQUENCES;
-    const auto Q_blocks_of = [&](int b) { return (Sequence<true>(params, b).q_rows.length + B_r - 1) / B_r; };
-    const auto Q_groups_of = [](int Q_blocks) { return (Q_blocks + cluster - 1) / cluster; };
-
-    for (int b = threadIdx.x; b < batch; b += PLAN_THREADS) {
-        keys[b] = Sequence<true>(params, b).k_rows.length;
-        if (sorts)
-            sorted_keys[b] = keys[b];
-    }
-    __syncthreads();
-    // The position of sequence b: after every sequence with more keys, and those with as many
-    // that come before it.
-    for (int b = threadIdx.x; b < batch; b += PLAN_THREADS) {
-        int position = b;
-        if (sorts) {
-            position = 0;
-            const int key = sorted_keys[b];
-            for (int j = 0; j < batch; ++j)
-                position += sorted_keys[j] > key || (sorted_keys[j] == key && j < b);
-        }
-        order[position] = b;
-    }
-    __syncthreads();
-    // The tiles before each position.
-    int carry = 0;
-    for (int first = 0; first < batch; first += PLAN_THREADS) {
-        const int position = first + static_cast<int>(threadIdx.x);
-        const int count = position < batch ? Q_groups_of(Q_blocks_of(order[position])) * params.heads_q : 0;
-        int before = 0;
-        int chunk_total = 0;
-        Scan(scan_storage).ExclusiveSum(count, before, chunk_total);
-        if (position < batch)
-            prefix[position] = carry + before;
-        carry += chunk_total;
-        __syncthreads(); // the scan's storage is reused
-    }
-    if (threadIdx.x == 0) {
-        prefix[batch] = carry;
-        *reinterpret_cast<int *>(scratch) = carry;
-    }
-    __syncthreads();
-    // Each tile finds its position: the last whose prefix is at most its index.
-    for (int index = threadIdx.x; index < carry; index += PLAN_THREADS) {
-        int low = 0;
-        int high = batch - 1;
-        while (low < high) {
-            const int middle = (low + high + 1) / 2;
-            if (prefix[middle] <= index)
-                low = middle;
-            else
-                high = middle - 1;
-        }
-        const int b = order[low];
-        const int Q_blocks = Q_blocks_of(b);
-        const int Q_groups = Q_groups_of(Q_blocks);
-        const int local = index - prefix[low];
-        const int group = local % Q_groups;
-        const int first_group = MASK == MaskKind::NONE ? group : Q_groups - 1 - group;
-        tiles[index] = {b, local / Q_groups, first_group * cluster, Q_blocks};
-    }
+// In a kernel launched after plan_varlen_work as above: waits until the plan is complete and
+// visible. (A kernel launched without the attribute returns from it at once.)
+__device__ __forceinline__ void wait_for_planned_work() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 }
 
 } // namespace flash::sm90
