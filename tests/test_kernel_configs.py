@@ -579,8 +579,10 @@ def test_tools_select_the_default_build_by_name():
 def test_default_build_is_the_curated_list():
     default = get_kernels_to_build()
     assert default == sorted(parse_kernel_name_into_config(text) for text in DEFAULT_BUILD_KERNELS + DECODE_KERNELS)
-    # At least one configuration per dtype and head size, so a default build serves every problem.
-    assert {(cfg.dtype, cfg.d_head) for cfg in default} == {(dtype, d_head) for dtype in (FP16, BF16) for d_head in D_HEADS}
+    # At least one configuration per dtype and head size of either family (the Hopper family's 160 and
+    # 224 included), so a default build serves every problem.
+    head_sizes = set(D_HEADS) | set(sm90_config.D_HEADS)
+    assert {(cfg.dtype, cfg.d_head) for cfg in default} == {(dtype, d_head) for dtype in (FP16, BF16) for d_head in head_sizes}
     assert set(default) <= set(get_autotuning_kernel_configs())
 
 
@@ -863,7 +865,7 @@ GOOD_SM90_CONFIGS = [
 
 # (config, words its reason must contain): each config breaks exactly one rule.
 BAD_SM90_CONFIGS = [
-    (Hopper(FP16, 80, 128, 128, 2), ["d_head", "32, 64, 96, 128, 192, 256"]),
+    (Hopper(FP16, 80, 128, 128, 2), ["d_head", "32, 64, 96, 128, 160, 192, 224, 256"]),
     (Hopper(FP16, 128, 256, 128, 2), ["B_r"]),
     (Hopper(FP16, 128, 128, 72, 2), ["B_c"]),
     (Hopper(FP16, 128, 128, 128, 5), ["stages"]),

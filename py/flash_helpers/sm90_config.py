@@ -23,7 +23,7 @@ __all__ = ["B_CS", "B_RS", "D_HEADS", "HopperForwardKernelConfig", "MAX_SMEM_BYT
 # The values each dimension of the configuration space can take: what the kernel supports (validity
 # rule 1). B_r is 64 query rows per consumer warpgroup; every B_c is a multiple of 16, the k-extent
 # of one wgmma of P V.
-D_HEADS = (32, 64, 96, 128, 192, 256)
+D_HEADS = (32, 64, 96, 128, 160, 192, 224, 256)
 B_RS = (64, 128, 192)
 B_CS = (64, 80, 96, 112, 128, 144, 160, 176, 192)
 STAGES = (1, 2, 3, 4)

@@ -34,7 +34,7 @@ struct StaticHopperKernelConfig {
 
     static_assert(CFG.dtype == DType::FP16 || CFG.dtype == DType::BF16, "dtype must be FP16 or BF16");
     using Swizzle = SwizzleFor<d_head>;
-    static_assert(d_head % Swizzle::cols == 0 && d_head <= 256, "d_head must be 32, 64, 96, 128, 192 or 256");
+    static_assert(d_head % Swizzle::cols == 0 && d_head <= 256, "d_head must be a multiple of 32 up to 256");
     static_assert(B_r % WGMMA_M == 0 && B_r <= 3 * WGMMA_M, "B_r must be 64, 128 or 192");
     static_assert(B_c % WGMMA_K == 0 && B_c >= 64 && B_c <= 192, "B_c must be a multiple of 16 from 64 to 192");
     static_assert(stages >= 1 && stages <= 4, "stages must be 1 to 4");
