@@ -15,6 +15,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 
 PYTHON=${PYTHON:-python3}
 TORCH_VERSION=2.11.0
+# The integration's tests (tests/test_transformers.py) run against the version the GPU machine has.
+TRANSFORMERS_VERSION=5.17.0
 
 # BUILD and ARGS are read by the scripts that source this file.
 # shellcheck disable=SC2034
@@ -43,7 +45,7 @@ install_missing_packages() {
     fi
     # module:package, for packages whose import name differs (pytest-xdist runs `pytest -n N`)
     local entry
-    for entry in pybind11 pytest xdist:pytest-xdist ninja setuptools wheel; do
+    for entry in pybind11 pytest xdist:pytest-xdist ninja setuptools wheel "transformers:transformers==$TRANSFORMERS_VERSION"; do
         if ! "$PYTHON" -c "import ${entry%%:*}" 2>/dev/null; then
             pip_install "${entry#*:}"
         fi
