@@ -25,7 +25,8 @@ constexpr int WGMMA_K = 16;
 // of BYTES (64 or 32 16-bit elements), whose 16-byte chunks are XOR-ed with address bits 7 and up
 // (the row's index, or half of it, modulo the chunks in a row). Eight rows form one swizzle atom;
 // a tile's column blocks start on atom boundaries. The 128-byte swizzle serves head sizes that are
-// multiples of 64; 32 and 96 take the 64-byte one rather than padding rows with columns of zeros.
+// multiples of 64; the other multiples of 32 (32, 96, 160, 224) take the 64-byte one rather than
+// padding rows with columns of zeros.
 template <int BYTES>
 struct Swizzle {
     static_assert(BYTES == 128 || BYTES == 64, "the family uses the 128- and 64-byte swizzles");
