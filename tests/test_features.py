@@ -382,6 +382,23 @@ def test_reference_criteria_reject_wrong_results(seed):
     assert not reference.compare_lse(reference.lse.double()).passed
 
 
+def test_tolerance_allows_rounding_the_largest_output():
+    """The output tolerance is at least one unit in the last place of the largest output element
+    (twice the rounding floor), however close ref16 happened to come; an error of two units fails."""
+    q = torch.zeros(1, 1, 1, 8, dtype=torch.float16)
+    v = torch.zeros(1, 3, 1, 8, dtype=torch.float16)
+    v[0, :, 0, 0] = 1.5  # every key's value: the output is exactly 1.5 in float16 and in float32
+    reference = FloatReference(q, torch.zeros_like(v), v)
+    assert reference.ref16_max_error == 0 and reference.rounding_floor == 2.0**-11
+    one_ulp, two_ulps = reference.ref32.clone(), reference.ref32.clone()
+    one_ulp[0, 0, 0, 0] += 2.0**-10
+    two_ulps[0, 0, 0, 0] += 2.0**-9
+    assert reference.compare(one_ulp).passed and not reference.compare(two_ulps).passed
+    assert reference_module.half_ulp(1.0, torch.bfloat16) == 2.0**-8
+    assert reference_module.half_ulp(-3.0, torch.float16) == 2.0**-10
+    assert reference_module.half_ulp(0.0, torch.float16) == 0.0
+
+
 def test_all_zero_reference_needs_an_exact_match(seed):
     q, k, v, kwargs = reference_inputs("no_keys", seed)
     reference = FloatReference(q, k, v, **kwargs)

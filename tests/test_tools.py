@@ -1787,7 +1787,7 @@ def test_run_kernels_runs_and_checks_the_causal_problem(stand_in_gpu, honours_ca
             self.ref = _attention(q, k, v, semantics.get("causal", False))
 
         def compare(self, out):
-            return ReferenceComparison((out.float() - self.ref).abs().max().item(), 1e-3, 0.0)
+            return ReferenceComparison((out.float() - self.ref).abs().max().item(), 1e-3, 0.0, 0.0)
 
     monkeypatch.setattr(run_kernels, "FloatReference", RecordingReference)
     status = run_kernels.main(["200", "128", "--causal", "--check", "--n_runs", "2", "--reference", "all"])

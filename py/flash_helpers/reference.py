@@ -16,7 +16,13 @@ The reference computes attention with FlashAttention-2's semantics (the kernels'
 The output criterion is FlashAttention's own: an output may be off attention computed in float32
 on the upcast inputs (ref32) by at most twice what computing in the input dtype itself costs
 (ref16: the same math in float16/bfloat16, the ALiBi bias kept in float32 as FlashAttention's
-reference does), plus 1e-5, and its relative norm error must be under 1e-2.
+reference does), plus 1e-5, and its relative norm error must be under 1e-2. What computing in the
+input dtype costs is taken to be at least half a unit in the last place of the largest output
+element (``rounding_floor``): any 16-bit output may be rounded that far, but over the few elements
+of a small output (one query row of a few heads) ref16's maximum error is a noisy sample that may
+fall well short of it, and a kernel as accurate as ref16 on average then fails by chance (a
+one-query, 239-key, d_head 256 float16 problem with ALiBi: over 300 seeds the kernel's error was
+0.81 of ref16's at the median and above twice it twice).
 
 The lse criterion compares float32 with float32. The kernel reads the same (exactly upcast) inputs
 as ref32, so the two differ only by float32 rounding: of the d_head-term dot products, each off by
@@ -159,6 +165,18 @@ def _max_abs(t):
     return t.abs().max() if t.numel() else torch.zeros((), device=t.device)
 
 
+def half_ulp(value: float, dtype) -> float:
+    """Half the spacing of ``dtype``'s numbers at |value|: the most that rounding |value| to ``dtype``
+    may move it (0 for 0 and for what is not finite, which fails the comparison anyway)."""
+    import torch
+
+    if value == 0 or not math.isfinite(value):
+        return 0.0
+    finfo = torch.finfo(dtype)
+    # Below the smallest normal number the spacing is the subnormals': tiny * eps.
+    return finfo.eps * 2.0 ** math.floor(math.log2(max(abs(value), finfo.tiny))) / 2
+
+
 @dataclasses.dataclass
 class ReferenceComparison:
     """How far one output is from the reference, and whether that passes the criterion."""
@@ -166,10 +184,11 @@ class ReferenceComparison:
     max_error: float  # max |out - ref32|
     ref16_max_error: float  # max |ref16 - ref32|
     relative_norm_error: float  # ||out - ref32|| / ||ref32|| (0 where both are 0)
+    rounding_floor: float  # half a unit in the last place of max |ref32| in the input dtype
 
     @property
     def tolerance(self) -> float:
-        return 2 * self.ref16_max_error + 1e-5
+        return 2 * max(self.ref16_max_error, self.rounding_floor) + 1e-5
 
     @property
     def passed(self) -> bool:
@@ -245,6 +264,7 @@ class FloatReference:
             self.lse_tolerance[:, :, rows.start : rows.stop] = LSE_RTOL * (1 + ref32.magnitude)
             self.rows_without_keys[rows.start : rows.stop] = ref32.without_keys
         self.ref16_max_error = ref16_max_error.item()
+        self.rounding_floor = half_ulp(_max_abs(self.ref32).item(), q.dtype)
         self._ref32_norm = self.ref32.double().norm().item()
 
     @property
@@ -268,6 +288,7 @@ class FloatReference:
             max_error=_max_abs(error).item(),
             ref16_max_error=self.ref16_max_error,
             relative_norm_error=relative,
+            rounding_floor=self.rounding_floor,
         )
 
     def compare_lse(self, lse) -> LseComparison:
