@@ -373,6 +373,16 @@ class PagedCache:
     def page_size(self) -> int:
         return self.k.shape[1]
 
+    def poison_unused_rows(self) -> None:
+        """NaN in the pools' rows that hold no sequence's key (past each sequence's last key in its
+        last page, and the spare pages): a kernel that lets them into a result shows."""
+        used = torch.zeros(self.k.shape[:2], dtype=torch.bool)
+        for b, count in enumerate(self.lengths):
+            for j, page in enumerate(self.block_table[b, : -(-count // self.page_size)].tolist()):
+                used[page, : min(self.page_size, count - j * self.page_size)] = True
+        for pool in (self.k, self.v):
+            pool[~used.to(pool.device)] = float("nan")
+
     def rows(self, pool: torch.Tensor, b: int, count: int) -> torch.Tensor:
         """The first ``count`` rows of sequence b that ``pool`` (self.k or self.v) holds."""
         pages = self.block_table[b, : -(-count // self.page_size)].long()

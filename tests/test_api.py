@@ -753,14 +753,19 @@ def test_paged_and_indexed_shapes_are_checked_before_any_launch():
         flash_attention.choose_config(
             q, _meta((0, 16, 2, 128)), kv_batch_idx=torch.empty(2, dtype=torch.int32, device="meta"), arch="sm_90"
         )
-    paged_kernels = [
-        c for c in flash_attention.compiled_configs()
-        if c.family == "sm80" and c.dtype.name == "FP16" and c.d_head == 128
-        and any(v.varlen for v in flash_attention.compiled_variants(c))
-    ]
-    if paged_kernels and 90 in [a // 10 for a in flash_attention._C.compiled_architectures()]:
-        choice = flash_attention.choose_config(q, _meta((6, 16, 2, 128)), block_table=table, arch="sm_90")
-        assert choice.config in paged_kernels, "only the SM80 family reads paged caches"
+    families = {
+        c.family for c in flash_attention.compiled_configs()
+        if c.dtype.name == "FP16" and c.d_head == 128 and any(v.varlen for v in flash_attention.compiled_variants(c))
+    }
+    if families == {"sm80", "sm90"} and 90 in [a // 10 for a in flash_attention._C.compiled_architectures()]:
+        # A prefill against the cache: pages shorter than the Hopper family reads fast go to the
+        # SM80 family's copies, longer ones to the Hopper family (both families read pages).
+        prefill = _meta((2, 1024, 8, 128))
+        for page_size, family in [(16, "sm80"), (256, "sm90")]:
+            choice = flash_attention.choose_config(
+                prefill, _meta((6, page_size, 2, 128)), block_table=table, causal=True, arch="sm_90"
+            )
+            assert choice.config.family == family, f"pages of {page_size} rows run on {choice.config}"
     half = dict(dtype=torch.float16)
     q, new = torch.empty(2, 1, 8, 128, **half), torch.empty(2, 1, 2, 128, **half)
     pages = torch.empty((0, 16, 2, 128), **half)

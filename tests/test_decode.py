@@ -496,10 +496,6 @@ def test_kvcache_appends_to_pages_and_indexed_entries(layout, seqlen_q, rng):
 def test_paged_and_indexed_calls_are_checked(rng):
     q, k, v = _decode_inputs(rng, torch.bfloat16, 128, batch=2, seqlen_k=64)
     table = torch.zeros((2, 4), dtype=torch.int32, device="cuda")
-    hopper = [c for c in helpers.configs_under_test() if c.family == "sm90" and c.d_head == 128 and c.dtype.name == "BF16"]
-    if hopper:
-        with pytest.raises(ValueError, match="^block_table: .* does not read paged caches"):
-            flash_attention.forward(hopper[0], q, k, v, block_table=table)
     with pytest.raises(ValueError, match="^k: a paged cache is .* page_size a multiple of 16"):
         flash_attention.forward(None, q, k[:, :8], v[:, :8], block_table=table)
     with pytest.raises(TypeError, match="^block_table: dtype must be int32"):

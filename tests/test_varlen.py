@@ -164,6 +164,57 @@ def test_matches_reference(cfg, problem, rng):
     check_forward(cfg, problem.make(cfg, rng))
 
 
+# Paged caches: every family's varlen kernels read k and v from pages (block_table), vLLM's 16 rows
+# and sizes that are not powers of two, against the same keys packed.
+PAGE_SIZES = (16, 48, 256)
+
+
+def paged_cases() -> list[tuple]:
+    axes = itertools.product(VARLEN_CONFIGS, PAGE_SIZES, LENGTHS, MASKS)
+    return helpers.covering_sample(list(axes), lambda case: case, "varlen_paged")
+
+
+@gpu
+@varlen_cases(
+    "cfg, page_size, lengths, mask",
+    paged_cases(),
+    lambda cfg, page_size, lengths, mask: f"{cfg.short_form()}-page{page_size}-{lengths}-{mask}",
+)
+def test_a_paged_cache_gives_the_bits_of_the_packed_keys(cfg, page_size, lengths, mask, rng):
+    """Packed queries against keys and values on pages in random order, the pages' rows that no
+    sequence uses (past each sequence's last key, and spare pages) holding NaN: bit for bit the call
+    on the same keys packed, and the reference; the pools may also be strided views (each page's keys
+    and values side by side, as vLLM's cache stores them)."""
+    causal, window_size = MASKS[mask]
+    lengths_q, lengths_k = LENGTHS[lengths]
+    dtype = cfg.dtype.to_torch_dtype()
+    q = helpers.random_tensor((sum(lengths_q), 8, cfg.d_head), dtype, rng)
+    k, v = (helpers.random_tensor((sum(lengths_k), 2, cfg.d_head), dtype, rng) for _ in range(2))
+    cu_q, cu_k = cu_seqlens_of(lengths_q), cu_seqlens_of(lengths_k)
+    bounds = cu_k.tolist()
+    pages = helpers.PagedCache.of(
+        *([t[start:end] for start, end in zip(bounds, bounds[1:])] for t in (k, v)), page_size, rng
+    )
+    pages.poison_unused_rows()
+    keywords = dict(
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+        max_seqlen_q=max(lengths_q),
+        max_seqlen_k=max(lengths_k),
+        causal=causal,
+        window_size=window_size,
+    )
+    paged = flash_attention.forward(cfg, q, pages.k, pages.v, nan_like(q), block_table=pages.block_table, **keywords)
+    packed = flash_attention.forward(cfg, q, k, v, **keywords)
+    assert torch.equal(paged, packed), f"{cfg}: the paged and packed calls differ"
+    helpers.assert_matches_reference(paged, q, k, v, **keywords)
+    side_by_side = torch.stack([pages.k, pages.v], dim=1)  # (num_pages, 2, page_size, heads_kv, d_head)
+    strided = flash_attention.forward(
+        cfg, q, side_by_side[:, 0], side_by_side[:, 1], block_table=pages.block_table, **keywords
+    )
+    assert torch.equal(strided, packed), f"{cfg}: pools with a page stride of their own give other results"
+
+
 # ----------------------------------------------------------------------------------------------
 # Focused tests
 

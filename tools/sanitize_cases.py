@@ -9,13 +9,13 @@ query blocks and parts of blocks attend no key), softcap with per-(batch, head) 
 the score-modifying variants, and grouped heads (2 query heads per key/value head), with lse. The
 varlen kernels get a packed batch (cu_seqlens) of five sequences of their own lengths: no queries,
 one query and one key, partial last blocks with more queries than keys and fewer, and queries
-without keys; the last sequence ends the tensors, so a read past its end leaves them. Those of a
-family that reads paged caches run the batch a second time with its keys and values on pages of 16
-rows in random order (block_table entries past a sequence's pages point past the pool), split over
-the keys in 3 (num_splits), which checks the paged copies and the split's partial results, and then
-a decode step: 3 queries per sequence whose 2 grouped heads are packed as rows (rows_per_query),
-against slots of keys of which seqused_k are used (one sequence uses none), split in 3, which
-checks the packed queries' masks and the combine. Every compiled configuration is run, the
+without keys; the last sequence ends the tensors, so a read past its end leaves them. They run the
+batch a second time with its keys and values on pages of 16 rows in random order (block_table
+entries past a sequence's pages point past the pool), which checks the paged loads; those of a
+family that splits the keys split that call in 3 (num_splits), which checks the split's partial
+results, and then run a decode step: 3 queries per sequence whose 2 grouped heads are packed as
+rows (rows_per_query), against slots of keys of which seqused_k are used (one sequence uses none),
+split in 3, which checks the packed queries' masks and the combine. Every compiled configuration is run, the
 decoding ones (compiled with their varlen variants alone) too. Last, flash_attn_with_kvcache's
 append kernel, once per dtype (run_append).
 
@@ -45,10 +45,10 @@ from flash_helpers.kernel_sets import KERNELS_ENV, get_kernel_configs  # noqa: E
 # matters), 2 query heads sharing 1 key/value head.
 BATCH = 2
 HEADS = (2, 1)
-# The families whose varlen kernels read paged caches (their FamilyInfo::reads_paged_kv), and the
-# paged call's page size (vLLM's default) and split.
-PAGED_FAMILIES = ("sm80",)
+# The paged call's page size (vLLM's default); the families whose varlen kernels split the keys
+# (their FamilyInfo::splits_keys), and how many splits their paged call and decode step take.
 PAGE_SIZE = 16
+SPLITTING_FAMILIES = ("sm80",)
 PAGED_SPLITS = 3
 # The decode step's queries per sequence and each sequence's used keys, in slots of DECODE_SLOT keys.
 DECODE_QUERIES = 3
@@ -111,8 +111,11 @@ def main(argv: list[str] | None = None) -> int:
         label = f"{cfg.short_form()} [{variant.describe()}] {problem.describe()}"
         inputs = on_gpu(problem.make(cfg, rng))
         calls = [(inputs, label, inputs.k, inputs.v, inputs.kwargs)]
-        if variant.varlen and cfg.family in PAGED_FAMILIES:
-            calls.append((inputs, f"{label}, paged and split in {PAGED_SPLITS}", *paged_call(inputs, rng)))
+        splits = cfg.family in SPLITTING_FAMILIES
+        if variant.varlen:
+            paged = f"{label}, paged" + (f" and split in {PAGED_SPLITS}" if splits else "")
+            calls.append((inputs, paged, *paged_call(inputs, rng, PAGED_SPLITS if splits else 1)))
+        if variant.varlen and splits:
             step = decode_step(cfg, inputs, rng)
             calls.append((step, f"{label}, a decode step of {DECODE_QUERIES} packed queries split in {PAGED_SPLITS}",
                           step.k, step.v, {**step.kwargs, "num_splits": PAGED_SPLITS}))
@@ -126,13 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failures else 0
 
 
-def paged_call(inputs: helpers.Inputs, rng) -> tuple:
+def paged_call(inputs: helpers.Inputs, rng, num_splits: int) -> tuple:
     """(k, v, keywords) of the packed batch ``inputs`` with its keys and values on pages
-    (helpers.PagedCache), split over the keys."""
+    (helpers.PagedCache), split over the keys in num_splits."""
     bounds = inputs.kwargs["cu_seqlens_k"].tolist()
     keys, values = ([t[start:end] for start, end in zip(bounds, bounds[1:])] for t in (inputs.k, inputs.v))
     cache = helpers.PagedCache.of(keys, values, PAGE_SIZE, rng)
-    return cache.k, cache.v, {**inputs.kwargs, "block_table": cache.block_table, "num_splits": PAGED_SPLITS}
+    return cache.k, cache.v, {**inputs.kwargs, "block_table": cache.block_table, "num_splits": num_splits}
 
 
 def decode_step(cfg, inputs: helpers.Inputs, rng) -> helpers.Inputs:

@@ -100,12 +100,22 @@ struct Choice {
     bool is_default;
 };
 
-// The launcher of `config` for this problem, with its variant, if it is compiled and runs on the GPU.
+// Whether the automatic choice passes over `Family` for this call while another family runs it: a
+// paged cache whose pages are shorter than the family reads fast (FamilyInfo::fast_page_size).
+template <typename Family>
+bool reads_pages_slowly(const ForwardParams &params) {
+    const PagedKV &paged = params.sequences.paged;
+    return paged.block_table != nullptr && paged.page_size < Family::fast_page_size;
+}
+
+// The launcher of `config` for this problem, with its variant, if it is compiled and runs on the GPU
+// (and, with leave_slow_pages, its family does not read the call's pages slowly).
 inline std::optional<std::pair<ProblemVariant, const ForwardLauncher *>>
-runnable(const AnyConfig &config, const ForwardParams &params, const Problem &problem, const Gpu &gpu) {
+runnable(const AnyConfig &config, const ForwardParams &params, const Problem &problem, const Gpu &gpu,
+         bool leave_slow_pages) {
     return visit_config(config, [&](auto family, const auto &cfg) -> std::optional<std::pair<ProblemVariant, const ForwardLauncher *>> {
         using Family = decltype(family);
-        if (!Family::runs_on(gpu.capability) || (problem.paged_kv && !Family::reads_paged_kv))
+        if (!Family::runs_on(gpu.capability) || (leave_slow_pages && reads_pages_slowly<Family>(params)))
             return std::nullopt;
         const ProblemVariant variant = Family::variant_for(cfg, params, problem.mask, problem.score_mods, problem.varlen);
         const ForwardLauncher *launcher = Family::find(cfg, variant);
@@ -135,14 +145,14 @@ inline const TableEntry *entry_for(const std::vector<TableEntry> &entries, DType
 }
 
 inline std::optional<Choice> choose_from_table(const TableEntry &entry, const ForwardParams &params, const Problem &problem,
-                                               const Gpu &gpu) {
+                                               const Gpu &gpu, bool leave_slow_pages) {
     MaskParams measured_mask{};
     set_window(measured_mask, entry.causal, Window{-1, -1}, entry.seq_len, entry.seq_len);
     std::optional<Choice> best;
     double best_estimate = 0.0;
     for (size_t i = 0; i < entry.ranked.size(); ++i) {
         const auto &[config, time_ms] = entry.ranked[i];
-        const auto found = runnable(config, params, problem, gpu);
+        const auto found = runnable(config, params, problem, gpu, leave_slow_pages);
         if (!found)
             continue;
         const auto [B_r, B_c] = blocks_of(config);
@@ -157,7 +167,7 @@ inline std::optional<Choice> choose_from_table(const TableEntry &entry, const Fo
 }
 
 inline std::optional<Choice> choose_by_rule(DType dtype, int d_head, const ForwardParams &params, const Problem &problem,
-                                            const Gpu &gpu, RuleReason why) {
+                                            const Gpu &gpu, RuleReason why, bool leave_slow_pages) {
     const auto &defaults = DispatchTables::instance().defaults;
     std::optional<Choice> best;
     std::tuple<bool, int, AnyConfig> best_key{};
@@ -168,7 +178,7 @@ inline std::optional<Choice> choose_by_rule(DType dtype, int d_head, const Forwa
             if (cfg.dtype != dtype || cfg.d_head != d_head)
                 continue;
             const AnyConfig config = cfg;
-            const auto found = runnable(config, params, problem, gpu);
+            const auto found = runnable(config, params, problem, gpu, leave_slow_pages);
             if (!found)
                 continue;
             const bool is_default = defaults.count(config) > 0;
@@ -206,25 +216,34 @@ inline std::optional<int> served_d_head(DType dtype, int d_head, const Gpu &gpu)
     return served;
 }
 
-// The kernel for a problem, or nullopt where this build has none that runs it on this GPU: the
-// configurations of the served head size (served_d_head).
-inline std::optional<Choice> choose(DType dtype, const ForwardParams &params, const Problem &problem, const Gpu &gpu) {
-    const std::optional<int> d_head = served_d_head(dtype, params.d_head, gpu);
-    if (!d_head)
-        return std::nullopt;
+// The kernel of the served head size for a problem: the table's, else the rule's.
+inline std::optional<Choice> choose_at(DType dtype, int d_head, const ForwardParams &params, const Problem &problem,
+                                       const Gpu &gpu, bool leave_slow_pages) {
     const auto &tables = DispatchTables::instance().entries;
     const auto table = tables.find(gpu.capability);
     RuleReason why = RuleReason::NO_TABLE;
     if (table != tables.end()) {
-        const TableEntry *entry = entry_for(table->second, dtype, *d_head, problem.mask != MaskKind::NONE, params.seqlen_q);
+        const TableEntry *entry = entry_for(table->second, dtype, d_head, problem.mask != MaskKind::NONE, params.seqlen_q);
         why = RuleReason::NO_ENTRY;
         if (entry != nullptr) {
-            if (auto choice = choose_from_table(*entry, params, problem, gpu))
+            if (auto choice = choose_from_table(*entry, params, problem, gpu, leave_slow_pages))
                 return choice;
             why = RuleReason::NONE_COMPILED;
         }
     }
-    return choose_by_rule(dtype, *d_head, params, problem, gpu, why);
+    return choose_by_rule(dtype, d_head, params, problem, gpu, why, leave_slow_pages);
+}
+
+// The kernel for a problem, or nullopt where this build has none that runs it on this GPU: the
+// configurations of the served head size (served_d_head), those of a family that reads the call's
+// pages slowly only where no other family's runs it.
+inline std::optional<Choice> choose(DType dtype, const ForwardParams &params, const Problem &problem, const Gpu &gpu) {
+    const std::optional<int> d_head = served_d_head(dtype, params.d_head, gpu);
+    if (!d_head)
+        return std::nullopt;
+    if (auto choice = choose_at(dtype, *d_head, params, problem, gpu, true))
+        return choice;
+    return choose_at(dtype, *d_head, params, problem, gpu, false);
 }
 
 } // namespace flash::binding

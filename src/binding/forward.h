@@ -46,11 +46,9 @@ inline std::string describe(const ProblemVariant &variant) {
 inline std::string arch_of(int capability) { return "sm_" + std::to_string(capability); }
 
 // The rules a configuration named by the caller meets before any of its kernels is looked up: q's
-// dtype, a head size it holds, and paged caches where the problem has one.
-inline void check_named_config(const AnyConfig &config, const at::Tensor &q, const ForwardParams &params,
-                               const Problem &problem) {
-    visit_config(config, [&](auto family, const auto &cfg) {
-        using Family = decltype(family);
+// dtype, and a head size it holds.
+inline void check_named_config(const AnyConfig &config, const at::Tensor &q, const ForwardParams &params) {
+    visit_config(config, [&](auto, const auto &cfg) {
         const at::ScalarType cfg_dtype = cfg.dtype == DType::FP16 ? at::kHalf : at::kBFloat16;
         if (q.scalar_type() != cfg_dtype)
             throw py::type_error("q: dtype " + dtype_str(q) + " does not match kernel_cfg.dtype (" +
@@ -58,9 +56,6 @@ inline void check_named_config(const AnyConfig &config, const at::Tensor &q, con
         if (params.d_head > cfg.d_head)
             throw py::value_error("q: d_head (last dimension) is " + std::to_string(params.d_head) +
                                   ", more than kernel_cfg.d_head (" + std::to_string(cfg.d_head) + ")");
-        if (problem.paged_kv && !Family::reads_paged_kv)
-            throw py::value_error("block_table: " + Family::describe(cfg) +
-                                  " does not read paged caches (the SM80 family's kernels do); name one of those, or none");
     });
 }
 
@@ -224,7 +219,7 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
         packing.pack_params(params);
     const Gpu gpu = gpu_of(q);
     if (named)
-        check_named_config(*named, q, params, problem);
+        check_named_config(*named, q, params);
 
     const c10::cuda::CUDAGuard guard(q.device());
     // The split over the keys, where the heuristic or the caller asks for one: it runs the

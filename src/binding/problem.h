@@ -57,8 +57,7 @@ inline ProblemArguments problem_arguments(bool causal, py::handle softmax_scale,
 struct Problem {
     MaskKind mask;
     bool score_mods;
-    bool varlen;
-    bool paged_kv; // k and v are a paged cache (PagedKV): only families that read_paged_kv run it
+    bool varlen; // paged caches (PagedKV) among them
 };
 
 // The mask kind of effective window sides (set_window's).
@@ -116,8 +115,7 @@ inline Problem decode_problem(const ProblemArguments &args, const SequenceArgume
         params.mask.alibi_slopes = q.is_cuda() ? slopes.data_ptr<float>() : nullptr;
         params.mask.alibi_batch_stride = per_batch ? slopes.stride(0) : 0;
     }
-    return Problem{mask_kind(params.mask), args.softcap > 0.0f || args.alibi_slopes.has_value(), sequences.any(),
-                   sequences.paged()};
+    return Problem{mask_kind(params.mask), args.softcap > 0.0f || args.alibi_slopes.has_value(), sequences.any()};
 }
 
 } // namespace flash::binding

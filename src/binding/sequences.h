@@ -123,7 +123,7 @@ inline void check_sequence_tensor(const std::optional<at::Tensor> &t, const char
 }
 
 // A paged cache's table: int32 (batch, pages_per_sequence) on q's device, rows contiguous; its
-// pages of a multiple of 16 rows, which keeps each copy's rows within one page per 16 keys.
+// pages of a multiple of PagedKV::ROWS_MULTIPLE rows.
 inline void check_block_table(const at::Tensor &table, const at::Tensor &q, const at::Tensor &k, int64_t batch,
                               bool on_device) {
     if (table.scalar_type() != at::kInt)
@@ -135,9 +135,10 @@ inline void check_block_table(const at::Tensor &table, const at::Tensor &q, cons
         throw py::value_error("block_table: is on " + table.device().str() + " but q is on " + q.device().str());
     if (table.size(1) > 1 && table.stride(1) != 1)
         throw py::value_error("block_table: each row must be contiguous");
-    if (k.size(0) < 1 || k.size(1) < 1 || k.size(1) % 16 != 0)
+    if (k.size(0) < 1 || k.size(1) < 1 || k.size(1) % PagedKV::ROWS_MULTIPLE != 0)
         throw py::value_error("k: a paged cache is (num_pages, page_size, heads_kv, d_head) with at least one page and "
-                              "page_size a multiple of 16, got " + shape_str(k));
+                              "page_size a multiple of " + std::to_string(PagedKV::ROWS_MULTIPLE) + ", got " +
+                              shape_str(k));
     if (table.size(1) * k.size(1) > MAX_SEQLEN)
         throw py::value_error("block_table: pages_per_sequence * page_size exceeds " + std::to_string(MAX_SEQLEN));
 }

@@ -35,11 +35,15 @@ struct MaskParams {
 constexpr int MAX_SEQLEN = 1 << 29;
 constexpr int UNBOUNDED_WINDOW = 2 * MAX_SEQLEN;
 
-// A paged KV cache (the SM80 family's varlen variant reads it): k and v are pools of pages,
+// A paged KV cache (both families' varlen variants read it): k and v are pools of pages,
 // (num_pages, page_size, heads_kv, d_head), and sequence b's key j is row j % page_size of page
 // block_table[b * table_stride + j / page_size]. A sequence holds at most pages_per_sequence *
 // page_size keys; the kernels clamp a table entry to the pages that exist.
 struct PagedKV {
+    // page_size is a multiple of this many rows (the binding checks): a kernel may copy keys in
+    // groups of that many, none of which straddles two pages.
+    static constexpr int ROWS_MULTIPLE = 16;
+
     const int *block_table; // (batch, pages_per_sequence) int32; null: k and v are not paged
     int64_t table_stride;
     int pages_per_sequence;

@@ -1,5 +1,6 @@
 // Thin wrappers over the SM80 PTX instructions the kernel is built from: cp.async, ldmatrix and
-// mma.sync. Each is one instruction; the callers decide the addresses and fragment layouts.
+// mma.sync, and a prefetch both families may use. Each is one instruction; the callers decide the
+// addresses and fragment layouts.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,11 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem_dst, const void *gmem_
 // with 0 the source is not read, so rows past the end of a tensor arrive as zeros.
 __device__ __forceinline__ void cp_async_16_zfill(uint32_t smem_dst, const void *gmem_src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_dst), "l"(gmem_src), "r"(src_bytes));
+}
+
+// Starts bringing the line holding `address` into L1 (and L2), holding no register for it.
+__device__ __forceinline__ void prefetch_l1(const void *address) {
+    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(address));
 }
 
 // Closes the group of cp.async copies issued by this thread since the last commit.

@@ -5,6 +5,7 @@
 
 #include "binding/family.h"
 #include "binding/python_fields.h"
+#include "common/forward_params.h"
 #include "generated/kernel_registry.h"
 #include "sm80/config.h"
 
@@ -22,8 +23,8 @@ struct FamilyInfo {
     static constexpr bool pads_head_with_masked_tails = true;
     // Its varlen variant splits the keys over several blocks (SplitKV) where the call asks.
     static constexpr bool splits_keys = true;
-    // Its varlen variant reads paged caches (PagedKV), looking up each key row's page.
-    static constexpr bool reads_paged_kv = true;
+    // Its copies read a paged cache a page per 16 keys whatever the page size.
+    static constexpr int fast_page_size = PagedKV::ROWS_MULTIPLE;
 
     FLASH_CONFIG_PYTHON_CONVERSIONS(FlashForwardKernelConfig, FLASH_SM80_CONFIG_FIELDS)
 

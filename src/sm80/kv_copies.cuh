@@ -24,13 +24,13 @@ struct KVTileCopies {
     // rows K_tile_stride / B_c apart.
     const int *page_table;
 
-    // The pages of this thread's rows of tile KV_block: a paged copy reads a page per 16-row group
-    // of keys (a page holds a multiple of 16 rows, so a group never straddles two), and a thread's
-    // consecutive steps of fewer than 16 rows share their group's page. Per group: the table's entry,
+    // The pages of this thread's rows of tile KV_block: a paged copy reads a page per group of
+    // PagedKV::ROWS_MULTIPLE keys (which never straddles two pages), and a thread's consecutive
+    // steps of fewer rows share their group's page. Per group: the table's entry,
     // clamped to the pool (a bad entry stays inside the tensors), and the group's first row in its
     // page. The table's column is clamped too, for the rows past the sequence (not read).
     using Plan = TileCopyPlan<Kernel::n_threads, KV_tile>;
-    static constexpr int KEY_GROUP = 16;
+    static constexpr int KEY_GROUP = PagedKV::ROWS_MULTIPLE;
     static_assert(Kernel::B_c % KEY_GROUP == 0, "a tile's first key starts a group");
     static constexpr int steps_per_group =
         Plan::regular && Plan::rows_per_step < KEY_GROUP ? KEY_GROUP / Plan::rows_per_step : 1;

@@ -1,6 +1,7 @@
 // Where one sequence's boxes lie in a tensor map (tensor_maps.h), for the copies of Q, K and V in and
 // O out: a dense call's rows are those of its batch entry; a varlen call's start at the sequence's
-// first row, and with cu_seqlens all sequences are in the one batch entry.
+// first row, and with cu_seqlens all sequences are in the one batch entry; a paged sequence's keys
+// are on the pages its row of the block table lists.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +34,21 @@ struct BoxCoordinates {
 // sequence's are not handed off).
 __device__ __forceinline__ SequenceRows rows_of(const Sequence<false> &) { return {}; }
 __device__ __forceinline__ SequenceRows rows_of(const Sequence<true> &sequence) { return sequence.rows(); }
+
+// A sequence's keys in a paged cache: its row of the block table and how many keys it has
+// (paged_rows in common/sequence.cuh); a null table where its keys are rows of k and v.
+struct KVPages {
+    const int *table;
+    int keys;
+};
+
+__device__ __forceinline__ KVPages kv_pages(const Sequence<false> &) { return {nullptr, 0}; }
+__device__ __forceinline__ KVPages kv_pages(const Sequence<true> &sequence) {
+    const PagedKV &paged = sequence.params.sequences.paged;
+    if (paged.block_table == nullptr)
+        return {nullptr, 0};
+    return {paged.block_table + sequence.batch * paged.table_stride, sequence.k_rows.length};
+}
 
 // The boxes of a sequence's q and o rows, and of its k and v rows.
 __device__ __forceinline__ BoxCoordinates q_boxes(const Sequence<false> &sequence) { return {0, sequence.batch}; }

@@ -79,7 +79,8 @@ __device__ __forceinline__ void consume_work_tile(const KernelParams &kp, Consum
     const bool loads = !Kernel::warp_specialized && threadIdx.x == 0;
     const KVTensorMaps kv_maps =
         loads ? KVTensorMapBinder<Kernel, VARLEN>{kp}.bind(sequence, tiles.begin, tiles.end) : call_tensor_maps(kp);
-    const Loader loader{kp, smem, head, head / group_size, Q_boxes, kv_boxes(sequence), rows_of(sequence), kv_maps, rank};
+    const Loader loader{kp,   smem, head, head / group_size, Q_boxes, kv_boxes(sequence), kv_pages(sequence),
+                        rows_of(sequence), kv_maps, rank};
     if (loads && !tiles.empty()) {
         loader.load_Q(Q_first_row, 0, index, true);
         for (int tile = tiles.begin; tile < min(tiles.begin + Kernel::stages, tiles.end); ++tile)
@@ -131,8 +132,8 @@ __device__ __forceinline__ void consume_work_tile(const KernelParams &kp, Consum
 // each sequence has lengths of its own (Sequence): the work tiles are those the call's plan lists
 // (varlen_work_plan.cuh; the kernel may start before the plan is written and waits for it; a
 // single-pass block past the plan's tiles exits at once), K and V load through tensor maps whose
-// bounds stop at the sequence's end (sequence_tensor_maps.cuh), and a box of O that would reach
-// past it is stored row by row. (Separate template arguments, as in the SM80 family: nvcc's host
+// bounds stop at the sequence's end (sequence_tensor_maps.cuh), or from a paged cache a box per
+// page (tile_loader.cuh), and a box of O that would reach past it is stored row by row. (Separate template arguments, as in the SM80 family: nvcc's host
 // stubs cannot spell an all-zero class-type template argument.) Compiled for sm_90a only;
 // elsewhere the body is empty and the binding never launches it.
 template <typename Kernel, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS, bool VARLEN>

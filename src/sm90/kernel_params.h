@@ -20,6 +20,10 @@ struct KernelParams {
     // A varlen kernel's slots for k and v maps bounded at a sequence's end (ForwardParams::scratch,
     // sequence_tensor_maps.cuh); unused by the others.
     CUtensorMap *sequence_maps;
+    // With a paged cache, k's and v's maps are (d_head, page_size, heads_kv, num_pages) views of the
+    // pools, in boxes of this many rows: the most that divides both a page and a block's share of a
+    // KV tile (KV_slice_rows), so no box straddles two pages (tile_loader.cuh).
+    int page_box_rows;
 };
 
 } // namespace flash::sm90

@@ -2,12 +2,14 @@
 // memory per thread block, one block per work tile (B_r query rows of one (batch, head), of the
 // longest sequence with per-sequence lengths), or, when persistent, one per SM at most; with
 // multicast, in clusters of two blocks. A varlen call first plans its work tiles, and asks for
-// scratch for the plan and for its blocks' tensor maps bounded at a sequence's end.
+// scratch for the plan and for its blocks' tensor maps bounded at a sequence's end; its keys and
+// values may be on the pages of a paged cache.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <numeric>
 #include <mutex>
 #include <stdexcept>
 #include <utility>
@@ -137,6 +139,17 @@ void launch(const ForwardParams &params, cudaStream_t stream) {
                         : layout.cu_seqlens_k != nullptr ? 1
                         : layout.kv_batch_idx != nullptr ? layout.kv_batches
                                                          : params.batch;
+    // A paged cache's k and v: (d_head, page_size, heads_kv, num_pages) views of the pools, whose
+    // boxes never straddle two pages.
+    const PagedKV &paged = layout.paged;
+    const bool paged_kv = VARIANT.varlen && paged.block_table != nullptr;
+    const int kv_box_rows = paged_kv ? std::gcd(paged.page_size, Kernel::KV_slice_rows) : Kernel::KV_slice_rows;
+    const auto kv_map_of = [&](const void *data, const TensorStrides &strides) {
+        if (paged_kv)
+            return make_tensor_map(Kernel::config.dtype, data, strides, params.d_head, paged.page_size, params.heads_kv,
+                                   paged.num_pages, kv_box_rows, Kernel::Swizzle::bytes);
+        return map_of(data, strides, params.seqlen_k, layout.rows_k, params.heads_kv, batch_k, kv_box_rows);
+    };
     CUtensorMap *sequence_maps = nullptr;
     if constexpr (VARIANT.varlen) {
         const VarlenScratch<Kernel, VARIANT> scratch(params);
@@ -146,10 +159,11 @@ void launch(const ForwardParams &params, cudaStream_t stream) {
     const KernelParams kp{
         params,
         map_of(params.q, params.q_strides, params.seqlen_q, layout.rows_q, params.heads_q, batch_q, WGMMA_M),
-        map_of(params.k, params.k_strides, params.seqlen_k, layout.rows_k, params.heads_kv, batch_k, Kernel::KV_slice_rows),
-        map_of(params.v, params.v_strides, params.seqlen_k, layout.rows_k, params.heads_kv, batch_k, Kernel::KV_slice_rows),
+        kv_map_of(params.k, params.k_strides),
+        kv_map_of(params.v, params.v_strides),
         map_of(params.o, params.o_strides, params.seqlen_q, layout.rows_q, params.heads_q, batch_q, WGMMA_M),
         sequence_maps,
+        kv_box_rows,
     };
     LaunchShape<Kernel, VARIANT> shape(params);
     shape.config.stream = stream;

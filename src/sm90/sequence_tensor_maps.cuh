@@ -5,7 +5,10 @@
 // probability times a NaN or an infinity of V is NaN. So before loading such a tile, a block's
 // loading thread copies both maps into slots of its own in global memory (KernelParams::sequence_maps),
 // moves their rows' extent to the sequence's end, and loads the sequence's KV tiles through them:
-// the copy engine then reads zeros past the end, as it does past a tensor's last row.
+// the copy engine then reads zeros past the end, as it does past a tensor's last row. A paged
+// sequence's maps are views of the pools, whose rows' dimension is a page's (tile_loader.cuh): its
+// bound maps end that dimension at the sequence's last key in its last page, and only the box on
+// that page loads through them.
 #pragma once
 
 #include <cstddef>
@@ -62,8 +65,13 @@ struct KVTensorMapBinder {
         const UsedRows rows = sequence.k_rows;
         if (first_tile >= end_tile || end_tile * Kernel::B_c <= rows.length)
             return call_tensor_maps(kp); // no tile it loads reaches past the sequence's end
-        // The rows' dimension (tensor_maps.h) ends with the sequence, in its batch entry.
-        const int end = rows.start + rows.length;
+        // The rows' dimension (tensor_maps.h) ends with the sequence: in its batch entry, or in its
+        // last page (where that page is full, no box reaches past the end within it).
+        const int page_size = kp.params.sequences.paged.page_size;
+        const bool paged = kp.params.sequences.paged.block_table != nullptr;
+        const int end = paged ? rows.length % page_size : rows.start + rows.length;
+        if (paged && end == 0)
+            return call_tensor_maps(kp);
         if (end != last_end) {
             CUtensorMap *const pair = slot(written);
             if (written < Slots::pairs)

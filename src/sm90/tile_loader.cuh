@@ -27,6 +27,7 @@ struct TileLoader {
     int kv_head;
     BoxCoordinates q_boxes; // of the work tile's sequence
     BoxCoordinates kv_boxes;
+    KVPages pages; // of a paged sequence
     SequenceRows rows; // with VARLEN, handed off to the consumers with the index
     KVTensorMaps kv_maps;
     uint32_t rank; // in the cluster
@@ -56,6 +57,12 @@ struct TileLoader {
         const int round = n / Kernel::stages;
         const int stage = n % Kernel::stages;
         const uint32_t released_parity = (round & 1) ^ 1;
+        if (VARLEN && pages.table != nullptr) {
+            load_paged_tile(kv_maps.k(), &kp.k, smem.K(stage), smem.K_empty(stage), smem.K_full(stage), released_parity, tile);
+            load_paged_tile(kv_maps.v(), &kp.v, smem.V(stage), smem.V_empty(stage), smem.V_full(stage), released_parity, tile);
+            prefetch_page_entries(tile + 1);
+            return;
+        }
         load_tile(kv_maps.k(), smem.K(stage), smem.K_empty(stage), smem.K_full(stage), released_parity, tile);
         load_tile(kv_maps.v(), smem.V(stage), smem.V_empty(stage), smem.V_full(stage), released_parity, tile);
     }
@@ -75,6 +82,58 @@ struct TileLoader {
                 kv_boxes.load_multicast(slice, map, full, CLUSTER_MASK, c * Kernel::Swizzle::cols, first_row, kv_head);
             else
                 kv_boxes.load(slice, map, full, c * Kernel::Swizzle::cols, first_row, kv_head);
+        }
+    }
+
+    // The page of the box of a paged sequence's keys that starts at `key`: the table's entry, clamped
+    // into the pool as the SM80 family's copies clamp it.
+    __device__ __forceinline__ int page_of(int key) const {
+        const PagedKV &paged = kp.params.sequences.paged;
+        return min(max(pages.table[min(key / paged.page_size, paged.pages_per_sequence - 1)], 0), paged.num_pages - 1);
+    }
+
+    // Brings the table's entries of a tile's keys (consecutive ints, at most two lines) into L1 ahead
+    // of that tile's loads, which then wait for an L1 hit per box rather than for global memory: the
+    // loading thread's KV tiles are only `stages` ahead of the consumers.
+    __device__ __forceinline__ void prefetch_page_entries(int tile) const {
+        const PagedKV &paged = kp.params.sequences.paged;
+        const int first_key = tile * Kernel::B_c + rank * Kernel::KV_slice_rows;
+        const int last_key = min(first_key + Kernel::KV_slice_rows, pages.keys) - 1;
+        if (first_key > last_key)
+            return;
+        ptx::prefetch_l1(pages.table + first_key / paged.page_size);
+        ptx::prefetch_l1(pages.table + last_key / paged.page_size);
+    }
+
+    // This block's slice of a paged sequence's KV tile, in boxes of kp.page_box_rows rows, each
+    // from its page. The box that reaches past the sequence's last key loads through the sequence's
+    // bound map (its rows past that key read as zeros), the others through the call's; a box wholly
+    // past the last key asks for rows past the page's end, which read as zeros too, so every box
+    // brings its bytes.
+    __device__ __forceinline__ void load_paged_tile(const CUtensorMap *bound_map, const CUtensorMap *call_map, uint8_t *dst,
+                                                    uint64_t *empty, uint64_t *full, uint32_t released_parity,
+                                                    int tile) const {
+        const int page_size = kp.params.sequences.paged.page_size;
+        const int box_rows = kp.page_box_rows;
+        const int first_key = tile * Kernel::B_c + rank * Kernel::KV_slice_rows;
+        mbarrier_wait(empty, released_parity);
+        mbarrier_arrive_expect_bytes(full, Kernel::KV_tile_bytes);
+#pragma unroll 1
+        for (int first = 0; first < Kernel::KV_slice_rows; first += box_rows) {
+            const int key = first_key + first;
+            const bool past_end = key >= pages.keys;
+            const CUtensorMap *const map = !past_end && key + box_rows > pages.keys ? bound_map : call_map;
+            const int page = past_end ? 0 : page_of(key);
+            const int row = past_end ? page_size : key % page_size;
+#pragma unroll
+            for (int c = 0; c < Kernel::col_blocks; ++c) {
+                uint8_t *const box_dst =
+                    dst + c * Kernel::KV_col_block_bytes + rank * Kernel::KV_slice_bytes + first * Kernel::Swizzle::bytes;
+                if constexpr (Kernel::multicast)
+                    tma_load_4d_multicast(box_dst, map, full, CLUSTER_MASK, c * Kernel::Swizzle::cols, row, kv_head, page);
+                else
+                    tma_load_4d(box_dst, map, full, c * Kernel::Swizzle::cols, row, kv_head, page);
+            }
         }
     }
 
@@ -103,6 +162,7 @@ __device__ __forceinline__ void produce(const KernelParams &kp, const SharedTile
                             work.head / group_size,
                             q_boxes(sequence),
                             kv_boxes(sequence),
+                            kv_pages(sequence),
                             rows_of(sequence),
                             kv_maps.bind(sequence, first_tile, end_tile),
                             rank};
@@ -114,7 +174,7 @@ __device__ __forceinline__ void produce(const KernelParams &kp, const SharedTile
     }
     // The end, as a work tile past the last that loads nothing.
     if constexpr (Kernel::persistent)
-        Loader{kp, smem, 0, 0, {}, {}, {}, call_tensor_maps(kp), rank}.load_Q(0, n, scheduler.end(), false);
+        Loader{kp, smem, 0, 0, {}, {}, {}, {}, call_tensor_maps(kp), rank}.load_Q(0, n, scheduler.end(), false);
 }
 
 } // namespace flash::sm90
