@@ -9,6 +9,9 @@ step passes it), times in one run, in a seeded random order per shape:
   ours       flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=..., causal=True),
              num_splits=0 (the heuristic)
   ours/N     the same with num_splits=N for each N of --splits (the heuristic against fixed choices)
+  ours[CFG]  flash_attention.forward(CFG, q, k_cache, v_cache, seqused_k=..., causal=True) for each
+             configuration of --configs (short forms): the automatic choice against named kernels,
+             of either family (a prefill against a paged cache, for example: --seqlen-q 1024)
   FA3        FlashAttention-3's flash_attn_with_kvcache (the fa3-fwd package, module
              fa3_fwd_interface, bfloat16 only), num_splits=0
   SDPA       torch.nn.functional.scaled_dot_product_attention with enable_gqa (its default backend
@@ -47,6 +50,8 @@ import bench_common as common
 from call_bench import host_us
 from model_bench import markdown_table
 
+from flash_helpers.kernel_names import parse_kernel_name_into_config
+
 SHAPES = ((1, 8192), (1, 131072), (8, 8192), (8, 32768), (32, 4096), (128, 2048))
 OURS, FA3, SDPA = "ours", "FA3", "SDPA"
 
@@ -81,6 +86,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--heads", type=common.positive_int, nargs=2, default=[32, 8], metavar=("Q", "KV"))
     parser.add_argument("--d-head", type=common.served_d_head, default=128)
     parser.add_argument("--splits", type=common.positive_int, nargs="*", default=[], help="fixed num_splits to time too")
+    parser.add_argument(
+        "--configs",
+        nargs="*",
+        type=parse_kernel_name_into_config,
+        default=[],
+        metavar="CFG",
+        help="configurations to time by name too (short forms, each one argument)",
+    )
     parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays of each call")
     parser.add_argument("--page-size", type=common.positive_int, help="page the cache in pages of this many rows")
     parser.add_argument(
@@ -137,6 +150,10 @@ def time_shape(args, dtype_name: str, batch: int, keys: int, seqlen_q: int, fa3,
     }
     for splits in args.splits:
         calls[f"{OURS}/{splits}"] = functools.partial(calls[OURS], num_splits=splits)
+    for cfg in args.configs:
+        calls[named(cfg)] = functools.partial(
+            flash_attention.forward, cfg, q, *ours_cache, seqused_k=cache_seqlens, causal=True, **ours_keywords
+        )
     if fa3 is not None and dtype == torch.bfloat16:
         calls[FA3] = functools.partial(
             fa3, q, *fa3_cache, cache_seqlens=cache_seqlens, causal=True, num_splits=0, **fa3_keywords
@@ -160,6 +177,11 @@ def time_shape(args, dtype_name: str, batch: int, keys: int, seqlen_q: int, fa3,
     error = (ours.float() - reference.float()).abs().max().item()
     failure = None if error < 2e-2 else f"{dtype_name} {batch}x{keys} q{seqlen_q}: ours differs from SDPA by {error:.3g}"
     return rows, failure
+
+
+def named(cfg) -> str:
+    """The column of a configuration timed by name."""
+    return f"{OURS}[{cfg.short_form()}]"
 
 
 def paged(k_cache, v_cache, page_size: int, shuffled: bool, generator):
@@ -238,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows += shape_rows
                 if failure:
                     failures.append(failure)
-    implementations = [OURS, *(f"{OURS}/{s}" for s in args.splits), FA3, SDPA]
+    implementations = [OURS, *(f"{OURS}/{s}" for s in args.splits), *map(named, args.configs), FA3, SDPA]
     print(format_table(rows, implementations))
     if args.host_calls:
         print(format_table(rows, implementations, "host_us"))
