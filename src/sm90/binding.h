@@ -24,7 +24,7 @@ struct FamilyInfo {
     static constexpr bool splits_keys = false;
     // Its loading thread reads a paged cache with a TMA box per page of a KV tile: pages shorter than
     // this make a tile many boxes and table reads, and the SM80 family's copies read them faster
-    // (BENCHMARKS.md, "Paged caches"), so the automatic choice leaves them to it where it runs them.
+    // (BENCHMARKS.md, "Decoding"), so the automatic choice leaves them to it where it runs them.
     static constexpr int fast_page_size = 64;
 
     FLASH_CONFIG_PYTHON_CONVERSIONS(HopperForwardKernelConfig, FLASH_SM90_CONFIG_FIELDS)
