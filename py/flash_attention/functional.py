@@ -97,7 +97,8 @@ def forward(
       heads_kv, d_head) with page_size a multiple of 16, and sequence b's key j is row
       j % page_size of page block_table[b, j // page_size]. Sequence b has seqused_k[b] keys,
       else cu_seqlens_k[b + 1] - cu_seqlens_k[b], else all that its pages hold (q is 4-D, or
-      packed with cu_seqlens). Not with leftpad_k. Only the SM80 family reads paged caches.
+      packed with cu_seqlens). Not with leftpad_k. Both families read paged caches (the automatic
+      choice leaves pages of fewer than 64 rows to the SM80 family, which reads them faster).
     - Every rule above applies to each sequence with its own lengths: its used queries attend its
       used keys, the masks and the ALiBi distance aligned to its bottom-right corner.
     - Their contents are not read, so nothing synchronizes; the kernels clamp contents that break

@@ -55,8 +55,8 @@ def flash_attn_with_kvcache(
     With block_table (int32 (batch, pages_per_sequence)) the cache is paged: k_cache and v_cache
     are (num_pages, page_size, heads_kv, d), page_size a multiple of 16 (16 is vLLM's default), and
     sequence b's row j is row j % page_size of page block_table[b, j // page_size]. Not with
-    cache_batch_idx or cache_leftpad (FlashAttention-2's rule). Paged caches run on the SM80
-    family's kernels.
+    cache_batch_idx or cache_leftpad (FlashAttention-2's rule). Both families' kernels read paged
+    caches (forward's block_table says which the automatic choice takes).
 
     k and v (batch, seqlen_new, heads_kv, d), given together, are written into the cache in place at
     rows cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 (clamped to the cache), and attended

@@ -99,7 +99,7 @@ struct SplitChoice {
 // A configuration with this few query rows per block (DECODE_KERNELS') runs the calls whose
 // sequences' queries fit one of its blocks even where the keys do not split: measured faster than
 // the dispatch table's Hopper configurations there (H200, 32 x 4k and 128 x 2k,
-// benchmarks/HISTORY.md #2026-11-26-decode-bandwidth), and the only family that reads paged caches.
+// benchmarks/HISTORY.md #2026-11-26-decode-bandwidth), paged caches too.
 constexpr int DECODE_BLOCK_ROWS = 64;
 
 // The splits of a problem of query_blocks blocks over key_tiles tiles: `requested` (0: the
