@@ -766,6 +766,17 @@ def test_paged_and_indexed_shapes_are_checked_before_any_launch():
                 prefill, _meta((6, page_size, 2, 128)), block_table=table, causal=True, arch="sm_90"
             )
             assert choice.config.family == family, f"pages of {page_size} rows run on {choice.config}"
+    hopper_160 = [
+        c for c in flash_attention.compiled_configs()
+        if c.family == "sm90" and c.dtype.name == "FP16" and c.d_head == 160
+        and any(v.varlen for v in flash_attention.compiled_variants(c))
+    ]
+    if hopper_160 and not any(c.family == "sm80" and c.d_head == 160 for c in flash_attention.compiled_configs()):
+        # No SM80 configuration serves d_head 160: short pages still run, on the Hopper family.
+        choice = flash_attention.choose_config(
+            _meta((2, 1024, 8, 160)), _meta((6, 16, 2, 160)), block_table=table, causal=True, arch="sm_90"
+        )
+        assert choice.config in hopper_160, f"pages of 16 rows at d_head 160 run on {choice.config}"
     half = dict(dtype=torch.float16)
     q, new = torch.empty(2, 1, 8, 128, **half), torch.empty(2, 1, 2, 128, **half)
     pages = torch.empty((0, 16, 2, 128), **half)

@@ -212,6 +212,14 @@ def test_decode_bench_reads_shapes_and_tabulates_bandwidth_and_ratios():
     host_rows = [dataclasses.replace(row, host_us=us) for row, us in zip(rows[:3], (12.0, 30.0, 15.0))]
     lines = decode_bench.format_table(host_rows, [decode_bench.OURS, decode_bench.FA3, decode_bench.SDPA], "host_us")
     assert lines.splitlines()[2] == "| bf16 | 1 | 8 x 32,768 | 12.0 | 30.0 | 15.0 | 0.400 | 0.800 |"
+    # --configs: named configurations, each a column of its own.
+    args = decode_bench.parse_args(["--configs", SM90_128.short_form(), CFG_A.short_form()])
+    assert args.configs == [SM90_128, CFG_A]
+    with pytest.raises(SystemExit):
+        decode_bench.parse_args(["--configs", "sm90(FP16, 128)"])
+    named = decode_bench.named(SM90_128)
+    lines = decode_bench.format_table([dataclasses.replace(rows[0], implementation=named)], [decode_bench.OURS, named])
+    assert lines.splitlines()[0].startswith(f"| dtype | q | batch x keys | ours GB/s | {named} GB/s |")
 
 
 def test_varlen_bench_takes_the_ragged_lengths_given_or_draws_them():
