@@ -35,21 +35,28 @@ inline void ensure_dynamic_smem_limit(const void *kernel, int smem_bytes) {
     raised.insert({device, kernel});
 }
 
-// The current device's multiprocessor count, read once per device.
-inline int multiprocessor_count() {
+// An attribute of the current device, read once per (device, attribute): a launch path may ask on
+// every call.
+inline int device_attribute(cudaDeviceAttr attribute) {
     static std::mutex mutex;
-    static std::map<int, int> counts;
+    static std::map<std::pair<int, cudaDeviceAttr>, int> values;
     int device = 0;
     check_cuda(cudaGetDevice(&device), "cudaGetDevice");
     const std::lock_guard<std::mutex> lock(mutex);
-    auto found = counts.find(device);
-    if (found == counts.end()) {
-        int count = 0;
-        check_cuda(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-        found = counts.emplace(device, count).first;
+    auto found = values.find({device, attribute});
+    if (found == values.end()) {
+        int value = 0;
+        check_cuda(cudaDeviceGetAttribute(&value, attribute, device), "cudaDeviceGetAttribute");
+        found = values.emplace(std::pair{device, attribute}, value).first;
     }
     return found->second;
 }
+
+inline int multiprocessor_count() { return device_attribute(cudaDevAttrMultiProcessorCount); }
+
+// Whether the current device overlaps a kernel launched with programmatic stream serialization with
+// the one before it (ptx::allow_dependent_launch): compute capability 9.0 and later.
+inline bool overlaps_dependent_launches() { return device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9; }
 
 // A start/stop pair of CUDA events around work on one stream; destroyed with the object, so an
 // exception between the two records leaks nothing.

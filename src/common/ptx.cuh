@@ -31,6 +31,24 @@ __device__ __forceinline__ void prefetch_l1(const void *address) {
     asm volatile("prefetch.global.L1 [%0];\n" ::"l"(address));
 }
 
+// Programmatic dependent launch (sm_90; no-ops where compiled for older GPUs, which launch the next
+// kernel after this one ends anyway): a kernel launched after this one with programmatic stream
+// serialization may start its blocks once every block of this grid has run
+// allow_dependent_launch (or exited); it waits for this grid's completion and the visibility of its
+// writes with wait_for_prerequisite_grids before reading them. The overlap hides the second
+// launch's latency.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_prerequisite_grids() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // Closes the group of cp.async copies issued by this thread since the last commit.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 

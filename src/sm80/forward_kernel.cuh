@@ -78,6 +78,10 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
 
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
+    // A split's combine is launched after this kernel as a dependent grid (split_kv/combine.cu): its
+    // blocks may take their places once every block here has started, and wait for its writes.
+    if constexpr (VARLEN)
+        ptx::allow_dependent_launch();
     // With a split over the keys, blockIdx.x = split * query blocks + query block.
     const int num_splits = VARLEN ? max(call.split.num_splits, 1) : 1;
     const int Q_blocks = gridDim.x / num_splits;

@@ -6,6 +6,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "common/cuda_utils.cuh"
+#include "common/ptx.cuh"
 #include "common/sequence.cuh"
 #include "sm90/varlen_work_plan.cuh"
 
@@ -26,14 +27,6 @@ struct WorkTileShape {
     bool last_Q_blocks_first;
 };
 
-// Lets the kernel launched after this one on the stream start its blocks now; they wait for the
-// plan in wait_for_planned_work. (One block: the trigger counts once it has run.)
-__device__ __forceinline__ void allow_dependent_launch() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
 } // namespace
 
 // One block of PLAN_THREADS. Work tiles of one (sequence, head) are listed with the query block
@@ -43,7 +36,9 @@ __device__ __forceinline__ void allow_dependent_launch() {
 // time.
 __global__ void __launch_bounds__(PLAN_THREADS)
     varlen_plan_forward_kernel(const ForwardParams params, VarlenPlanLayout layout, WorkTileShape shape) {
-    allow_dependent_launch();
+    // The attention kernel launched after this one starts its blocks now; they wait for the plan in
+    // wait_for_planned_work. (One block: the trigger counts once it has run.)
+    ptx::allow_dependent_launch();
     using Scan = cub::BlockScan<int, PLAN_THREADS>;
     __shared__ typename Scan::TempStorage scan_storage;
     extern __shared__ int shared_arrays[];

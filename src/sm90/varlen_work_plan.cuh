@@ -19,6 +19,7 @@
 
 #include "common/common.h"
 #include "common/forward_params.h"
+#include "common/ptx.cuh"
 
 namespace flash::sm90 {
 
@@ -63,10 +64,6 @@ void plan_varlen_work(const ForwardParams &params, const VarlenPlanLayout &layou
 
 // In a kernel launched after plan_varlen_work as above: waits until the plan is complete and
 // visible. (A kernel launched without the attribute returns from it at once.)
-__device__ __forceinline__ void wait_for_planned_work() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
+__device__ __forceinline__ void wait_for_planned_work() { ptx::wait_for_prerequisite_grids(); }
 
 } // namespace flash::sm90

@@ -4,11 +4,14 @@
 // spread over the block: every thread loads one split's log-sum-exp, and each thread then sums four
 // columns over its share of the splits. The loads of a thread's first PREFETCHED_SPLITS partial
 // outputs are issued with the log-sum-exps', before the weights are known, so that a decode step's
-// combine waits for memory once.
+// combine waits for memory once. It is launched as a dependent grid of the forward kernel where the
+// GPU allows (programmatic stream serialization): its blocks take their places while the last
+// forward blocks run, and wait for their writes before the first load.
 #include <cmath>
 
 #include "common/common.h"
 #include "common/cuda_utils.cuh"
+#include "common/ptx.cuh"
 #include "common/sequence.cuh"
 #include "common/type_utils.cuh"
 #include "split_kv/combine.h"
@@ -79,6 +82,7 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_forward_kernel(const 
     const float *o_partial = split.o_partial + element;
     const auto has_split = [&](int s) { return split_group < split_groups && s < split.num_splits; };
     const auto partial = [&](int s) { return *reinterpret_cast<const float4 *>(o_partial + s * split.o_split_stride); };
+    ptx::wait_for_prerequisite_grids(); // the splits' partial results
     float4 prefetched[PREFETCHED_SPLITS];
 #pragma unroll
     for (int k = 0; k < PREFETCHED_SPLITS; ++k) {
@@ -144,12 +148,18 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_forward_kernel(const 
 } // namespace
 
 void combine_splits(DType dtype, const ForwardParams &params, cudaStream_t stream) {
-    const dim3 grid(params.seqlen_q, params.heads_q, params.batch);
-    if (dtype == DType::FP16)
-        combine_forward_kernel<element_t<DType::FP16>><<<grid, COMBINE_THREADS, 0, stream>>>(params);
-    else
-        combine_forward_kernel<element_t<DType::BF16>><<<grid, COMBINE_THREADS, 0, stream>>>(params);
-    check_cuda(cudaGetLastError(), "split-KV combine launch");
+    cudaLaunchAttribute dependent{};
+    dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    dependent.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(params.seqlen_q, params.heads_q, params.batch);
+    config.blockDim = dim3(COMBINE_THREADS);
+    config.stream = stream;
+    config.attrs = &dependent;
+    config.numAttrs = overlaps_dependent_launches() ? 1 : 0;
+    const auto kernel = dtype == DType::FP16 ? combine_forward_kernel<element_t<DType::FP16>>
+                                             : combine_forward_kernel<element_t<DType::BF16>>;
+    check_cuda(cudaLaunchKernelEx(&config, kernel, params), "split-KV combine launch");
 }
 
 } // namespace flash
