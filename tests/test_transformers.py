@@ -18,8 +18,9 @@ the test dtype is further than 1e-2 from float32 (bfloat16 decoders, see _assert
 attention layer must have run through flash_attn_func. Decoding with a KV cache (a prompt, a chunk
 of several tokens, single tokens) and generate() are compared the same way. Batches of sequences of
 their own lengths: a right-padded BERT batch against SDPA (padding positions not compared), a
-left-padded batched greedy generate() against SDPA's, and a packed (padding-free) batch, as
-DataCollatorWithFlattening makes it, against each sequence run alone.
+left-padded batched greedy generate() against SDPA's, a packed (padding-free) batch, as
+DataCollatorWithFlattening makes it, against each sequence run alone, and continuous batching
+(generate_batch on the "paged|" implementation) against the reference's paged implementation.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -66,11 +68,16 @@ def test_register_is_idempotent_and_fills_both_interfaces():
     assert integration.register() == first
     assert AttentionInterface()[first] is integration.attention_forward
     assert AttentionMaskInterface()[first] is integration.create_mask
+    paged = f"paged|{first}"
+    assert AttentionInterface()[paged] is integration.paged_attention_forward
+    # No mask function: continuous batching then builds no mask for it, as for FlashAttention's.
+    assert paged not in AttentionMaskInterface._global_mapping
 
 
 def test_register_under_another_name():
     assert integration.register("fa_test_name") == "fa_test_name"
     assert AttentionInterface()["fa_test_name"] is integration.attention_forward
+    assert AttentionInterface()["paged|fa_test_name"] is integration.paged_attention_forward
 
 
 @pytest.mark.parametrize("reserved", ["flash_attention_from_scratch", "my_sdpa", "org/kernel", "eager"])
@@ -83,6 +90,15 @@ def test_register_rejects_a_name_another_implementation_holds(monkeypatch):
     monkeypatch.setitem(AttentionInterface._global_mapping, "taken_name", lambda *args, **kwargs: None)
     with pytest.raises(ValueError, match="already registered"):
         integration.register("taken_name")
+    monkeypatch.setitem(AttentionInterface._global_mapping, "paged|taken_paged", lambda *args, **kwargs: None)
+    with pytest.raises(ValueError, match=re.escape("'paged|taken_paged' is already registered")):
+        integration.register("taken_paged")
+    assert "taken_paged" not in AttentionInterface._global_mapping, "registered in part"
+
+
+def test_models_take_the_paged_name(name):
+    model = transformers.AutoModelForCausalLM.from_config(_decoder_config(name), attn_implementation=f"paged|{name}")
+    assert model.config._attn_implementation == f"paged|{name}"
 
 
 def test_models_take_the_name(name):
@@ -337,10 +353,19 @@ def test_float32_raises():
         integration.attention_forward(_Attention(), *_qkv(torch.float32), None)
 
 
-@pytest.mark.parametrize("feature", ["position_bias", "s_aux"])
+@pytest.mark.parametrize("feature", ["position_bias", "s_aux", "cache"])
 def test_unsupported_features_raise(feature):
     with pytest.raises(NotImplementedError, match=f"{feature}: "):
         integration.attention_forward(_Attention(), *_qkv(), None, **{feature: torch.zeros(1)})
+
+
+def test_paged_forward_needs_continuous_batchings_cache():
+    with pytest.raises(ValueError, match="cache: .*without " + re.escape("'paged|'")):
+        integration.paged_attention_forward(_Attention(), *_qkv(), None)
+    with pytest.raises(NotImplementedError, match="block_table: "):
+        integration.paged_attention_forward(_Attention(), *_qkv(), None, cache=object(), block_table=torch.zeros(1))
+    with pytest.raises(NotImplementedError, match="s_aux: "):
+        integration.paged_attention_forward(_Attention(), *_qkv(), None, cache=object(), s_aux=torch.zeros(1))
 
 
 def test_mask_that_is_not_the_computed_pattern_raises():
@@ -648,13 +673,17 @@ def test_padded_bert_batch_matches_sdpa(name, dtype_name, rng, seed, float32_ref
     _assert_matches(ours[tokens], ref16[tokens], ref32[tokens], f"padded bert {dtype_name} hidden states")
 
 
-def _decisive_llama(config):
-    """A Llama whose output layer is scaled up, so that its greedy choices are far apart more often
-    than random weights make them."""
-    model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20.0)
-    return model
+def _decisive(case: ModelCase) -> ModelCase:
+    """``case`` with its output layer scaled up, so that the model's greedy choices are far apart
+    more often than random weights make them."""
+
+    def build(config):
+        model = case.model_class(config)
+        with torch.no_grad():
+            model.lm_head.weight.mul_(20.0)
+        return model
+
+    return dataclasses.replace(case, model_class=build)
 
 
 @gpu
@@ -665,8 +694,7 @@ def test_left_padded_generate_matches_sdpa(name, dtype_name, rng, seed, float32_
     SDPA's generate(), unless the float32 model itself can hardly tell the two choices apart (their
     logits closer than the criterion's bound), and at every step logits that match the references'
     on the same sequence in one forward without a cache."""
-    case = dataclasses.replace(MODELS["llama_gqa_d64"], model_class=_decisive_llama)
-    models = Models.of(case, DTYPES[dtype_name], seed, name)
+    models = Models.of(_decisive(MODELS["llama_gqa_d64"]), DTYPES[dtype_name], seed, name)
     lengths = _random_lengths(rng, 4, 5, 60)
     attention_mask = _padding_mask(lengths, left=True)
     prompt = _token_ids(models.ours.config, rng, len(lengths), max(lengths)) * attention_mask
@@ -725,3 +753,66 @@ def test_packed_batch_matches_each_sequence_alone(name, dtype_name, flash_kwargs
         )
     told_apart_by = "cu_seq_lens" if flash_kwargs else "position_ids"
     _assert_matches(ours, ref16, ref32, f"packed batch {dtype_name} logits ({told_apart_by})")
+
+
+# ----------------------------------------------------------------------------------------------
+# Continuous batching on the GPU: requests of their own lengths against transformers' paged cache
+
+
+@gpu
+@pytest.mark.parametrize("cuda_graphs", [False, True], ids=["eager", "cuda_graphs"])
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("model", ["llama_gqa_d64", "gemma2_softcap"])
+def test_continuous_batching_matches_the_reference(
+    name, model, dtype_name, cuda_graphs, rng, seed, float32_references, monkeypatch
+):
+    """generate_batch (continuous batching: prompts of their own lengths prefilled in chunks of at
+    most max_batch_tokens, then decoded together, against transformers' paged cache) on "paged|" +
+    name: the same greedy tokens as the reference's paged implementation ("paged|sdpa", or
+    "paged|eager" for Gemma 2, whose sliding and full layers get keys by layer type), unless the
+    float32 model itself can hardly tell the two choices apart (their logits closer than the
+    criterion's bound), with every layer of every forward through flash_attn_varlen_func."""
+    calls = []
+    original = flash_attention.flash_attn_varlen_func
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(flash_attention, "flash_attn_varlen_func", counted)
+    case = MODELS[model]
+    models = Models.of(_decisive(case), DTYPES[dtype_name], seed, name)
+    models.ours.set_attn_implementation(f"paged|{name}")
+    reference = copy.deepcopy(models.ref16)
+    reference.set_attn_implementation(f"paged|{case.reference}")
+    lengths = _random_lengths(rng, 6, 1, 300)
+    prompts = [_token_ids(models.ours.config, rng, 1, length)[0].tolist() for length in lengths]
+    new_tokens = 8
+    generation = transformers.GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1)
+    batching = transformers.ContinuousBatchingConfig(
+        block_size=32, num_blocks=64, max_batch_tokens=128, use_cuda_graph=cuda_graphs
+    )
+
+    def generated(model) -> list[list[int]]:
+        outputs = model.generate_batch(prompts, generation_config=generation, continuous_batching_config=batching)
+        by_request = list(outputs.values())  # in the order of the prompts
+        assert [output.error for output in by_request] == [None] * len(prompts)
+        assert [output.prompt_ids for output in by_request] == prompts
+        return [output.generated_tokens for output in by_request]
+
+    ours, expected = generated(models.ours), generated(reference)
+    assert calls and len(calls) % models.layers == 0, f"{len(calls)} attention calls for {models.layers} layers"
+    for row, (tokens, reference_tokens) in enumerate(zip(ours, expected)):
+        assert len(tokens) == new_tokens
+        differing = [step for step, (a, b) in enumerate(zip(tokens, reference_tokens)) if a != b]
+        if not differing:
+            continue
+        step = differing[0]  # the sequences part there: compare no further
+        sequence = torch.tensor([prompts[row] + tokens[:step]], device="cuda")
+        with torch.inference_mode():
+            ref16, ref32 = (model(input_ids=sequence).logits[0, -1].float() for model in (models.ref16, models.ref32))
+        bound = 2 * (ref16 - ref32).abs().max().item() + 1e-5
+        assert ref32[tokens[step]].item() >= ref32.max().item() - bound, (
+            f"request {row} of lengths {lengths}: token {step} differs from the reference's, and the float32 "
+            "model prefers the reference's by more than the criterion allows"
+        )

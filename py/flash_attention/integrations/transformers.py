@@ -44,6 +44,12 @@ No path copies q, k, v or the output: the transposes, q[0] and the output's unsq
 What is computed is small: the per-sequence (batch,) tensors once per forward, and in each layer an
 int32 copy of cu_seq_lens given as int64 (batch + 1 entries; the kernels read int32).
 
+Continuous batching (model.generate_batch) runs on the implementation registered as "paged|" +
+name, paged_attention_forward, which register() registers too and generate_batch switches a
+model to: each forward's requests are packed into one row, and each layer writes their new keys
+into transformers' paged cache and runs flash_attn_varlen_func on every key the cache gathers for
+them (transformers' copy; see paged_attention_forward for why not its block table).
+
 create_mask raises NotImplementedError for what the kernels cannot run, rather than drop it: custom
 patterns (or_mask/and_mask functions), block and chunked patterns, packed sequences in more than one
 row, a row of the 2D attention_mask that is not one run of tokens (padding inside a sequence, as a
@@ -66,14 +72,25 @@ import flash_attention
 from flash_attention.functional import _attention
 from flash_helpers.reference import attended
 
-__all__ = ["IMPLEMENTATION_NAME", "PackedBatch", "PaddedBatch", "attention_forward", "create_mask", "register"]
+__all__ = [
+    "IMPLEMENTATION_NAME",
+    "PackedBatch",
+    "PaddedBatch",
+    "attention_forward",
+    "create_mask",
+    "paged_attention_forward",
+    "register",
+]
 
 # The name the model's config and from_config/from_pretrained's attn_implementation use. It avoids
 # the substrings transformers gives a meaning to: a name with "flash" is taken for a FlashAttention
 # package (transformers then tries to import flash_attn or download a hub kernel), "sdpa" and
 # "flex_attention" select those backends' checks, "paged|" and "/" are prefixes and hub paths.
 IMPLEMENTATION_NAME = "fa2_from_scratch"
-_RESERVED_IN_NAMES = ("flash", "sdpa", "flex_attention", "paged|", "/")
+# transformers' prefix for the implementations continuous batching (generate_batch) runs: it
+# switches a model to f"{PAGED_PREFIX}{name}" and calls that function with its paged cache.
+PAGED_PREFIX = "paged|"
+_RESERVED_IN_NAMES = ("flash", "sdpa", "flex_attention", PAGED_PREFIX, "/")
 
 _INSTEAD = "use attn_implementation='sdpa' (or 'eager') for it"
 
@@ -82,7 +99,6 @@ _INSTEAD = "use attn_implementation='sdpa' (or 'eager') for it"
 _UNSUPPORTED_KWARGS = {
     "position_bias": "an additive position bias (T5-style relative attention)",
     "s_aux": "attention sinks",
-    "cache": "a paged cache (continuous batching)",
 }
 
 
@@ -118,9 +134,12 @@ class PackedBatch:
 
 def register(name: str = IMPLEMENTATION_NAME) -> str:
     """Registers ``attention_forward`` with transformers' AttentionInterface and ``create_mask``
-    with its AttentionMaskInterface under ``name``, and returns ``name``; registering again is
-    harmless. Both are needed: transformers builds no mask at all for a name that has no mask
-    function, which would drop padding silently.
+    with its AttentionMaskInterface under ``name``, and ``paged_attention_forward`` with the
+    AttentionInterface under ``"paged|" + name`` (continuous batching's), and returns ``name``;
+    registering again is harmless. Both of the first are needed: transformers builds no mask at all
+    for a name that has no mask function, which would drop padding silently. The paged name gets no
+    mask function, as transformers' own FlashAttention ones have none: continuous batching then
+    builds no mask, and each sequence's pattern comes from its cu_seq_lens.
 
     Raises ImportError without transformers 5, and ValueError for a name transformers reserves or
     another implementation holds.
@@ -143,14 +162,19 @@ def register(name: str = IMPLEMENTATION_NAME) -> str:
             f"name: {name!r} is an attention implementation name transformers gives a meaning to "
             f"({', '.join(map(repr, reserved)) or 'eager'}); choose another, e.g. {IMPLEMENTATION_NAME!r}"
         )
-    for interface, function in ((AttentionInterface(), attention_forward), (AttentionMaskInterface(), create_mask)):
-        if interface.get(name, function) is not function:
+    registrations = (
+        (AttentionInterface, name, attention_forward),
+        (AttentionMaskInterface, name, create_mask),
+        (AttentionInterface, PAGED_PREFIX + name, paged_attention_forward),
+    )
+    for interface, key, function in registrations:
+        if interface().get(key, function) is not function:
             raise ValueError(
-                f"name: {name!r} is already registered in transformers' {type(interface).__name__} by another "
+                f"name: {key!r} is already registered in transformers' {interface.__name__} by another "
                 "implementation; choose another"
             )
-    AttentionInterface.register(name, attention_forward)
-    AttentionMaskInterface.register(name, create_mask)
+    for interface, key, function in registrations:
+        interface.register(key, function)
     return name
 
 
@@ -186,27 +210,14 @@ def attention_forward(
       forward, all four together): a packed batch, run with flash_attn_varlen_func as given (pass
       the lengths as ints: a tensor is read in every layer, a host synchronization each).
     - dropout > 0 (a module in training mode) raises NotImplementedError, as do the features of
-      _UNSUPPORTED_KWARGS.
+      _UNSUPPORTED_KWARGS and a paged cache (continuous batching's, which the "paged|" name reads).
     """
-    for name, what in _UNSUPPORTED_KWARGS.items():
-        if kwargs.get(name) is not None:
-            raise NotImplementedError(f"{name}: {what} is not supported by flash_attention; {_INSTEAD}")
-    if dropout > 0:
+    if kwargs.get("cache") is not None:
         raise NotImplementedError(
-            f"dropout: attention dropout ({dropout}) is not implemented by flash_attention; transformers asks "
-            "for it only from a module in training mode: call model.eval()"
+            f"cache: a paged cache (continuous batching) is read by the implementation registered as "
+            f"{PAGED_PREFIX!r} + this one's name, which generate_batch switches the model to"
         )
-    if query.dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(
-            f"query: flash_attention runs float16 and bfloat16 models, this one computes attention in "
-            f"{query.dtype}; load it with dtype=torch.float16 or torch.bfloat16"
-        )
-    if kwargs.get("output_attentions"):
-        warnings.warn(
-            "output_attentions: flash_attention returns no attention weights (None), as sdpa does; "
-            "use attn_implementation='eager' for them",
-            stacklevel=2,
-        )
+    _check_unsupported(kwargs, dropout, query)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     window = (-1, -1) if sliding_window is None else (sliding_window - 1, sliding_window - 1)
     # (batch, heads, seq, d) -> (batch, seq, heads, d): views, the last dimension stays contiguous.
@@ -231,6 +242,110 @@ def attention_forward(
     if attention_mask is not None:
         _check_mask_is_computed(attention_mask, q.shape[1], k.shape[1], causal, window)
     return flash_attention.flash_attn_func(q, k, v, **options), None
+
+
+def paged_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    cache=None,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    cu_seq_lens_k: torch.Tensor | dict | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | dict | None = None,
+    block_table: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """The AttentionInterface function of continuous batching (``model.generate_batch``), registered
+    as ``"paged|" + name``: one forward of a batch of requests, each a run of new tokens (a prompt,
+    a chunk of one, or a decoded token) packed into one row, against its keys in transformers'
+    PagedAttentionCache.
+
+    query is (1, heads, total_q, d) and key, value (1, heads_kv, total_q, d), the new tokens;
+    cu_seq_lens_q and cu_seq_lens_k the requests' prefix sums of new tokens and of keys (a dict by
+    layer type, "full_attention" or "sliding_attention", in a model that has both), with
+    max_seqlen_q and max_seqlen_k. ``cache.update`` writes the new keys and values into the cache's
+    pages and returns every key of the batch's requests, gathered in order at read_index (a copy
+    transformers makes), and flash_attn_varlen_func runs each request causally, aligned to its last
+    key (its new tokens are its last positions), with the layer's scaling, softcap and sliding
+    window (w keys up to the query's own).
+
+    That gather is the path transformers gives implementations it does not take for a FlashAttention
+    package: it passes block_table (then the pages are read in place by flash_attn_with_kvcache)
+    only to names with "flash" in them, which register() refuses because transformers would then
+    import a FlashAttention package for them. A block_table that arrives anyway raises.
+
+    Raises ValueError without a cache (a forward that is not continuous batching's: use the name
+    without "paged|"), and NotImplementedError for dropout, attention sinks and the other features
+    attention_forward refuses.
+    """
+    if cache is None:
+        raise ValueError(
+            f"cache: the {PAGED_PREFIX!r} implementation runs continuous batching's forwards, which pass a paged "
+            f"cache; for any other forward use the implementation's name without {PAGED_PREFIX!r}"
+        )
+    if block_table is not None:
+        raise NotImplementedError(
+            "block_table: transformers passes a block table only to FlashAttention packages' names; this paged "
+            "implementation reads the keys that cache.update gathers"
+        )
+    _check_unsupported(kwargs, dropout, query)
+    window = (-1, -1) if not sliding_window else (sliding_window - 1, 0)
+    if isinstance(cu_seq_lens_k, dict):
+        layer_type = "full_attention" if window == (-1, -1) else "sliding_attention"
+        cu_seq_lens_k, max_seqlen_k = cu_seq_lens_k[layer_type], max_seqlen_k[layer_type]
+    # (total, heads_kv, d) each: the cache's keys and values of every request, then the new ones.
+    k, v = cache.update(
+        key_states=key,
+        value_states=value,
+        layer_idx=module.layer_idx,
+        read_index=kwargs["read_index"],
+        write_index=kwargs["write_index"],
+    )
+    out = flash_attention.flash_attn_varlen_func(
+        query[0].transpose(0, 1),  # (total_q, heads, d), a view
+        k,
+        v,
+        cu_seq_lens_q,
+        cu_seq_lens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        softmax_scale=scaling,
+        causal=True,
+        window_size=window,
+        softcap=softcap or 0.0,
+    )
+    return out.unsqueeze(0), None
+
+
+def _check_unsupported(kwargs: dict, dropout: float, query: torch.Tensor) -> None:
+    """Raises for what both attention functions refuse: the features of _UNSUPPORTED_KWARGS,
+    dropout and dtypes other than float16 and bfloat16; warns that no attention weights return."""
+    for name, what in _UNSUPPORTED_KWARGS.items():
+        if kwargs.get(name) is not None:
+            raise NotImplementedError(f"{name}: {what} is not supported by flash_attention; {_INSTEAD}")
+    if dropout > 0:
+        raise NotImplementedError(
+            f"dropout: attention dropout ({dropout}) is not implemented by flash_attention; transformers asks "
+            "for it only from a module in training mode: call model.eval()"
+        )
+    if query.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(
+            f"query: flash_attention runs float16 and bfloat16 models, this one computes attention in "
+            f"{query.dtype}; load it with dtype=torch.float16 or torch.bfloat16"
+        )
+    if kwargs.get("output_attentions"):
+        warnings.warn(
+            "output_attentions: flash_attention returns no attention weights (None), as sdpa does; "
+            "use attn_implementation='eager' for them",
+            stacklevel=3,
+        )
 
 
 _PACKED_KEYWORDS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
