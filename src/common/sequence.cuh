@@ -55,6 +55,18 @@ __device__ __forceinline__ UsedRows paged_rows(const SequenceLayout &layout, int
     return {0, static_cast<int>(min(length, static_cast<int64_t>(capacity)))};
 }
 
+// Sequence `batch`'s row of a paged cache's block table.
+__device__ __forceinline__ const int *page_table_row(const PagedKV &paged, int batch) {
+    return paged.block_table + batch * paged.table_stride;
+}
+
+// The page holding page `slot` of a sequence's keys, from its row of the block table: the entry,
+// clamped into the pool, at a column clamped into the row (slots past the sequence are not read),
+// so that a bad entry (-1 padding, or past the pool) never reads outside the tensors.
+__device__ __forceinline__ int page_at(const PagedKV &paged, const int *table_row, int slot) {
+    return min(max(table_row[min(slot, paged.pages_per_sequence - 1)], 0), paged.num_pages - 1);
+}
+
 // Row `row`'s offset from row 0 of a (batch, head) of q or o, whose queries are query_stride apart
 // and a query's rows seq_stride apart (ForwardParams::q_query_stride).
 __device__ __forceinline__ int64_t row_offset(int row, int64_t seq_stride, int64_t query_stride, const ForwardParams &params) {

@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     const int *page_table = nullptr;
     if constexpr (VARLEN)
         if (const PagedKV &paged = params.sequences.paged; paged.block_table != nullptr)
-            page_table = paged.block_table + batch * paged.table_stride;
+            page_table = page_table_row(paged, batch);
     const KVTileCopies<Kernel, MASKED_TAILS, VARLEN> KV_copies{
         params,
         Q_smem.data + Kernel::Q_tile::size,

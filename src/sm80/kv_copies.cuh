@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/forward_params.h"
+#include "common/sequence.cuh"
 #include "sm80/load_store.cuh"
 
 namespace flash::sm80 {
@@ -26,9 +27,8 @@ struct KVTileCopies {
 
     // The pages of this thread's rows of tile KV_block: a paged copy reads a page per group of
     // PagedKV::ROWS_MULTIPLE keys (which never straddles two pages), and a thread's consecutive
-    // steps of fewer rows share their group's page. Per group: the table's entry,
-    // clamped to the pool (a bad entry stays inside the tensors), and the group's first row in its
-    // page. The table's column is clamped too, for the rows past the sequence (not read).
+    // steps of fewer rows share their group's page. Per group: the page (page_at: clamped into the
+    // pool) and the group's first row in it.
     using Plan = TileCopyPlan<Kernel::n_threads, KV_tile>;
     static constexpr int KEY_GROUP = PagedKV::ROWS_MULTIPLE;
     static_assert(Kernel::B_c % KEY_GROUP == 0, "a tile's first key starts a group");
@@ -46,7 +46,7 @@ struct KVTileCopies {
         for (int g = 0; g < groups; ++g) {
             const int key = KV_block * Kernel::B_c + (Plan::row(g * steps_per_group) & ~(KEY_GROUP - 1));
             const int slot = key / paged.page_size;
-            pages.page[g] = min(max(page_table[min(slot, paged.pages_per_sequence - 1)], 0), paged.num_pages - 1);
+            pages.page[g] = page_at(paged, page_table, slot);
             pages.first_row[g] = key - slot * paged.page_size;
         }
         return pages;

@@ -47,7 +47,7 @@ __device__ __forceinline__ KVPages kv_pages(const Sequence<true> &sequence) {
     const PagedKV &paged = sequence.params.sequences.paged;
     if (paged.block_table == nullptr)
         return {nullptr, 0};
-    return {paged.block_table + sequence.batch * paged.table_stride, sequence.k_rows.length};
+    return {page_table_row(paged, sequence.batch), sequence.k_rows.length};
 }
 
 // The boxes of a sequence's q and o rows, and of its k and v rows.

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/forward_params.h"
+#include "common/sequence.cuh"
 #include "sm90/box_coordinates.cuh"
 #include "sm90/kernel_params.h"
 #include "sm90/sequence_tensor_maps.cuh"
@@ -85,11 +86,10 @@ struct TileLoader {
         }
     }
 
-    // The page of the box of a paged sequence's keys that starts at `key`: the table's entry, clamped
-    // into the pool as the SM80 family's copies clamp it.
+    // The page of the box of a paged sequence's keys that starts at `key`.
     __device__ __forceinline__ int page_of(int key) const {
         const PagedKV &paged = kp.params.sequences.paged;
-        return min(max(pages.table[min(key / paged.page_size, paged.pages_per_sequence - 1)], 0), paged.num_pages - 1);
+        return page_at(paged, pages.table, key / paged.page_size);
     }
 
     // Brings the table's entries of a tile's keys (consecutive ints, at most two lines) into L1 ahead
