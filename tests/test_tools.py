@@ -274,6 +274,7 @@ def test_varlen_bench_table_shows_a_missing_peer_as_missing():
 def test_generate_bench_tabulates_tokens_per_second_and_agreement():
     args = generate_bench.parse_args(["--batches", "1", "32", "--layers", "2"])
     assert (args.batches, args.layers, args.prompt_tokens, args.new_tokens) == ([1, 32], 2, 128, 256)
+    assert not args.continuous_batching and generate_bench.parse_args(["--continuous-batching"]).continuous_batching
     rows = [
         generate_bench.GenerateTiming(32, 128, 256, generate_bench.OURS, 2.0, 4096.0),
         generate_bench.GenerateTiming(32, 128, 256, generate_bench.SDPA, 2.5, 3276.8),

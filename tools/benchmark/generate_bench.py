@@ -10,12 +10,17 @@ implementation (flash_attention.integrations.transformers: the prefill and every
 our kernels), then with transformers' "sdpa" (PyTorch's default backend choice). Time is the median
 of --rounds generate() calls after one warm-up; tokens/s = batch x new tokens / time.
 
+With --continuous-batching the rows of the prompt are requests of transformers' continuous batching
+instead (model.generate_batch: their prefills and decode steps batched together against its paged
+cache, with its default configuration, CUDA graphs included) on our "paged|" implementation and on
+"paged|sdpa"; the time is then the whole generate_batch call's, its manager's setup included.
+
 Both generate from the same prompts. The share of generated tokens on which they agree is printed:
 with random weights in bfloat16 the top logits are often near-ties that rounding decides, so a
 difference is reported, not treated as a failure (tests/test_transformers.py checks generation
 against SDPA on models where it is meaningful).
 
-    python3 tools/benchmark/generate_bench.py [--batches 1 32] [--csv generate.csv]
+    python3 tools/benchmark/generate_bench.py [--batches 1 32] [--continuous-batching] [--csv generate.csv]
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ class GenerateTiming:
     implementation: str
     time_s: float
     tokens_per_s: float
+    api: str = "generate"  # or "generate_batch" (--continuous-batching)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,6 +73,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--layers", type=common.positive_int, default=LLAMA_3_8B["num_hidden_layers"], help="(default: %(default)s)"
     )
     parser.add_argument("--rounds", type=common.positive_int, default=3, help="timed generate() calls (default: 3)")
+    parser.add_argument(
+        "--continuous-batching",
+        action="store_true",
+        help="time generate_batch on the 'paged|' implementations instead of generate()",
+    )
     parser.add_argument("--csv", metavar="PATH", help="also write every timing to PATH")
     return parser.parse_args(argv)
 
@@ -107,20 +118,40 @@ def generate(model, prompt, new_tokens: int):
     return out[:, prompt.shape[1] :], time.perf_counter() - began
 
 
+def generate_continuously(model, prompt, new_tokens: int):
+    """generate_batch with each row of prompt a request, exactly new_tokens tokens each: (the
+    generated tokens, seconds)."""
+    import torch
+    import transformers
+
+    config = transformers.GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    requests = prompt.tolist()
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    outputs = model.generate_batch(requests, generation_config=config)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - began
+    generated = [output.generated_tokens for output in outputs.values()]  # in the order of the requests
+    return torch.tensor(generated, device=prompt.device), seconds
+
+
 def time_batch(model, args, batch: int, name: str) -> tuple[list[GenerateTiming], float]:
     """Every implementation on one batch: the rows, and the share of tokens ours and SDPA agree on."""
     import torch
 
     generator = torch.Generator(device=common.DEVICE).manual_seed(batch)
     prompt = torch.randint(model.config.vocab_size, (batch, args.prompt_tokens), generator=generator, device=common.DEVICE)
+    paged = "paged|" if args.continuous_batching else ""
+    run = generate_continuously if args.continuous_batching else generate
+    api = "generate_batch" if args.continuous_batching else "generate"
     rows, tokens = [], {}
     for implementation in (OURS, SDPA):
-        model.set_attn_implementation(name if implementation == OURS else "sdpa")
-        tokens[implementation], _ = generate(model, prompt, args.new_tokens)  # warm-up
-        seconds = statistics.median(generate(model, prompt, args.new_tokens)[1] for _ in range(args.rounds))
+        model.set_attn_implementation(paged + (name if implementation == OURS else "sdpa"))
+        tokens[implementation], _ = run(model, prompt, args.new_tokens)  # warm-up
+        seconds = statistics.median(run(model, prompt, args.new_tokens)[1] for _ in range(args.rounds))
         rows.append(
             GenerateTiming(batch, args.prompt_tokens, args.new_tokens, implementation, seconds,
-                           batch * args.new_tokens / seconds)
+                           batch * args.new_tokens / seconds, api)
         )  # fmt: skip
     agreement = (tokens[OURS] == tokens[SDPA]).float().mean().item()
     return rows, agreement
@@ -148,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
+    api = "generate_batch() (continuous batching)" if args.continuous_batching else "generate()"
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, transformers {transformers.__version__}; "
-          f"Llama-3-8B shape, {args.layers} layers, bfloat16, random weights; median of {args.rounds} generate() calls")  # fmt: skip
+          f"Llama-3-8B shape, {args.layers} layers, bfloat16, random weights; median of {args.rounds} {api} calls")  # fmt: skip
     model = build(args.layers)
     rows, agreements = [], {}
     for batch in args.batches:
