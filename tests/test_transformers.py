@@ -508,18 +508,23 @@ def float32_references(monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn.conv, "fp32_precision", "ieee")
 
 
-@pytest.fixture
-def attention_calls(monkeypatch) -> list[int]:
-    """Counts the calls of flash_attn_func (what the attention function runs)."""
+def _counted_calls(monkeypatch, function_name: str) -> list[int]:
+    """A list that grows by one at each call of flash_attention.<function_name> from now on."""
     calls = []
-    original = flash_attention.flash_attn_func
+    original = getattr(flash_attention, function_name)
 
     def counted(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(flash_attention, "flash_attn_func", counted)
+    monkeypatch.setattr(flash_attention, function_name, counted)
     return calls
+
+
+@pytest.fixture
+def attention_calls(monkeypatch) -> list[int]:
+    """Counts the calls of flash_attn_func (what the attention function runs)."""
+    return _counted_calls(monkeypatch, "flash_attn_func")
 
 
 @dataclasses.dataclass
@@ -772,14 +777,7 @@ def test_continuous_batching_matches_the_reference(
     "paged|eager" for Gemma 2, whose sliding and full layers get keys by layer type), unless the
     float32 model itself can hardly tell the two choices apart (their logits closer than the
     criterion's bound), with every layer of every forward through flash_attn_varlen_func."""
-    calls = []
-    original = flash_attention.flash_attn_varlen_func
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(flash_attention, "flash_attn_varlen_func", counted)
+    calls = _counted_calls(monkeypatch, "flash_attn_varlen_func")
     case = MODELS[model]
     models = Models.of(_decisive(case), DTYPES[dtype_name], seed, name)
     models.ours.set_attn_implementation(f"paged|{name}")
