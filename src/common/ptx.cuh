@@ -1,6 +1,6 @@
-// Thin wrappers over the SM80 PTX instructions the kernel is built from: cp.async, ldmatrix and
-// mma.sync, and a prefetch both families may use. Each is one instruction; the callers decide the
-// addresses and fragment layouts.
+// Thin wrappers over the SM80 PTX instructions the kernel is built from (cp.async, ldmatrix and
+// mma.sync) and over what any kernel may use (a prefetch, programmatic dependent launch's
+// controls). Each is one instruction; the callers decide the addresses and fragment layouts.
 #pragma once
 
 #include <cstdint>
