@@ -15,8 +15,8 @@ entries past a sequence's pages point past the pool), which checks the paged loa
 family that splits the keys split that call in 3 (num_splits), which checks the split's partial
 results, and then run a decode step: 3 queries per sequence whose 2 grouped heads are packed as
 rows (rows_per_query), against slots of keys of which seqused_k are used (one sequence uses none),
-split in 3, which checks the packed queries' masks and the combine. Every compiled configuration is run, the
-decoding ones (compiled with their varlen variants alone) too. Last, flash_attn_with_kvcache's
+split in 3, which checks the packed queries' masks and the combine. Every compiled configuration
+is run, the decoding ones (compiled with their varlen variants alone) too. Last, flash_attn_with_kvcache's
 append kernel, once per dtype (run_append).
 
     python3 tools/sanitize_cases.py [--kernels SELECTION] [--no-check] [--list]

@@ -133,9 +133,10 @@ __device__ __forceinline__ void consume_work_tile(const KernelParams &kp, Consum
 // (varlen_work_plan.cuh; the kernel may start before the plan is written and waits for it; a
 // single-pass block past the plan's tiles exits at once), K and V load through tensor maps whose
 // bounds stop at the sequence's end (sequence_tensor_maps.cuh), or from a paged cache a box per
-// page (tile_loader.cuh), and a box of O that would reach past it is stored row by row. (Separate template arguments, as in the SM80 family: nvcc's host
-// stubs cannot spell an all-zero class-type template argument.) Compiled for sm_90a only;
-// elsewhere the body is empty and the binding never launches it.
+// page (tile_loader.cuh), and a box of O that would reach past it is stored row by row. (Separate
+// template arguments, as in the SM80 family: nvcc's host stubs cannot spell an all-zero class-type
+// template argument.) Compiled for sm_90a only; elsewhere the body is empty and the binding never
+// launches it.
 template <typename Kernel, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS, bool VARLEN>
 __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(const __grid_constant__ KernelParams kp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
