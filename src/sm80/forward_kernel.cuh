@@ -96,6 +96,9 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     const int warp_first_row = (threadIdx.x / WARP_SIZE) * Kernel::warp_rows;
     // Rows of this block that exist (all of them unless the last block is partial).
     const int Q_rows = MASKED_TAILS ? min(B_r, params.seqlen_q - Q_first_row) : B_r;
+    // A warp whose rows all lie past the block's (a decode step's few rows leave most warps so)
+    // takes part in the copies and barriers only: its products would be of rows no one reads.
+    const bool warp_has_rows = !VARLEN || warp_first_row < Q_rows;
     using Tiles = KVTileRange<B_r, B_c, MASK, MASKED_TAILS, VARLEN>;
     Tiles tiles(params, Q_first_row);
     if (num_splits > 1)
@@ -176,37 +179,43 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
             }
 
             typename Kernel::S_accumulators S_acc;
-            S_acc.zero();
-            using QK_fragments = QKChunkFragments<Kernel>;
-            chunked_product<Kernel::QK_chunks, Kernel::mma_double_buffer_loads, QK_fragments>(
-                [&](int chunk, QK_fragments &f) {
-                    load_B_from_rows_n(f.K, K_addresses, chunk * Kernel::K_slices_per_load);
-                    if constexpr (!Kernel::Q_in_registers)
-                        load_A(f.Q, Q_addresses, chunk * Kernel::K_slices_per_load);
-                },
-                [&](int chunk, const QK_fragments &f) {
-                    if constexpr (Kernel::Q_in_registers)
-                        warp_gemm<value_t>(S_acc, Q_frags, chunk * Kernel::K_slices_per_load, f.K);
-                    else
-                        warp_gemm<value_t>(S_acc, f.Q, 0, f.K);
-                });
-
-            if constexpr (SCORE_MODS)
-                score_mods.apply(S_acc, params, Q_first_row + warp_first_row, KV_block * B_c);
-            if constexpr (decltype(masked)::value)
-                apply_mask<MASK, MASKED_TAILS>(S_acc, params, Q_first_row + warp_first_row, KV_block * B_c);
-            softmax.template update<decltype(first_tile)::value>(S_acc, O_acc, score_scale);
             typename Kernel::P_fragments P_frags;
-            accumulators_to_A<value_t>(P_frags, S_acc);
+            if (warp_has_rows) {
+                S_acc.zero();
+                using QK_fragments = QKChunkFragments<Kernel>;
+                chunked_product<Kernel::QK_chunks, Kernel::mma_double_buffer_loads, QK_fragments>(
+                    [&](int chunk, QK_fragments &f) {
+                        load_B_from_rows_n(f.K, K_addresses, chunk * Kernel::K_slices_per_load);
+                        if constexpr (!Kernel::Q_in_registers)
+                            load_A(f.Q, Q_addresses, chunk * Kernel::K_slices_per_load);
+                    },
+                    [&](int chunk, const QK_fragments &f) {
+                        if constexpr (Kernel::Q_in_registers)
+                            warp_gemm<value_t>(S_acc, Q_frags, chunk * Kernel::K_slices_per_load, f.K);
+                        else
+                            warp_gemm<value_t>(S_acc, f.Q, 0, f.K);
+                    });
+
+                if constexpr (SCORE_MODS)
+                    score_mods.apply(S_acc, params, Q_first_row + warp_first_row, KV_block * B_c);
+                if constexpr (decltype(masked)::value)
+                    apply_mask<MASK, MASKED_TAILS>(S_acc, params, Q_first_row + warp_first_row, KV_block * B_c);
+                softmax.template update<decltype(first_tile)::value>(S_acc, O_acc, score_scale);
+                accumulators_to_A<value_t>(P_frags, S_acc);
+            }
 
             if constexpr (!eager)
                 wait_for_copies<Kernel, 0>(); // V_j has landed
-            using V_fragments = typename Kernel::V_fragments;
-            chunked_product<Kernel::PV_chunks, Kernel::mma_double_buffer_loads, V_fragments>(
-                [&](int chunk, V_fragments &f) { load_B_from_rows_k(f, V_addresses, chunk * Kernel::V_slices_per_load); },
-                [&](int chunk, const V_fragments &f) {
-                    warp_gemm<value_t>(O_acc, P_frags, chunk * Kernel::V_slices_per_load, f);
-                });
+            if (warp_has_rows) {
+                using V_fragments = typename Kernel::V_fragments;
+                chunked_product<Kernel::PV_chunks, Kernel::mma_double_buffer_loads, V_fragments>(
+                    [&](int chunk, V_fragments &f) {
+                        load_B_from_rows_k(f, V_addresses, chunk * Kernel::V_slices_per_load);
+                    },
+                    [&](int chunk, const V_fragments &f) {
+                        warp_gemm<value_t>(O_acc, P_frags, chunk * Kernel::V_slices_per_load, f);
+                    });
+            }
 
             if constexpr (eager) {
                 K_addresses.shift(next_stage_shift);
