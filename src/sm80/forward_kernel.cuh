@@ -138,6 +138,11 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
         auto K_addresses = B_from_rows_n_addresses(KV_copies.K_smem(0));
         auto V_addresses = B_from_rows_k_addresses(KV_copies.V_smem(0));
         int next_stage_shift = KV_stage_bytes;
+        // A paged copy looks up each row group's page before its copies can start, so when eager it
+        // issues tile j + 1 before waiting for tile j (two tiles in flight, at a second barrier per
+        // tile): paged decoding 1.5 to 2.5% faster; the dense copy measured ~1% slower that way
+        // (H200, benchmarks/HISTORY.md #2026-11-27-paged-copy-ahead).
+        const bool copy_before_wait = VARLEN && page_table != nullptr;
 
         if constexpr (VARLEN)
             // Rows past the block's are not read: their address is the last row's.
@@ -168,10 +173,23 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
         const auto process_KV_tile = [&](int KV_block, auto first_tile, auto masked, auto copies_whole) {
             const int stage = eager ? (KV_block - tiles.begin) % 2 : 0;
             if constexpr (eager) {
-                // Tile j (and Q) have landed, and every warp is done with the other stage.
-                wait_for_copies<Kernel, 0>();
-                if (KV_block + 1 < tiles.end)
-                    KV_copies.copy(KV_block + 1, 1 - stage, copies_whole);
+                const bool has_next = KV_block + 1 < tiles.end;
+                if (copy_before_wait) {
+                    // Every warp is done with the other stage (tile j - 1): tile j + 1's copies go
+                    // there before tile j is waited for.
+                    __syncthreads();
+                    if (has_next) {
+                        KV_copies.copy(KV_block + 1, 1 - stage, copies_whole);
+                        wait_for_copies<Kernel, 2>(); // tile j (and Q) have landed
+                    } else {
+                        wait_for_copies<Kernel, 0>();
+                    }
+                } else {
+                    // Tile j (and Q) have landed, and every warp is done with the other stage.
+                    wait_for_copies<Kernel, 0>();
+                    if (has_next)
+                        KV_copies.copy(KV_block + 1, 1 - stage, copies_whole);
+                }
             } else {
                 __syncthreads(); // every warp is done with the previous K and V tiles
                 KV_copies.copy(KV_block, 0, copies_whole);
