@@ -58,6 +58,16 @@ inline int multiprocessor_count() { return device_attribute(cudaDevAttrMultiProc
 // the one before it (ptx::allow_dependent_launch): compute capability 9.0 and later.
 inline bool overlaps_dependent_launches() { return device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9; }
 
+// The launch attribute that lets a kernel start before the one ahead of it in the stream ends
+// (programmatic stream serialization): it waits for that one's writes in
+// ptx::wait_for_prerequisite_grids.
+inline cudaLaunchAttribute dependent_launch_attribute() {
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    return attribute;
+}
+
 // A start/stop pair of CUDA events around work on one stream; destroyed with the object, so an
 // exception between the two records leaks nothing.
 class EventTimer {

@@ -85,10 +85,8 @@ struct LaunchShape {
             attributes[config.numAttrs].id = cudaLaunchAttributeClusterDimension;
             attributes[config.numAttrs++].val.clusterDim = {cluster, 1, 1};
         }
-        if constexpr (VARIANT.varlen) {
-            attributes[config.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            attributes[config.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
-        }
+        if constexpr (VARIANT.varlen)
+            attributes[config.numAttrs++] = dependent_launch_attribute();
         int64_t clusters = max_work_tiles<Kernel, VARIANT>(params);
         if constexpr (Kernel::persistent)
             clusters = std::min<int64_t>(clusters, cluster > 1 ? resident_clusters(kernel(), config) : multiprocessor_count());

@@ -148,9 +148,7 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_forward_kernel(const 
 } // namespace
 
 void combine_splits(DType dtype, const ForwardParams &params, cudaStream_t stream) {
-    cudaLaunchAttribute dependent{};
-    dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    dependent.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute dependent = dependent_launch_attribute();
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(params.seqlen_q, params.heads_q, params.batch);
     config.blockDim = dim3(COMBINE_THREADS);
