@@ -908,7 +908,7 @@ def test_ncu_bench_compares_ragged_lengths_with_the_next_multiple_of_128_per_flo
         problem = common.benchmark_problem(seq_len, 128)
         keys = seqlen_k or seq_len
         return ncu_bench.ProfileRow(
-            "fp16", 128, False, seq_len, keys, problem.batch, problem.heads_q, kernel, 2, 1.0, cycles, *[math.nan] * 8
+            "fp16", 128, False, seq_len, keys, problem.batch, problem.heads_q, kernel, 2, 1.0, cycles, *[math.nan] * 13
         )
 
     # The same cycles for 1000 x 1000 as for 1024 x 1024: (1024 / 1000)^2 as many FLOPs at 1024. A
@@ -1103,6 +1103,116 @@ def test_ncu_bench_profiles_keys_of_a_length_of_their_own(tmp_path):
         ("1000", "1024", "False"),
         ("1000", "1024", "True"),
     ]
+
+
+FA3_NAME = (
+    "void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<flash::CollectiveMainloopFwdSm90<"
+    "2, cute::tuple<cute::C<1>, cute::C<1>, cute::C<1>>, cute::tuple<cute::C<128>, cute::C<176>, cute::C<128>>>>>>"
+    "(T1::Params)"
+)
+FA3_PREPARE_NAME = "void flash::prepare_varlen_num_blocks_kernel(int, int, int, const int *, int *)"
+
+
+def _peer_output(*names: str) -> str:
+    """ncu's raw page for a peer's run: the inputs' fill, then two launches of each kernel named."""
+    rows = [_raw_row("0", RANDN_NAME, "85.5", "30,112", "28", "0", "0", "12.5", "52,000", "0", "88.2")]
+    for i, name in enumerate(names):
+        for run in range(2):
+            metrics = ("9.0", "1,300,000", "168", "196,608", "0", "70.0", "2,300,000", "60.0", "12.0")
+            rows.append(_raw_row(str(1 + 2 * i + run), name, *metrics))
+    return "\n".join([RAW_HEADER, RAW_UNITS, *rows])
+
+
+def test_a_peer_run_s_kernels_but_pytorch_s_are_the_peer_s():
+    """In a peer's run (run_kernels.py --peer), every kernel that is not PyTorch's own is the peer's,
+    whatever its name: the peer's name alone for one kernel, with each kernel's where there are several."""
+    (fa3,) = ncu_bench.summarize(ncu_bench.parse_ncu_csv(_peer_output(FA3_NAME)), peer="fa3")
+    assert (fa3.kernel.label, fa3.kernel.kind, fa3.launches) == ("FA3", "peer", 2)
+    assert fa3.metrics[ncu_bench.TIME] == pytest.approx(1_300_000)
+    several = ncu_bench.summarize(ncu_bench.parse_ncu_csv(_peer_output(FA3_PREPARE_NAME, FA3_NAME)), peer="fa3")
+    assert [s.kernel.label for s in several] == [
+        "FA3: flash::prepare_varlen_num_blocks_kernel",
+        "FA3: cutlass::device_kernel",
+    ]
+    # By name alone FA3's kernel would pass for cuDNN's (enable_sm90_or_later holds "sm90_"): why a
+    # peer is profiled in a run of its own.
+    (by_name,) = ncu_bench.summarize(ncu_bench.parse_ncu_csv(_peer_output(FA3_NAME)))
+    assert by_name.kernel.label == "SDPA CUDNN"
+    assert ncu_bench.is_torch_kernel(RANDN_NAME) and not ncu_bench.is_torch_kernel(FA3_NAME)
+
+
+def test_ncu_command_of_a_peer_runs_the_peer_alone_on_the_same_problem():
+    args = ncu_bench.parse_args(["--kernels", CFG_A.short_form(), "--reference", "all", "--peers", "fa3", "fa4"])
+    problem = common.llama70b_problem(4096, causal=True)
+    ours = ncu_bench.ncu_command("ncu", args, problem)
+    peer = ncu_bench.ncu_command("ncu", args, problem, "fa3")
+    assert "--peer" not in ours and ours[ours.index("--reference") + 1] == "all"
+    assert peer[peer.index("--peer") + 1] == "fa3" and "--reference" not in peer and "--kernels" not in peer
+    run_args = run_kernels.parse_args(peer[peer.index(sys.executable) + 2 :])
+    shape = (run_args.batch, run_args.heads, run_args.heads_kv, run_args.causal, run_args.peer)
+    assert shape == (2, 64, 8, True, "fa3")
+
+
+def test_ncu_bench_llama70b_shape():
+    args = ncu_bench.parse_args(["--shape", "llama70b", "--seq_lens", "4096", "8192", "--causal", "both"])
+    assert ncu_bench.shape_problems(args) == [
+        common.Problem(2, s, s, 64, 8, 128, causal) for s in (4096, 8192) for causal in (False, True)
+    ]
+    with pytest.raises(SystemExit):
+        ncu_bench.parse_args(["--shape", "llama70b", "--d_heads", "64"])
+
+
+def test_ncu_profile_row_reports_the_clock_pipes_and_issue_slots():
+    summary = ncu_bench.KernelSummary(
+        ncu_bench.KernelName("FA3", "peer"),
+        1,
+        {
+            ncu_bench.TIME: 1_000_000,
+            ncu_bench.SM_CLOCK: 1.755e9,
+            ncu_bench.FMA_PIPE: 31.5,
+            ncu_bench.XU_PIPE: 48.0,
+            ncu_bench.ISSUE_ACTIVE: 55.5,
+            ncu_bench.INSTRUCTIONS: 123_400_000,
+        },
+    )
+    row = ncu_bench.profile_row(summary, "bf16", common.benchmark_problem(4096, 128))
+    assert (row.clock_mhz, row.fma_pct, row.mufu_pct, row.issue_pct) == pytest.approx((1755, 31.5, 48.0, 55.5))
+    assert row.instructions_m == pytest.approx(123.4)
+    table = ncu_bench.format_profile_table([row])
+    assert all(header in table for header in ("MHz", "FMA %", "MUFU %", "issue %", "inst (M)"))
+
+
+def test_ncu_bench_profiles_each_peer_in_a_run_of_its_own(tmp_path):
+    """A stand-in ncu that prints a peer's kernels when run_kernels.py is given --peer, ours otherwise."""
+    (tmp_path / "ours.txt").write_text(NCU_RAW_OUTPUT)
+    (tmp_path / "peer.txt").write_text(_peer_output(FA3_NAME))
+    ncu = tmp_path / "ncu"
+    ncu.write_text(
+        f"#!{sys.executable}\n"
+        "import pathlib, sys\n"
+        f"with open({str(tmp_path / 'calls.txt')!r}, 'a') as calls: calls.write(' '.join(sys.argv[1:]) + '\\n')\n"
+        f"print(pathlib.Path({str(tmp_path)!r}, 'peer.txt' if '--peer' in sys.argv else 'ours.txt').read_text())\n"
+    )
+    ncu.chmod(0o755)
+    result = run_tool(
+        sys.executable, BENCHMARK_DIR / "ncu_bench.py", "--ncu", ncu, "--seq_lens", "4096", "--dtype", "bf16",
+        "--peers", "fa3", "--csv", tmp_path / "profile.csv",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert len(calls) == 2 and "--peer fa3" in calls[1] and "--peer" not in calls[0]
+    with open(tmp_path / "profile.csv", newline="") as file:
+        assert [row["kernel"] for row in csv.DictReader(file)] == [CFG_A.short_form(), "SDPA FLASH (FA2)", "FA3"]
+
+
+def test_run_kernels_refuses_kv_heads_that_do_not_divide_and_a_check_of_a_peer(capsys):
+    with pytest.raises(SystemExit):
+        run_kernels.parse_args(["4096", "128", "--heads", "16", "--heads_kv", "3"])
+    assert "--heads_kv must divide the 16 query heads" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run_kernels.parse_args(["4096", "128", "--peer", "fa3", "--check"])
+    assert "--peer runs none of them" in capsys.readouterr().err
+    assert run_kernels.parse_args(["4096", "128", "--heads_kv", "4"]).heads_kv == 4
 
 
 @pytest.mark.parametrize("tool", ["ncu_bench", "run_kernels"])

@@ -159,6 +159,17 @@ def benchmark_problem(seq_len: int, d_head: int, causal: bool = False, gqa_ratio
     return Problem(batch_for_seq_len(seq_len), seq_len, seq_len, heads, heads // gqa_ratio, d_head, causal)
 
 
+# The grouped-query problem of a Llama-70B-shaped model, as the peers' published figures use it:
+# batch 2, 64 query heads over 8 key/value heads of 128, at any length.
+LLAMA70B = {"batch": 2, "heads_q": 64, "heads_kv": 8, "d_head": 128}
+
+
+def llama70b_problem(seq_len: int, causal: bool = False) -> Problem:
+    """LLAMA70B's problem at seq_len queries and keys."""
+    shape = LLAMA70B
+    return Problem(shape["batch"], seq_len, seq_len, shape["heads_q"], shape["heads_kv"], shape["d_head"], causal)
+
+
 # ----------------------------------------------------------------------------------------------
 # FLOP counts
 
@@ -280,6 +291,11 @@ def load_fa4(function: str):
     """FlashAttention-4's ``function`` from the flash-attn-4 package (module flash_attn.cute; on an
     H100 or H200 it runs its SM90 path)."""
     return load_peer_function("flash_attn.cute", function)
+
+
+# The peers whose flash_attn_func the tools time or profile beside ours, by their option name, with
+# that function's loader.
+PEER_LOADERS = {"fa3": load_fa3, "fa4": load_fa4}
 
 
 def gpu_available() -> bool:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Profiles the compiled forward kernels (and PyTorch SDPA references) with Nsight Compute.
+"""Profiles the compiled forward kernels (and PyTorch SDPA references and the peers) with Nsight Compute.
 
 For each (seq_len, d_head, mask) it runs
 
@@ -7,14 +7,24 @@ For each (seq_len, d_head, mask) it runs
 
 at the benchmark shape (batch 16, at most 64Ki tokens: 16/16/16/16/8/4 for seq 512..16384;
 heads * d_head = 2048: 16 heads for d_head 128, 32 for d_head 64; --seqlen_k gives the keys and
-values another length than the queries'), with the causal mask or without (--causal), maps each profiled kernel back to its configuration's short form (SDPA kernels to the
-backend's name; other kernels, such as the inputs' random fill, are left out), averages over the
-runs and prints per kernel: duration, cycles, registers per thread, shared memory per block,
-achieved occupancy, L2 hit rate, DRAM throughput, tensor-pipe utilization, and TFLOP/s counting
-all the work (total_flop) or only the two matmuls (attn_flop); with the causal mask, half of the
-unmasked problem's, as FlashAttention counts. Then, for each kernel at a length that is not a
-multiple of 128 and at the next multiple (both among --seq_lens), how many more cycles per
-attention FLOP it takes at the former.
+values another length than the queries'; --shape llama70b: batch 2, 64 query heads over 8
+key/value heads of 128, as pt_bench.py has it), with the causal mask or without (--causal), maps
+each profiled kernel back to its configuration's short form (SDPA kernels to the backend's name;
+other kernels, such as the inputs' random fill, are left out), averages over the runs and prints
+per kernel: duration, cycles, the SM clock, registers per thread, shared memory
+per block, achieved occupancy, L2 hit rate, DRAM throughput, the tensor pipe's, the FMA pipe's
+and the MUFU (XU) pipe's utilization, the issue slots used, the instructions executed, and
+TFLOP/s counting all the work (total_flop) or only the two matmuls (attn_flop); with the causal
+mask, half of the unmasked problem's, as FlashAttention counts. Then, for each kernel at a length
+that is not a multiple of 128 and at the next multiple (both among --seq_lens), how many more
+cycles per attention FLOP it takes at the former.
+
+--peers fa3 fa4 profiles each peer's flash_attn_func on the same shapes (bfloat16 for FA3's
+fa3-fwd build), each in an ncu run of its own (run_kernels.py --peer): every kernel of that run
+but PyTorch's own (the inputs' fills) is the peer's, named "FA3" where it launches one kernel and
+"FA3: <kernel>" per kernel where it launches several. A peer that is missing or cannot run a
+shape is reported and makes the exit status 1; the peers' wheels are installed apart, as
+decode_bench.py says.
 
 --clock-control none leaves the GPU at its normal clocks, so durations are comparable with the
 benchmark's. Needs Nsight Compute (ncu) and a GPU.
@@ -51,9 +61,17 @@ OCCUPANCY = "sm__warps_active.avg.pct_of_peak_sustained_active"
 L2_HIT_RATE = "lts__t_sector_hit_rate.pct"
 DRAM_THROUGHPUT = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
 TENSOR_PIPE = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
+# Where a kernel's time goes besides the tensor cores: the exponentials (MUFU, the XU pipe), the
+# softmax's other arithmetic (FMA pipe), the issue slots, and the clock the power limit left.
+SM_CLOCK = "sm__cycles_elapsed.avg.per_second"
+FMA_PIPE = "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"
+XU_PIPE = "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active"
+ISSUE_ACTIVE = "sm__inst_issued.avg.pct_of_peak_sustained_active"
+INSTRUCTIONS = "smsp__inst_executed.sum"
 NCU_METRICS = (
     TIME,
     CYCLES,
+    SM_CLOCK,
     REGISTERS,
     SMEM_DYNAMIC,
     SMEM_STATIC,
@@ -61,6 +79,10 @@ NCU_METRICS = (
     L2_HIT_RATE,
     DRAM_THROUGHPUT,
     TENSOR_PIPE,
+    FMA_PIPE,
+    XU_PIPE,
+    ISSUE_ACTIVE,
+    INSTRUCTIONS,
 )
 
 # SDPA kernels, recognised by a part of their name (compared in lower case), in the order tried.
@@ -70,6 +92,11 @@ REFERENCE_KERNEL_PATTERNS = (
     (("cudnn", "sm90_", "xmma"), "SDPA CUDNN"),
 )
 SHORTENED_NAME_LENGTH = 60
+# PyTorch's own kernels (the inputs' random fills, copies), recognised by their namespace: in a
+# peer's run, every other kernel is the peer's.
+TORCH_KERNEL_NAMESPACE = "at::"
+# The peers' names in the tables, by their option name.
+PEER_LABELS = {"fa3": "FA3", "fa4": "FA4"}
 
 # ncu's time units, in nanoseconds (the unit durations are kept in here).
 _TIME_UNITS_NS = {"nsecond": 1, "ns": 1, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6, "second": 1e9, "s": 1e9}
@@ -96,8 +123,8 @@ class KernelLaunch:
 class KernelName:
     """What a profiled kernel is: one of our configurations, an SDPA reference, or something else."""
 
-    label: str  # the short form, the reference's name, or the shortened kernel name
-    kind: str  # "ours", "reference" or "other"
+    label: str  # the short form, the reference's or the peer's name, or the shortened kernel name
+    kind: str  # "ours", "reference", "peer" or "other"
     config: KernelConfig | None = None
 
 
@@ -234,12 +261,32 @@ def classify_kernel(name: str) -> KernelName:
     return KernelName(shorten_kernel_name(name), "other")
 
 
-def summarize(launches: list[KernelLaunch], include_other: bool = False) -> list[KernelSummary]:
+def is_torch_kernel(name: str) -> bool:
+    """Whether a kernel is PyTorch's own (its demangled name in at::, e.g. at::native::...)."""
+    name = name.strip().removeprefix("void ").lstrip()
+    return name.startswith(TORCH_KERNEL_NAMESPACE)
+
+
+def peer_kernels(launches: list[KernelLaunch], peer: str) -> dict[str, KernelName]:
+    """The kernels of a peer's run (run_kernels.py --peer) by name: every one but PyTorch's, named
+    after the peer, with the kernel's shortened name where the peer launched several."""
+    names = list(dict.fromkeys(launch.name for launch in launches if not is_torch_kernel(launch.name)))
+    label = PEER_LABELS[peer]
+    if len(names) == 1:
+        return {names[0]: KernelName(label, "peer")}
+    return {name: KernelName(f"{label}: {shorten_kernel_name(name)}", "peer") for name in names}
+
+
+def summarize(
+    launches: list[KernelLaunch], include_other: bool = False, peer: str | None = None
+) -> list[KernelSummary]:
     """Launches grouped by kernel (in order of first launch), each metric averaged over the launches
-    that report it. Kernels that are neither ours nor a reference are left out unless asked for."""
+    that report it. Kernels that are neither ours nor a reference are left out unless asked for;
+    with ``peer`` (a peer's run), the kernels that are not PyTorch's are the peer's."""
+    peers = peer_kernels(launches, peer) if peer else {}
     groups: dict[str, tuple[KernelName, list[KernelLaunch]]] = {}
     for launch in launches:
-        kernel = classify_kernel(launch.name)
+        kernel = peers.get(launch.name) or classify_kernel(launch.name)
         if kernel.kind == "other" and not include_other:
             continue
         groups.setdefault(kernel.label, (kernel, []))[1].append(launch)
@@ -269,12 +316,17 @@ class ProfileRow:
     launches: int
     duration_us: float
     cycles: float
+    clock_mhz: float  # the SM clock over the kernel
     registers: float
     smem_bytes: float  # static + dynamic shared memory per block
     occupancy_pct: float
     l2_hit_pct: float
     dram_pct: float
     tensor_pct: float
+    fma_pct: float
+    mufu_pct: float  # the XU pipe: exponentials, conversions
+    issue_pct: float  # issue slots used
+    instructions_m: float  # warp instructions executed, millions
     tflops: float  # total_flop / duration
     attn_tflops: float  # attn_flop / duration
 
@@ -295,12 +347,17 @@ def profile_row(summary: KernelSummary, dtype: str, problem: common.Problem) -> 
         launches=summary.launches,
         duration_us=duration_ms * 1e3,
         cycles=metric(CYCLES, math.nan),
+        clock_mhz=metric(SM_CLOCK, math.nan) / 1e6,
         registers=metric(REGISTERS, math.nan),
         smem_bytes=metric(SMEM_STATIC, math.nan) + metric(SMEM_DYNAMIC, math.nan),
         occupancy_pct=metric(OCCUPANCY, math.nan),
         l2_hit_pct=metric(L2_HIT_RATE, math.nan),
         dram_pct=metric(DRAM_THROUGHPUT, math.nan),
         tensor_pct=metric(TENSOR_PIPE, math.nan),
+        fma_pct=metric(FMA_PIPE, math.nan),
+        mufu_pct=metric(XU_PIPE, math.nan),
+        issue_pct=metric(ISSUE_ACTIVE, math.nan),
+        instructions_m=metric(INSTRUCTIONS, math.nan) / 1e6,
         tflops=common.tflops(total_flop, duration_ms),
         attn_tflops=common.tflops(attn_flop, duration_ms),
     )
@@ -312,12 +369,17 @@ TABLE_COLUMNS = (
     ("runs", "launches", None),
     ("time (us)", "duration_us", ".1f"),
     ("cycles", "cycles", ".0f"),
+    ("MHz", "clock_mhz", ".0f"),
     ("regs", "registers", ".0f"),
     ("smem (B)", "smem_bytes", ".0f"),
     ("occupancy %", "occupancy_pct", ".1f"),
     ("L2 hit %", "l2_hit_pct", ".1f"),
     ("DRAM %", "dram_pct", ".1f"),
     ("tensor %", "tensor_pct", ".1f"),
+    ("FMA %", "fma_pct", ".1f"),
+    ("MUFU %", "mufu_pct", ".1f"),
+    ("issue %", "issue_pct", ".1f"),
+    ("inst (M)", "instructions_m", ".1f"),
     ("TFLOP/s", "tflops", ".1f"),
     ("attn TFLOP/s", "attn_tflops", ".1f"),
 )
@@ -389,6 +451,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="flash",
         help="SDPA backend(s) to profile as well (default: flash)",
     )
+    parser.add_argument(
+        "--shape",
+        choices=("benchmark", "llama70b"),
+        default="benchmark",
+        help="benchmark: the benchmark shape of each length and d_head; llama70b: batch 2, 64 query heads over 8 "
+        "key/value heads of 128 (default: benchmark)",
+    )
+    parser.add_argument(
+        "--peers",
+        nargs="*",
+        choices=tuple(PEER_LABELS),
+        default=[],
+        help="peers whose flash_attn_func to profile too, each in an ncu run of its own (default: none)",
+    )
     parser.add_argument("--csv", metavar="PATH", help="also write the averaged table to PATH")
     parser.add_argument("--ncu", default="ncu", help="the Nsight Compute command line (default: ncu on PATH)")
     parser.add_argument(
@@ -399,6 +475,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error(f"--runs must be positive, got {args.runs}")
+    if args.shape == "llama70b" and args.d_heads != [common.LLAMA70B["d_head"]]:
+        parser.error("--shape llama70b: its heads are 64 over 8 of 128; pass --d_heads 128 (the default)")
     if True in common.causal_values(args.causal) and args.seqlen_k:
         for seq_len in args.seq_lens:
             error = common.causal_lengths_error(seq_len, args.seqlen_k, args.reference)
@@ -407,7 +485,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def ncu_command(ncu: str, args: argparse.Namespace, problem: common.Problem) -> list[str]:
+def ncu_command(ncu: str, args: argparse.Namespace, problem: common.Problem, peer: str | None = None) -> list[str]:
+    """The ncu command line that profiles our configurations and the SDPA references on the problem,
+    or with ``peer`` that peer alone."""
     command = [
         ncu,
         "--clock-control", "none",
@@ -422,15 +502,34 @@ def ncu_command(ncu: str, args: argparse.Namespace, problem: common.Problem) -> 
         "--n_runs", str(args.runs),
         "--batch", str(problem.batch),
         "--heads", str(problem.heads_q),
+        "--heads_kv", str(problem.heads_kv),
         "--seqlen_k", str(problem.seqlen_k),
         "--dtype", args.dtype,
-        "--reference", args.reference,
     ]  # fmt: skip
     if problem.causal:
         command.append("--causal")
+    if peer:
+        return command + ["--peer", peer]
+    command += ["--reference", args.reference]
     if args.kernels:
         command += ["--kernels", args.kernels]
     return command
+
+
+def shape_problems(args: argparse.Namespace) -> list[common.Problem]:
+    """The problems to profile, per length, d_head and mask."""
+
+    def problem(seq_len: int, d_head: int, causal: bool) -> common.Problem:
+        if args.shape == "llama70b":
+            made = common.llama70b_problem(seq_len, causal)
+        else:
+            made = common.benchmark_problem(seq_len, d_head, causal)
+        return dataclasses.replace(made, seqlen_k=args.seqlen_k or seq_len)
+
+    return [
+        problem(seq_len, d_head, causal)
+        for seq_len, d_head, causal in itertools.product(args.seq_lens, args.d_heads, common.causal_values(args.causal))
+    ]
 
 
 def output_tail(result: subprocess.CompletedProcess, lines: int = 25) -> str:
@@ -450,23 +549,23 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     all_rows, tables, failures = [], [], []
-    problems = [
-        dataclasses.replace(common.benchmark_problem(seq_len, d_head, causal), seqlen_k=args.seqlen_k or seq_len)
-        for seq_len, d_head, causal in itertools.product(args.seq_lens, args.d_heads, common.causal_values(args.causal))
-    ]
-    for problem in common.track(problems, description="profiling"):
+    for problem in common.track(shape_problems(args), description="profiling"):
         where = f"{args.dtype}, {problem.describe()}"
-        result = subprocess.run(ncu_command(ncu, args, problem), capture_output=True, text=True)
-        try:
-            summaries = summarize(parse_ncu_csv(result.stdout), include_other=args.all_kernels)
-        except NcuOutputError as error:
-            summaries, trouble = [], str(error)
-        else:
-            trouble = "" if summaries else "ncu reported none of our or SDPA's kernels"
-        if result.returncode != 0:
-            trouble = f"ncu exited with status {result.returncode}" + (f"; {trouble}" if trouble else "")
-        if trouble:
-            failures.append(f"{where}: {trouble}\n{output_tail(result)}")
+        summaries = []
+        for peer in (None, *args.peers):
+            result = subprocess.run(ncu_command(ncu, args, problem, peer), capture_output=True, text=True)
+            whose = PEER_LABELS[peer] if peer else "ours and SDPA's"
+            try:
+                found = summarize(parse_ncu_csv(result.stdout), include_other=args.all_kernels, peer=peer)
+            except NcuOutputError as error:
+                found, trouble = [], str(error)
+            else:
+                trouble = "" if found else f"ncu reported none of {whose} kernels"
+            if result.returncode != 0:
+                trouble = f"ncu exited with status {result.returncode}" + (f"; {trouble}" if trouble else "")
+            if trouble:
+                failures.append(f"{where}, {whose} run: {trouble}\n{output_tail(result)}")
+            summaries += found
         rows = [profile_row(summary, args.dtype, problem) for summary in summaries]
         if rows:
             title = f"{where} (averages over {args.runs} run(s)); attention FLOPs: {common.flop_rule(problem)}"

@@ -60,13 +60,10 @@ CHECK_REFERENCE = "flash"
 # Automatic configuration: flash_attn_func, which picks its configuration per call (choose_config),
 # timed as a model calls it, beside the best configuration chosen by hand.
 AUTO = "auto"
-# The peers timed, in table order, with their flash_attn_func's loader (bench_common).
-PEERS = {"fa3": common.load_fa3, "fa4": common.load_fa4}
+# The peers timed, in table order, with their flash_attn_func's loader.
+PEERS = common.PEER_LOADERS
 # A peer's rows where it could not run: the config field says why, after this prefix.
 PEER_MISSING = "missing: "
-# --shape llama70b: the grouped-query problem of a Llama-70B-shaped model, as the peers' published
-# figures use it: batch 2, 64 query heads over 8 key/value heads of 128, at any length.
-LLAMA70B = {"batch": 2, "heads_q": 64, "heads_kv": 8, "d_head": 128}
 
 
 @dataclasses.dataclass
@@ -82,11 +79,7 @@ class Group:
 def groups(args: argparse.Namespace) -> list[Group]:
     def problems(d_head: int, causal: bool) -> list[common.Problem]:
         if args.shape == "llama70b":
-            shape = LLAMA70B
-            return [
-                common.Problem(shape["batch"], s, s, shape["heads_q"], shape["heads_kv"], shape["d_head"], causal)
-                for s in args.seq_lens
-            ]
+            return [common.llama70b_problem(seq_len, causal) for seq_len in args.seq_lens]
         return [common.benchmark_problem(seq_len, d_head, causal, args.gqa_ratio) for seq_len in args.seq_lens]
 
     masks = common.causal_values(args.causal)
@@ -171,7 +164,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--check-gpu", action="store_true", help="only check that a CUDA GPU is visible (exit status 0 if so)"
     )
     args = parser.parse_args(argv)
-    if args.shape == "llama70b" and (args.d_heads != [LLAMA70B["d_head"]] or args.gqa_ratio != 1):
+    if args.shape == "llama70b" and (args.d_heads != [common.LLAMA70B["d_head"]] or args.gqa_ratio != 1):
         parser.error(
             "--shape llama70b: its heads are 64 over 8 of 128; pass --d-heads 128 (the default) and no --gqa-ratio"
         )

@@ -9,7 +9,13 @@ problem needs (--causal or not; masked tails where SEQ_LEN is not a multiple of 
 runs N times on the same random inputs, then each chosen SDPA backend N times. --seqlen_k gives
 the keys and values their own length (default SEQ_LEN), so a query tail and a key tail can be
 profiled apart. Batch and heads default to the benchmark shape of SEQ_LEN (batch 16, at most 64Ki tokens: 16/16/16/16/8/4 for seq
-512..16384; heads * d_head = 2048: 16 heads for d_head 128, 32 for d_head 64).
+512..16384; heads * d_head = 2048: 16 heads for d_head 128, 32 for d_head 64); --heads_kv groups
+the query heads over fewer key/value heads (GQA).
+
+--peer fa3 (or fa4) runs that peer's flash_attn_func N times instead, and nothing else of ours or
+SDPA's: a profile of this process then holds the peer's kernels and the inputs' fills alone, so
+they need no recognising by name (ncu_bench.py --peers). A peer that is not installed or cannot
+run the shape is reported and the exit status is 1.
 
 --check also compares each configuration's output with a float32 reference with the same mask
 (the tests' criterion: max|out - ref32| <= 2 * max|ref16 - ref32| + 1e-5 and relative norm error
@@ -46,7 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seqlen_k", type=int, metavar="K", help="keys and values per sequence (default: SEQ_LEN)")
     parser.add_argument("--n_runs", type=int, default=1, metavar="N", help="runs of each kernel (default: 1)")
     parser.add_argument("--batch", type=int, help="batch size (default: the benchmark shape's)")
-    parser.add_argument("--heads", type=int, help="heads (default: the benchmark shape's)")
+    parser.add_argument("--heads", type=int, help="query heads (default: the benchmark shape's)")
+    parser.add_argument("--heads_kv", type=int, help="key/value heads, dividing --heads (default: --heads)")
     parser.add_argument("--dtype", choices=common.DTYPE_NAMES, default="fp16", help="(default: fp16)")
     parser.add_argument("--causal", action="store_true", help="with the causal mask (bottom-right aligned)")
     parser.add_argument(
@@ -58,13 +65,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--check", action="store_true", help="compare each configuration's output with a float32 reference"
     )
+    parser.add_argument(
+        "--peer",
+        choices=tuple(common.PEER_LOADERS),
+        help="run this peer's flash_attn_func instead of our configurations and the SDPA references",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
     args = parser.parse_args(argv)
-    for name in ("seq_len", "seqlen_k", "n_runs", "batch", "heads"):
+    for name in ("seq_len", "seqlen_k", "n_runs", "batch", "heads", "heads_kv"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"{name} must be positive, got {value}")
     args.seqlen_k = args.seqlen_k or args.seq_len
+    heads = args.heads or common.heads_for_d_head(args.d_head)
+    if args.heads_kv is not None and heads % args.heads_kv:
+        parser.error(f"--heads_kv must divide the {heads} query heads, got {args.heads_kv}")
+    if args.peer and args.check:
+        parser.error("--check compares our configurations; --peer runs none of them")
     if args.causal:
         error = common.causal_lengths_error(args.seq_len, args.seqlen_k, args.reference)
         if error:
@@ -76,6 +93,27 @@ def chosen_references(reference: str) -> list[str]:
     if reference == "all":
         return list(common.SDPA_REFERENCES)
     return [] if reference == "none" else [reference]
+
+
+def run_peer(peer: str, problem: common.Problem, args: argparse.Namespace) -> int:
+    """Runs the peer's flash_attn_func n_runs times on the problem's random inputs."""
+    import torch
+
+    function, missing = common.PEER_LOADERS[peer]("flash_attn_func")
+    if function is None:
+        print(f"{peer} is missing: {missing}", file=sys.stderr)
+        return 1
+    q, k, v = common.make_inputs(problem, common.dtype_from_name(args.dtype), seed=args.seed)
+    print(f"{problem.describe()}, {args.dtype}: {peer} ({function.__module__})")
+    try:
+        for _ in range(args.n_runs):
+            function(q, k, v, causal=args.causal)
+        torch.cuda.synchronize()
+    except Exception as error:  # a peer's own checks raise what they like (RuntimeError, ValueError, ...)
+        print(f"{peer} cannot run this shape: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    print(f"ran {args.n_runs}x {peer}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,7 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     dtype = common.dtype_from_name(args.dtype)
     batch = args.batch or common.batch_for_seq_len(args.seq_len)
     heads = args.heads or common.heads_for_d_head(args.d_head)
-    problem = common.Problem(batch, args.seq_len, args.seqlen_k, heads, heads, args.d_head, args.causal)
+    heads_kv = args.heads_kv or heads
+    problem = common.Problem(batch, args.seq_len, args.seqlen_k, heads, heads_kv, args.d_head, args.causal)
+    if args.peer:
+        return run_peer(args.peer, problem, args)
     try:
         selected = common.select_configs(args.kernels)
     except common.ConfigSelectionError as error:
