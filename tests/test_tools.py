@@ -302,6 +302,26 @@ def test_power_bench_without_nvidia_smi_names_it(monkeypatch, capsys):
     assert "/nonexistent/nvidia-smi not found" in capsys.readouterr().err
 
 
+def test_power_bench_reports_energy_per_flop_and_names_a_missing_peer():
+    runs = [
+        power_bench.SustainedRun("ours", "random", 640.0, 1560.0, 690.0, 70.0),
+        power_bench.SustainedRun("FA3", "random", 680.0, 1620.0, 680.0, 71.0),
+    ]
+    assert runs[1].tflop_per_joule == pytest.approx(1.0)
+    text = power_bench.format_runs(runs, {"FA4": "ModuleNotFoundError: No module named 'flash_attn'"})
+    assert "TFLOP/J" in text and "0.928" in text and "1.000" in text
+    assert text.splitlines()[-1] == "FA4: missing: ModuleNotFoundError: No module named 'flash_attn'"
+
+
+def test_power_bench_peers_and_the_llama70b_shape():
+    args = power_bench.parse_args(["8192", "128", "--peers", "fa3", "fa4", "--shape", "llama70b", "--causal"])
+    assert args.peers == ["fa3", "fa4"]
+    assert power_bench.problem_of(args) == common.Problem(2, 8192, 8192, 64, 8, 128, True)
+    assert power_bench.problem_of(power_bench.parse_args(["4096", "64"])) == common.benchmark_problem(4096, 64)
+    with pytest.raises(SystemExit):
+        power_bench.parse_args(["8192", "64", "--shape", "llama70b"])
+
+
 def test_power_bench_rejects_a_loop_of_no_time():
     with pytest.raises(SystemExit):
         power_bench.parse_args(["4096", "128", "--seconds", "0"])
@@ -1883,8 +1903,28 @@ def test_power_bench_runs_each_configuration_and_the_reference_on_random_and_con
     )
     assert loops == [0.5] * 4 and err.count("SDPA CUDNN cannot run this shape") == 2
     table = out.splitlines()[3:]
-    assert [line.split()[-5] for line in table] == ["random", "random", "constant", "constant"]
-    assert all(line.split()[-3:] == ["1500", "690", "57"] for line in table)
+    assert [line.split()[-6] for line in table] == ["random", "random", "constant", "constant"]
+    assert all(line.split()[-4:-2] == ["1500", "690"] and line.split()[-1] == "57" for line in table)
+
+
+def test_power_bench_runs_the_peers_and_names_the_missing_one(stand_in_gpu, monkeypatch, capsys):
+    stand_in_gpu()
+    calls = []
+    monkeypatch.setitem(common.PEER_LOADERS, "fa3", lambda name: (lambda q, k, v, causal: calls.append(causal), ""))
+    monkeypatch.setitem(common.PEER_LOADERS, "fa4", lambda name: (None, "ModuleNotFoundError: flash_attn"))
+
+    def stand_in_loop(fn, seconds, smi):
+        fn()
+        return [1.0] * 3, [power_bench.Sample(1600, 680, 60)] * 3
+
+    monkeypatch.setattr(power_bench, "run_sustained", stand_in_loop)
+    argv = ["128", "64", "--reference", "none", "--peers", "fa3", "fa4", "--causal"]
+    monkeypatch.setattr(common, "select_configs", lambda key: [])
+    assert power_bench.main([*argv, "--nvidia-smi", sys.executable]) == 0
+    out = capsys.readouterr().out
+    assert calls == [True]
+    assert any(line.split()[:2] == ["FA3", "random"] for line in out.splitlines())
+    assert out.splitlines()[-1] == "FA4: missing: ModuleNotFoundError: flash_attn"
 
 
 def test_power_bench_with_nothing_to_run_says_so(stand_in_gpu, capsys):

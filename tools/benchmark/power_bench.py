@@ -9,9 +9,12 @@ bf16 ones). For each selected configuration and each --reference SDPA backend, a
 shape of SEQ_LEN and D_HEAD (batch 16, at most 64Ki tokens; heads * d_head = 2048), this runs the
 kernel in a loop for --seconds and reports, over the last two thirds of the loop: TFLOP/s (the
 median of timings of 20 calls each), the median SM clock and board power, and the highest
-temperature. --constant-inputs runs each once more on inputs whose elements are all equal: the
-same instructions, with operands that never toggle, so its clock and power show how far the
-random inputs' power holds the kernel back.
+temperature, and TFLOP per joule (TFLOP/s over watts: at the power limit, the kernel that spends
+less energy per FLOP keeps the higher clock). --constant-inputs runs each once more on inputs
+whose elements are all equal: the same instructions, with operands that never toggle, so its
+clock and power show how far the random inputs' power holds the kernel back. --peers fa3 fa4 runs
+the peers' flash_attn_func the same way (a missing peer is named under the table, with why);
+--shape llama70b takes pt_bench's grouped-query shape (batch 2, 64 query heads over 8 of 128).
 
 Needs a GPU and nvidia-smi.
 """
@@ -55,6 +58,10 @@ class SustainedRun:
     sm_clock_mhz: float
     power_w: float
     max_temperature_c: float
+
+    @property
+    def tflop_per_joule(self) -> float:
+        return self.tflops / self.power_w
 
 
 def parse_samples(text: str) -> list[Sample]:
@@ -142,6 +149,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="cudnn",
         help="an SDPA backend to run as well (default: cudnn)",
     )
+    parser.add_argument(
+        "--peers",
+        nargs="*",
+        choices=tuple(common.PEER_LOADERS),
+        default=[],
+        help="peers whose flash_attn_func to run too (default: none)",
+    )
+    parser.add_argument(
+        "--shape",
+        choices=("benchmark", "llama70b"),
+        default="benchmark",
+        help="benchmark: the benchmark shape of SEQ_LEN and D_HEAD; llama70b: batch 2, 64 query heads over 8 "
+        "key/value heads of 128 (default: benchmark)",
+    )
     parser.add_argument("--seconds", type=float, default=5.0, help="how long each loop runs (default: 5)")
     parser.add_argument(
         "--constant-inputs", action="store_true", help="also run each on inputs whose elements are all equal"
@@ -150,7 +171,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.seconds > 0:
         parser.error(f"--seconds must be positive, got {args.seconds}")
+    if args.shape == "llama70b" and args.d_head != common.LLAMA70B["d_head"]:
+        parser.error("--shape llama70b: its heads are 64 over 8 of 128; pass D_HEAD 128")
     return args
+
+
+def problem_of(args: argparse.Namespace) -> common.Problem:
+    if args.shape == "llama70b":
+        return common.llama70b_problem(args.seq_len, args.causal)
+    return common.benchmark_problem(args.seq_len, args.d_head, args.causal)
+
+
+def format_runs(runs: list[SustainedRun], missing: dict[str, str]) -> str:
+    """The table of the runs, then a line per peer that did not run, with why."""
+    headers = ["kernel", "inputs", "TFLOP/s", "SM clock (MHz)", "power (W)", "TFLOP/J", "max temp (C)"]
+    rows = [
+        [r.label, r.inputs, r.tflops, r.sm_clock_mhz, r.power_w, r.tflop_per_joule, r.max_temperature_c] for r in runs
+    ]
+    formats = {2: ".1f", 3: ".0f", 4: ".0f", 5: ".3f", 6: ".0f"}
+    lines = [common.format_table(headers, rows, float_formats=formats)]
+    lines += [f"{peer}: missing: {why}" for peer, why in missing.items()]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,16 +209,26 @@ def main(argv: list[str] | None = None) -> int:
     import flash_attention
 
     dtype = common.dtype_from_name(args.dtype)
-    problem = common.benchmark_problem(args.seq_len, args.d_head, args.causal)
+    problem = problem_of(args)
     try:
         selected = common.select_configs(args.kernels)
     except common.ConfigSelectionError as error:
         print(error, file=sys.stderr)
         return 1
     configs = common.fitting_configs(selected, dtype, problem)
-    if not configs and args.reference == "none":
-        print("nothing to run: no selected configuration fits this shape and --reference is none", file=sys.stderr)
+    if not configs and args.reference == "none" and not args.peers:
+        print(
+            "nothing to run: no selected configuration fits this shape, --reference is none and no --peers",
+            file=sys.stderr,
+        )
         return 1
+    peers, missing = {}, {}
+    for peer in args.peers:
+        function, why = common.PEER_LOADERS[peer]("flash_attn_func")
+        if function is None:
+            missing[peer.upper()] = why
+        else:
+            peers[peer.upper()] = function
     flop, _ = problem.flop_counts()
     q, k, v = common.make_inputs(problem, dtype, seed=0)
     inputs = {"random": (q, k, v)}
@@ -203,10 +254,17 @@ def main(argv: list[str] | None = None) -> int:
             with common.use_sdpa_reference(args.reference):
                 timings, samples = run_sustained(call.run, args.seconds, smi)
             runs.append(summarize(common.SDPA_REFERENCES[args.reference], name, flop, timings, samples))
+        for label, function in peers.items():
 
-    headers = ["kernel", "inputs", "TFLOP/s", "SM clock (MHz)", "power (W)", "max temp (C)"]
-    rows = [[r.label, r.inputs, r.tflops, r.sm_clock_mhz, r.power_w, r.max_temperature_c] for r in runs]
-    print(common.format_table(headers, rows, float_formats={2: ".1f", 3: ".0f", 4: ".0f", 5: ".0f"}))
+            def peer(function=function, q_in=q_in, k_in=k_in, v_in=v_in):
+                function(q_in, k_in, v_in, causal=args.causal)
+
+            try:
+                runs.append(summarize(label, name, flop, *run_sustained(peer, args.seconds, smi)))
+            except Exception as error:  # a peer's own checks raise what they like
+                missing[label] = f"cannot run this shape: {type(error).__name__}: {error}"
+
+    print(format_runs(runs, missing))
     return 0
 
 
