@@ -316,8 +316,10 @@ def test_power_bench_reports_energy_per_flop_and_names_a_missing_peer():
 def test_power_bench_peers_and_the_llama70b_shape():
     args = power_bench.parse_args(["8192", "128", "--peers", "fa3", "fa4", "--shape", "llama70b", "--causal"])
     assert args.peers == ["fa3", "fa4"]
-    assert power_bench.problem_of(args) == common.Problem(2, 8192, 8192, 64, 8, 128, True)
-    assert power_bench.problem_of(power_bench.parse_args(["4096", "64"])) == common.benchmark_problem(4096, 64)
+    assert common.shape_problem(args.shape, args.seq_len, args.d_head, args.causal) == common.Problem(
+        2, 8192, 8192, 64, 8, 128, True
+    )
+    assert common.shape_problem("standard", 4096, 64) == common.benchmark_problem(4096, 64)
     with pytest.raises(SystemExit):
         power_bench.parse_args(["8192", "64", "--shape", "llama70b"])
 

@@ -170,6 +170,32 @@ def llama70b_problem(seq_len: int, causal: bool = False) -> Problem:
     return Problem(shape["batch"], seq_len, seq_len, shape["heads_q"], shape["heads_kv"], shape["d_head"], causal)
 
 
+def shape_problem(shape: str, seq_len: int, d_head: int, causal: bool = False, gqa_ratio: int = 1) -> Problem:
+    """The problem of --shape ``shape`` ("standard": benchmark_problem's; "llama70b": LLAMA70B's,
+    whatever d_head and gqa_ratio, which shape_error checks)."""
+    if shape == "llama70b":
+        return llama70b_problem(seq_len, causal)
+    return benchmark_problem(seq_len, d_head, causal, gqa_ratio)
+
+
+def shape_error(shape: str, d_heads: Sequence[int], gqa_ratio: int = 1) -> str | None:
+    """Why --shape ``shape`` cannot take these head sizes and GQA ratio, or None."""
+    if shape == "llama70b" and (list(d_heads) != [LLAMA70B["d_head"]] or gqa_ratio != 1):
+        return "--shape llama70b: its heads are 64 over 8 of 128; pass a d_head of 128 alone and no GQA ratio"
+    return None
+
+
+def add_shape_argument(parser: argparse.ArgumentParser, standard: str) -> None:
+    """--shape: "standard" (what ``standard`` says: the tool's own shape) or "llama70b" (LLAMA70B)."""
+    parser.add_argument(
+        "--shape",
+        choices=("standard", "llama70b"),
+        default="standard",
+        help=f"standard: {standard}; llama70b: batch 2, 64 query heads over 8 key/value heads of 128 "
+        "(default: %(default)s)",
+    )
+
+
 # ----------------------------------------------------------------------------------------------
 # FLOP counts
 
@@ -296,6 +322,17 @@ def load_fa4(function: str):
 # The peers whose flash_attn_func the tools time or profile beside ours, by their option name, with
 # that function's loader.
 PEER_LOADERS = {"fa3": load_fa3, "fa4": load_fa4}
+
+
+def add_peers_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """--peers: the PEER_LOADERS names whose flash_attn_func the tool runs (``what``: "time", ...)."""
+    parser.add_argument(
+        "--peers",
+        nargs="*",
+        choices=tuple(PEER_LOADERS),
+        default=[],
+        help=f"peers whose flash_attn_func to {what} beside ours (default: none)",
+    )
 
 
 def gpu_available() -> bool:

@@ -451,20 +451,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="flash",
         help="SDPA backend(s) to profile as well (default: flash)",
     )
-    parser.add_argument(
-        "--shape",
-        choices=("benchmark", "llama70b"),
-        default="benchmark",
-        help="benchmark: the benchmark shape of each length and d_head; llama70b: batch 2, 64 query heads over 8 "
-        "key/value heads of 128 (default: benchmark)",
-    )
-    parser.add_argument(
-        "--peers",
-        nargs="*",
-        choices=tuple(PEER_LABELS),
-        default=[],
-        help="peers whose flash_attn_func to profile too, each in an ncu run of its own (default: none)",
-    )
+    common.add_shape_argument(parser, "the benchmark shape of each length and d_head")
+    common.add_peers_argument(parser, "profile, each in an ncu run of its own,")
     parser.add_argument("--csv", metavar="PATH", help="also write the averaged table to PATH")
     parser.add_argument("--ncu", default="ncu", help="the Nsight Compute command line (default: ncu on PATH)")
     parser.add_argument(
@@ -475,8 +463,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error(f"--runs must be positive, got {args.runs}")
-    if args.shape == "llama70b" and args.d_heads != [common.LLAMA70B["d_head"]]:
-        parser.error("--shape llama70b: its heads are 64 over 8 of 128; pass --d_heads 128 (the default)")
+    shape_error = common.shape_error(args.shape, args.d_heads)
+    if shape_error:
+        parser.error(shape_error)
     if True in common.causal_values(args.causal) and args.seqlen_k:
         for seq_len in args.seq_lens:
             error = common.causal_lengths_error(seq_len, args.seqlen_k, args.reference)
@@ -520,10 +509,7 @@ def shape_problems(args: argparse.Namespace) -> list[common.Problem]:
     """The problems to profile, per length, d_head and mask."""
 
     def problem(seq_len: int, d_head: int, causal: bool) -> common.Problem:
-        if args.shape == "llama70b":
-            made = common.llama70b_problem(seq_len, causal)
-        else:
-            made = common.benchmark_problem(seq_len, d_head, causal)
+        made = common.shape_problem(args.shape, seq_len, d_head, causal)
         return dataclasses.replace(made, seqlen_k=args.seqlen_k or seq_len)
 
     return [

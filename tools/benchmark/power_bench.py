@@ -149,20 +149,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="cudnn",
         help="an SDPA backend to run as well (default: cudnn)",
     )
-    parser.add_argument(
-        "--peers",
-        nargs="*",
-        choices=tuple(common.PEER_LOADERS),
-        default=[],
-        help="peers whose flash_attn_func to run too (default: none)",
-    )
-    parser.add_argument(
-        "--shape",
-        choices=("benchmark", "llama70b"),
-        default="benchmark",
-        help="benchmark: the benchmark shape of SEQ_LEN and D_HEAD; llama70b: batch 2, 64 query heads over 8 "
-        "key/value heads of 128 (default: benchmark)",
-    )
+    common.add_peers_argument(parser, "run")
+    common.add_shape_argument(parser, "the benchmark shape of SEQ_LEN and D_HEAD")
     parser.add_argument("--seconds", type=float, default=5.0, help="how long each loop runs (default: 5)")
     parser.add_argument(
         "--constant-inputs", action="store_true", help="also run each on inputs whose elements are all equal"
@@ -171,15 +159,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.seconds > 0:
         parser.error(f"--seconds must be positive, got {args.seconds}")
-    if args.shape == "llama70b" and args.d_head != common.LLAMA70B["d_head"]:
-        parser.error("--shape llama70b: its heads are 64 over 8 of 128; pass D_HEAD 128")
+    shape_error = common.shape_error(args.shape, [args.d_head])
+    if shape_error:
+        parser.error(shape_error)
     return args
-
-
-def problem_of(args: argparse.Namespace) -> common.Problem:
-    if args.shape == "llama70b":
-        return common.llama70b_problem(args.seq_len, args.causal)
-    return common.benchmark_problem(args.seq_len, args.d_head, args.causal)
 
 
 def format_runs(runs: list[SustainedRun], missing: dict[str, str]) -> str:
@@ -209,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     import flash_attention
 
     dtype = common.dtype_from_name(args.dtype)
-    problem = problem_of(args)
+    problem = common.shape_problem(args.shape, args.seq_len, args.d_head, args.causal)
     try:
         selected = common.select_configs(args.kernels)
     except common.ConfigSelectionError as error:

@@ -78,9 +78,7 @@ class Group:
 
 def groups(args: argparse.Namespace) -> list[Group]:
     def problems(d_head: int, causal: bool) -> list[common.Problem]:
-        if args.shape == "llama70b":
-            return [common.llama70b_problem(seq_len, causal) for seq_len in args.seq_lens]
-        return [common.benchmark_problem(seq_len, d_head, causal, args.gqa_ratio) for seq_len in args.seq_lens]
+        return [common.shape_problem(args.shape, s, d_head, causal, args.gqa_ratio) for s in args.seq_lens]
 
     masks = common.causal_values(args.causal)
     return [
@@ -119,13 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="query heads per key/value head (grouped-query attention): heads_kv = heads_q / R, where heads_q "
         "is the benchmark shape's (default: 1)",
     )
-    parser.add_argument(
-        "--shape",
-        choices=("standard", "llama70b"),
-        default="standard",
-        help="standard: the benchmark shape above; llama70b: batch 2, 64 query heads over 8 key/value heads of "
-        "128 (with --d-heads 128 and no --gqa-ratio) (default: %(default)s)",
-    )
+    common.add_shape_argument(parser, "the benchmark shape above")
     parser.add_argument(
         "--kernels",
         help="configurations to time: short forms separated by ';', or a set name (prog, progall, tune, all, "
@@ -164,10 +156,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--check-gpu", action="store_true", help="only check that a CUDA GPU is visible (exit status 0 if so)"
     )
     args = parser.parse_args(argv)
-    if args.shape == "llama70b" and (args.d_heads != [common.LLAMA70B["d_head"]] or args.gqa_ratio != 1):
-        parser.error(
-            "--shape llama70b: its heads are 64 over 8 of 128; pass --d-heads 128 (the default) and no --gqa-ratio"
-        )
+    shape_error = common.shape_error(args.shape, args.d_heads, args.gqa_ratio)
+    if shape_error:
+        parser.error(shape_error)
     if not (math.isfinite(args.sustain_s) and args.sustain_s >= 0):
         parser.error(f"--sustain-s must be a finite number of seconds, 0 or more; got {args.sustain_s:g}")
     # The shapes are built here once so that a ratio not dividing some d_head's heads is a usage

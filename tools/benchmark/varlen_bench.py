@@ -57,7 +57,7 @@ from model_bench import markdown_table
 # The peers, in table order: FA3, FA4, then SDPA on nested tensors with each backend.
 FA3 = "fa3"
 FA4 = "fa4"
-FLASH_PEERS = {FA3: common.load_fa3, FA4: common.load_fa4}
+FLASH_PEERS = common.PEER_LOADERS
 SDPA_BACKENDS = ("flash", "efficient", "cudnn")
 PEERS = (*FLASH_PEERS, *(f"sdpa_{backend}" for backend in SDPA_BACKENDS))
 LABELS = {
