@@ -1929,6 +1929,29 @@ def test_power_bench_runs_the_peers_and_names_the_missing_one(stand_in_gpu, monk
     assert out.splitlines()[-1] == "FA4: missing: ModuleNotFoundError: flash_attn"
 
 
+def test_run_kernels_runs_a_peer_alone_and_reports_one_that_is_missing_or_refuses(stand_in_gpu, monkeypatch, capsys):
+    extension = stand_in_gpu()
+    calls = []
+    monkeypatch.setitem(
+        common.PEER_LOADERS, "fa3", lambda name: (lambda q, k, v, causal: calls.append((k.shape[2], causal)), "")
+    )
+    argv = ["128", "128", "--heads", "8", "--heads_kv", "2", "--n_runs", "3", "--causal", "--peer", "fa3"]
+    assert run_kernels.main(argv) == 0
+    assert calls == [(2, True)] * 3 and extension.calls == []  # the peer alone: none of ours
+    assert "ran 3x fa3" in capsys.readouterr().out
+
+    monkeypatch.setitem(common.PEER_LOADERS, "fa3", lambda name: (None, "ModuleNotFoundError: fa3_fwd_interface"))
+    assert run_kernels.main(argv) == 1
+    assert "fa3 is missing: ModuleNotFoundError: fa3_fwd_interface" in capsys.readouterr().err
+
+    def refuses(q, k, v, causal):
+        raise ValueError("bfloat16 only")
+
+    monkeypatch.setitem(common.PEER_LOADERS, "fa3", lambda name: (refuses, ""))
+    assert run_kernels.main(argv) == 1
+    assert "fa3 cannot run this shape: ValueError: bfloat16 only" in capsys.readouterr().err
+
+
 def test_power_bench_with_nothing_to_run_says_so(stand_in_gpu, capsys):
     stand_in_gpu()
     assert power_bench.main(["128", "64", "--reference", "none", "--nvidia-smi", sys.executable]) == 1

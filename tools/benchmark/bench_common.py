@@ -324,6 +324,11 @@ def load_fa4(function: str):
 PEER_LOADERS = {"fa3": load_fa3, "fa4": load_fa4}
 
 
+def peer_call(function, q, k, v, causal: bool) -> Callable[[], object]:
+    """A call of a peer's flash_attn_func as the tools run it (its lse, where returned, is dropped)."""
+    return lambda: function(q, k, v, causal=causal)
+
+
 def add_peers_argument(parser: argparse.ArgumentParser, what: str) -> None:
     """--peers: the PEER_LOADERS names whose flash_attn_func the tool runs (``what``: "time", ...)."""
     parser.add_argument(

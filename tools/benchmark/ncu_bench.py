@@ -95,8 +95,6 @@ SHORTENED_NAME_LENGTH = 60
 # PyTorch's own kernels (the inputs' random fills, copies), recognised by their namespace: in a
 # peer's run, every other kernel is the peer's.
 TORCH_KERNEL_NAMESPACE = "at::"
-# The peers' names in the tables, by their option name.
-PEER_LABELS = {"fa3": "FA3", "fa4": "FA4"}
 
 # ncu's time units, in nanoseconds (the unit durations are kept in here).
 _TIME_UNITS_NS = {"nsecond": 1, "ns": 1, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6, "second": 1e9, "s": 1e9}
@@ -271,7 +269,7 @@ def peer_kernels(launches: list[KernelLaunch], peer: str) -> dict[str, KernelNam
     """The kernels of a peer's run (run_kernels.py --peer) by name: every one but PyTorch's, named
     after the peer, with the kernel's shortened name where the peer launched several."""
     names = list(dict.fromkeys(launch.name for launch in launches if not is_torch_kernel(launch.name)))
-    label = PEER_LABELS[peer]
+    label = peer.upper()
     if len(names) == 1:
         return {names[0]: KernelName(label, "peer")}
     return {name: KernelName(f"{label}: {shorten_kernel_name(name)}", "peer") for name in names}
@@ -540,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         summaries = []
         for peer in (None, *args.peers):
             result = subprocess.run(ncu_command(ncu, args, problem, peer), capture_output=True, text=True)
-            whose = PEER_LABELS[peer] if peer else "ours and SDPA's"
+            whose = peer.upper() if peer else "ours and SDPA's"
             try:
                 found = summarize(parse_ncu_csv(result.stdout), include_other=args.all_kernels, peer=peer)
             except NcuOutputError as error:

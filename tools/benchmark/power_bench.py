@@ -238,12 +238,9 @@ def main(argv: list[str] | None = None) -> int:
                 timings, samples = run_sustained(call.run, args.seconds, smi)
             runs.append(summarize(common.SDPA_REFERENCES[args.reference], name, flop, timings, samples))
         for label, function in peers.items():
-
-            def peer(function=function, q_in=q_in, k_in=k_in, v_in=v_in):
-                function(q_in, k_in, v_in, causal=args.causal)
-
+            call = common.peer_call(function, q_in, k_in, v_in, args.causal)
             try:
-                runs.append(summarize(label, name, flop, *run_sustained(peer, args.seconds, smi)))
+                runs.append(summarize(label, name, flop, *run_sustained(call, args.seconds, smi)))
             except Exception as error:  # a peer's own checks raise what they like
                 missing[label] = f"cannot run this shape: {type(error).__name__}: {error}"
 

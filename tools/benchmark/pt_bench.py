@@ -183,11 +183,6 @@ def load_peers() -> dict:
     return {peer: load("flash_attn_func") for peer, load in PEERS.items()}
 
 
-def peer_call(function, q, k, v, causal: bool):
-    """A call of a peer's flash_attn_func as the tables time it (its lse, where returned, is dropped)."""
-    return lambda: function(q, k, v, causal=causal)
-
-
 def benchmark_shape(
     dtype_name: str, problem: common.Problem, configs, timer, progress, round_index: int = 0, peers: dict | None = None
 ) -> tuple[list[common.TimingRow], str | None]:
@@ -212,7 +207,8 @@ def benchmark_shape(
             function, missing = peers.get(item, (None, "not loaded"))
             if function is not None:
                 try:
-                    rows.append(row(peer_implementation(item), "", timer(peer_call(function, q, k, v, problem.causal))))
+                    call = common.peer_call(function, q, k, v, problem.causal)
+                    rows.append(row(peer_implementation(item), "", timer(call)))
                 except Exception as error:  # the peers raise their own types for what they do not run
                     missing = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
                     progress.write(f"{item.upper()} cannot run {dtype_name}, {problem.describe()}: {missing}")

@@ -105,9 +105,10 @@ def run_peer(peer: str, problem: common.Problem, args: argparse.Namespace) -> in
         return 1
     q, k, v = common.make_inputs(problem, common.dtype_from_name(args.dtype), seed=args.seed)
     print(f"{problem.describe()}, {args.dtype}: {peer} ({function.__module__})")
+    call = common.peer_call(function, q, k, v, args.causal)
     try:
         for _ in range(args.n_runs):
-            function(q, k, v, causal=args.causal)
+            call()
         torch.cuda.synchronize()
     except Exception as error:  # a peer's own checks raise what they like (RuntimeError, ValueError, ...)
         print(f"{peer} cannot run this shape: {type(error).__name__}: {error}", file=sys.stderr)
