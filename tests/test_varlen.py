@@ -256,13 +256,15 @@ def test_seqused_k_alone(cfg, problem, rng):
 
 def plan_cases() -> list[tuple]:
     """The Hopper family's work plan (its varlen kernels list their work tiles, longest sequences
-    first): one long sequence after many short ones, which the plan moves to the front."""
+    first): one long sequence after many short ones, which the plan moves to the front; and more
+    tiles than one planning block lists (2,048), so that several blocks write the plan."""
     long_last = (*random_lengths("plan_short", 40, 1, 70, with_extremes=False), 1500)
-    return [
-        (cfg, varlen_problem(Varlen(long_last, long_last), heads_q=4, heads_kv=2))
-        for cfg in VARLEN_CONFIGS
-        if cfg.family == "sm90"
+    many_tiles = random_lengths("plan_tiles", 24, 300, 1500, with_extremes=False)
+    problems = [
+        varlen_problem(Varlen(long_last, long_last), heads_q=4, heads_kv=2),
+        varlen_problem(Varlen(many_tiles, many_tiles), heads_q=16, heads_kv=4),
     ]
+    return [(cfg, problem) for cfg in VARLEN_CONFIGS if cfg.family == "sm90" for problem in problems]
 
 
 NO_HOPPER_VARLEN_CONFIG = "no Hopper configuration under test is compiled with the varlen kernels (the work plan is theirs)"
@@ -276,13 +278,16 @@ def test_work_plan_with_a_long_sequence_last(cfg, problem, rng):
 
 @gpu
 @helpers.gpu_cases(
-    "cfg", [(cfg,) for cfg in VARLEN_CONFIGS if cfg.family == "sm90"], lambda cfg: cfg.short_form(), NO_HOPPER_VARLEN_CONFIG
+    "cfg, batch",
+    [(cfg, batch) for cfg in VARLEN_CONFIGS if cfg.family == "sm90" for batch in (4096, 4200)],
+    lambda cfg, batch: f"{cfg.short_form()}-{batch}",
+    NO_HOPPER_VARLEN_CONFIG,
 )
-def test_work_plan_of_more_sequences_than_it_sorts(cfg, rng):
-    """4,200 sequences (the plan sorts up to 4,096 and keeps a larger batch's order) of 0 or 1
+def test_work_plan_of_many_sequences(cfg, batch, rng):
+    """4,096 sequences (the most the plan sorts) and 4,200 (a batch whose order it keeps) of 0 or 1
     query and as many keys: each row's output is its one key's value exactly, which a work tile
     given the wrong sequence would not be."""
-    lengths = random_lengths("plan_many", 4200, 0, 1, with_extremes=True)
+    lengths = random_lengths(f"plan_many_{batch}", batch, 0, 1, with_extremes=True)
     inputs = varlen_problem(Varlen(lengths, lengths), heads_q=4, heads_kv=2).make(cfg, rng)
     out = inputs.forward(cfg, nan_like(inputs.q))
     assert torch.equal(out, inputs.v.repeat_interleave(2, dim=1)), "a row's output is not its key's value"

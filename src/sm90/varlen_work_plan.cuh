@@ -1,5 +1,5 @@
 // A varlen call's work plan: the list of its work tiles, longest sequences first, written by a
-// one-block kernel launched ahead of the attention kernel. Without it the work tiles would be
+// planning kernel launched ahead of the attention kernel. Without it the work tiles would be
 // numbered over the longest sequence's query blocks for every sequence, and a block would pass over
 // those past a shorter sequence's rows one by one (an atomic and a read of the sequence each);
 // and the sequences would run in batch order, so that a long one last leaves the GPU idle but for
@@ -40,7 +40,7 @@ struct VarlenPlanLayout {
 
     __host__ __device__ int64_t tiles_offset() const { return header_bytes; }
     // The planning kernel's arrays, where a batch too large to sort keeps them (a sorted one keeps
-    // them in shared memory): per position in the order its sequence, per sequence its query
+    // them in shared memory): per position in the order its sequence and that sequence's query
     // blocks, and the tiles before each position (batch + 1 prefix sums).
     __host__ __device__ int64_t order_offset() const { return tiles_offset() + capacity * sizeof(PlannedTile); }
     __host__ __device__ int64_t Q_blocks_offset() const { return order_offset() + batch * sizeof(int); }
