@@ -271,6 +271,28 @@ def test_varlen_bench_table_shows_a_missing_peer_as_missing():
     assert by_header["ours/FA3"] == "2.000" and by_header["ours/SDPA CUDNN"] == varlen_bench.REFUSED
 
 
+def test_varlen_bench_kernel_times_group_a_calls_kernels():
+    """--kernel-times: the profiler's events of several calls, one row per kernel in the order of
+    its first launch, ours named by configuration, launches per call and mean time per launch."""
+    cfg = parse_kernel_name_into_config("sm90(BF16, 128, 128, 128, 2): ws+pingpong+overlap+persistent")
+    attention = cfg.demangled_kernel_name()
+    plan = "flash::sm90::varlen_plan_sorted_forward_kernel<1>(flash::ForwardParams, flash::sm90::VarlenPlanLayout)"
+    events = [("Memset (Device)", 1.0), (plan, 8.0), (attention, 500.0)] * 2
+    events += [("Memset (Device)", 3.0), (plan, 10.0), (attention, 502.0)]
+    times = varlen_bench.kernel_times(events, calls=3)
+    assert [t.label for t in times] == ["Memset", "flash::sm90::varlen_plan_sorted_forward_kernel", cfg.short_form()]
+    assert [t.launches_per_call for t in times] == [1.0, 1.0, 1.0]
+    assert [round(t.us_per_launch, 3) for t in times] == [round(5 / 3, 3), round(26 / 3, 3), round(1502 / 3, 3)]
+
+    batch = varlen_bench.Batch((512,) * 4, heads=16, d_head=128, causal=False)
+    twice = [varlen_bench.KernelTime("memset", 2.0, 1.5)]
+    table = varlen_bench.format_kernel_times([("bf16", batch, "varlen", times), ("bf16", batch, "dense", twice)])
+    header, _, *lines = table.splitlines()
+    assert [cell.strip() for cell in header.strip("|").split("|")][-3:] == ["launches per call", "µs per launch", "µs per call"]
+    assert len(lines) == 4 and "| dense | memset | 2.00 | 1.5 | 3.0 |" in lines[-1]
+    assert not varlen_bench.parse_args([]).kernel_times and varlen_bench.parse_args(["--kernel-times"]).kernel_times
+
+
 def test_generate_bench_tabulates_tokens_per_second_and_agreement():
     args = generate_bench.parse_args(["--batches", "1", "32", "--layers", "2"])
     assert (args.batches, args.layers, args.prompt_tokens, args.new_tokens) == ([1, 32], 2, 128, 256)

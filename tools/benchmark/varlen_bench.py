@@ -30,6 +30,11 @@ batch of equal lengths, ours packed (flash_attn_varlen_func) against ours dense 
 (batch, seq, heads, d) views of the same tokens); "varlen/dense" is the dense time over the
 varlen time, where the target is 0.97 or more (varlen within 3% of dense).
 
+--kernel-times also lists, for ours on each batch (the ragged one, and packed and dense on equal
+lengths), every kernel a call launches with its mean device time, from the PyTorch profiler over
+KERNEL_TIME_CALLS calls: where a varlen call's time goes beside the dense call's (the Hopper
+family's planning kernel, the attention kernel, a split's combine, memsets).
+
 Our output is checked once per shape against the first peer that ran (SDPA FLASH, else another);
 a difference above bench_common.MAX_ABS_DIFFERENCE is reported and makes the exit status 1.
 Prints markdown tables; --csv PATH also writes every timing.
@@ -53,6 +58,7 @@ from collections.abc import Callable
 
 import bench_common as common
 from model_bench import markdown_table
+from ncu_bench import classify_kernel
 
 # The peers, in table order: FA3, FA4, then SDPA on nested tensors with each backend.
 FA3 = "fa3"
@@ -74,6 +80,8 @@ D_HEADS = (128, 64)
 EQUAL_LENGTHS = (512, 2048, 8192)
 # varlen/dense below this is reported as missing the target.
 EQUAL_LENGTHS_TARGET = 0.97
+# Calls profiled for --kernel-times (after one unprofiled call).
+KERNEL_TIME_CALLS = 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,10 +189,10 @@ def calls(batch: Batch, q, k, v, cu_seqlens, flash_peers: dict) -> dict[str, Cal
 
 
 def time_batch(
-    table: str, batch: Batch, dtype_name: str, flash_peers: dict, timer, progress, seed: int
+    table: str, batch: Batch, dtype_name: str, flash_peers: dict, timer, progress, seed: int, kernel_rows: list | None
 ) -> tuple[list, str | None]:
     """Times ours and every peer on ``batch``; returns the rows (in table order) and a correctness
-    failure, if any."""
+    failure, if any. With ``kernel_rows`` (a list), also appends our call's kernels to it."""
     q, k, v, cu_seqlens = packed_inputs(batch, dtype_name, seed)
     implementations = calls(batch, q, k, v, cu_seqlens, flash_peers)
     outputs, rows = {}, {}
@@ -205,6 +213,8 @@ def time_batch(
                 time_ms = timer(call)
         rows[name] = timing(table, batch, dtype_name, name, time_ms, status)
         progress.update()
+    if kernel_rows is not None:
+        kernel_rows.append((dtype_name, batch, "varlen", profile_kernels(implementations["ours"])))
     return [rows[name] for name in implementations], mismatch(outputs, dtype_name, batch)
 
 
@@ -240,8 +250,11 @@ def timing(table: str, batch: Batch, dtype_name: str, implementation: str, time_
     )
 
 
-def time_equal_lengths(batch: Batch, dtype_name: str, timer, progress, seed: int) -> list[VarlenTiming]:
-    """Ours on a batch of equal lengths, packed (varlen) and dense (the same tokens as 4-D views)."""
+def time_equal_lengths(
+    batch: Batch, dtype_name: str, timer, progress, seed: int, kernel_rows: list | None
+) -> list[VarlenTiming]:
+    """Ours on a batch of equal lengths, packed (varlen) and dense (the same tokens as 4-D views).
+    With ``kernel_rows`` (a list), also appends both calls' kernels to it."""
     import flash_attention
 
     q, k, v, cu_seqlens = packed_inputs(batch, dtype_name, seed)
@@ -257,7 +270,73 @@ def time_equal_lengths(batch: Batch, dtype_name: str, timer, progress, seed: int
     for name in common.timing_order(list(implementations), 0, ("equal_lengths", dtype_name, batch)):
         rows[name] = timing("equal_lengths", batch, dtype_name, name, timer(implementations[name]), "")
         progress.update()
+    if kernel_rows is not None:
+        for name, call in implementations.items():
+            kernel_rows.append((dtype_name, batch, name.removeprefix("ours_"), profile_kernels(call)))
     return [rows[name] for name in implementations]
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelTime:
+    """One kernel of a call: what it is (our configuration's short form, or the kernel's shortened
+    name), how many times one call launches it, and its mean device time per launch."""
+
+    label: str
+    launches_per_call: float
+    us_per_launch: float
+
+
+def kernel_times(events: list[tuple[str, float]], calls: int) -> list[KernelTime]:
+    """The (kernel name, device µs) events of ``calls`` calls, grouped by kernel in the order of
+    their first launch."""
+    durations: dict[str, list[float]] = {}
+    for name, us in events:
+        durations.setdefault(name, []).append(us)
+    return [
+        KernelTime(classify_kernel(name).label, len(times) / calls, sum(times) / len(times))
+        for name, times in durations.items()
+    ]
+
+
+def profile_kernels(call: Callable) -> list[KernelTime]:
+    """The kernels of ``call``, from the PyTorch profiler over KERNEL_TIME_CALLS calls."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        for _ in range(KERNEL_TIME_CALLS):
+            call()
+        torch.cuda.synchronize()
+    events = [
+        (event.name, event.device_time)
+        for event in profiler.events()
+        if event.device_type == torch.autograd.DeviceType.CUDA
+    ]
+    return kernel_times(events, KERNEL_TIME_CALLS)
+
+
+def format_kernel_times(rows: list[tuple[str, Batch, str, list[KernelTime]]]) -> str:
+    """The table of (dtype, batch, call, its kernels) rows: one line per kernel."""
+    headers = ["dtype", "d_head", "mask", "sequences", "call", "kernel"]
+    headers += ["launches per call", "µs per launch", "µs per call"]
+    table = [
+        [
+            dtype,
+            batch.d_head,
+            common.mask_name(batch.causal),
+            len(batch.lengths),
+            call,
+            kernel.label,
+            kernel.launches_per_call,
+            kernel.us_per_launch,
+            kernel.launches_per_call * kernel.us_per_launch,
+        ]
+        for dtype, batch, call, kernels in rows
+        for kernel in kernels
+    ]
+    return markdown_table(headers, table, {6: ".2f"})
 
 
 def cell(row: VarlenTiming) -> float | str:
@@ -346,6 +425,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=common.DEFAULT_REP_MS,
         help="how long each timing repeats the call, in ms (default: %(default)g)",
     )
+    parser.add_argument(
+        "--kernel-times", action="store_true", help="also list the kernels each of our calls launches, with their times"
+    )
     parser.add_argument("--csv", metavar="PATH", help="also write every timing to PATH")
     args = parser.parse_args(argv)
     if args.min_len > args.max_len:
@@ -391,15 +473,18 @@ def main(argv: list[str] | None = None) -> int:
         for length in args.equal_lengths
     ]
     ragged_rows, equal_rows, failures = [], [], []
+    kernel_rows = [] if args.kernel_times else None
     total = len(batches) * (1 + len(PEERS)) + 2 * len(equal)
     with torch.inference_mode(), common.Progress(total, "varlen") as progress:
         for dtype_name, batch in batches:
-            rows, failure = time_batch("ragged", batch, dtype_name, flash_peers, timer, progress, args.seed)
+            rows, failure = time_batch(
+                "ragged", batch, dtype_name, flash_peers, timer, progress, args.seed, kernel_rows
+            )
             ragged_rows += rows
             if failure:
                 failures.append(failure)
         for dtype_name, batch in equal:
-            equal_rows += time_equal_lengths(batch, dtype_name, timer, progress, args.seed)
+            equal_rows += time_equal_lengths(batch, dtype_name, timer, progress, args.seed, kernel_rows)
 
     print()
     print("TFLOP/s over the attended pairs of each sequence (causal: L (L + 1) / 2 per sequence and head)")
@@ -413,6 +498,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         print()
         print(format_equal_lengths_table(equal_rows))
+    if kernel_rows:
+        print()
+        print(f"the kernels of our calls: device time per launch, mean of {KERNEL_TIME_CALLS} calls (PyTorch profiler)")
+        print()
+        print(format_kernel_times(kernel_rows))
     if args.csv:
         common.write_csv(args.csv, ragged_rows + equal_rows)
     for failure in failures:
