@@ -16,7 +16,8 @@ into a NaN-poisoned o and is repeated bitwise identically (helpers.check_forward
   both), softcap, ALiBi per head and per (batch, head), MHA/GQA/MQA, on every configuration
   compiled with the varlen kernels (both families, every head size and dtype that has them).
 - Focused tests: softmax scales; seqused_k alone (decode-like); the Hopper family's work plan (a
-  long sequence after short ones, a batch larger than it sorts); rows outside the batch; equal
+  long sequence after short ones, a plan written by several blocks, the largest batch it sorts
+  and a larger one); rows outside the batch; equal
   lengths against the dense call; the automatic choice (flash_attn_varlen_func) and the packed
   entry points; configurations without varlen kernels.
 - Bad arguments (the exception, the argument named, CUDA usable afterwards); contents that break
@@ -257,7 +258,7 @@ def test_seqused_k_alone(cfg, problem, rng):
 def plan_cases() -> list[tuple]:
     """The Hopper family's work plan (its varlen kernels list their work tiles, longest sequences
     first): one long sequence after many short ones, which the plan moves to the front; and more
-    tiles than one planning block lists (2,048), so that several blocks write the plan."""
+    tiles than one planning block lists (1,024), so that several blocks write the plan."""
     long_last = (*random_lengths("plan_short", 40, 1, 70, with_extremes=False), 1500)
     many_tiles = random_lengths("plan_tiles", 24, 300, 1500, with_extremes=False)
     problems = [
