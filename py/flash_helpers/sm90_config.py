@@ -162,7 +162,9 @@ class HopperForwardKernelConfig(KernelConfig):
         specialization and two or three consumer warpgroups, setmaxnreg moves the producer's
         registers to them: 240 each with two, 160 with three. Otherwise each thread has what the
         launch bound leaves, the register file over the block's threads rounded down to a multiple
-        of 8, at most the 255 a thread can have."""
+        of 8, at most the 255 a thread can have. (The varlen kernels of two consumer warpgroups give
+        them 232, their producer keeping 40: the configurations built with varlen kernels need at
+        most 224 by register_estimate.)"""
         if self.warp_specialized and self.consumer_warpgroups >= 2:
             return _SETMAXNREG_CONSUMER_REGISTERS[self.consumer_warpgroups]
         return min(_SM_REGISTERS // self.n_threads // 8 * 8, _MAX_THREAD_REGISTERS)

@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
     if constexpr (Kernel::warp_specialized) {
         if (warpgroup == 0) {
             if constexpr (Kernel::moves_registers)
-                release_registers<Kernel::producer_registers>();
+                release_registers<Kernel::template producer_registers<VARLEN>>();
             if (threadIdx.x == 0)
                 produce<Kernel, KVTileRange<Kernel::B_r, Kernel::B_c, MASK, MASKED_TAILS, VARLEN>, VARLEN>(
                     kp, smem, scheduler, group_size, rank);
@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
             return;
         }
         if constexpr (Kernel::moves_registers)
-            claim_registers<Kernel::consumer_registers>();
+            claim_registers<Kernel::template consumer_registers<VARLEN>>();
     }
 
     ConsumerWarpgroup<Kernel> consumer(smem, warpgroup);

@@ -63,10 +63,14 @@ struct StaticHopperKernelConfig {
     static constexpr int consumer_warps = consumer_warpgroups * WARPGROUP_THREADS / WARP_SIZE;
 
     // Registers per thread (setmaxnreg) when a producer warpgroup gives most of its own to the
-    // consumers; with one consumer warpgroup the launch bound already allows 255.
+    // consumers; with one consumer warpgroup the launch bound already allows 255. A varlen kernel's
+    // producer (per work tile the plan's entry, the sequence's rows and bounded tensor maps) spills
+    // at 24 beside two consumer warpgroups, so it keeps 40 and they take 232.
     static constexpr bool moves_registers = warp_specialized && consumer_warpgroups >= 2;
-    static constexpr int producer_registers = consumer_warpgroups == 2 ? 24 : 32;
-    static constexpr int consumer_registers = consumer_warpgroups == 2 ? 240 : 160;
+    template <bool VARLEN>
+    static constexpr int producer_registers = consumer_warpgroups == 2 ? (VARLEN ? 40 : 24) : 32;
+    template <bool VARLEN>
+    static constexpr int consumer_registers = consumer_warpgroups == 2 ? (VARLEN ? 232 : 240) : 160;
 
     // Shared memory, each tile at a 1024-byte boundary (TILE_ALIGNMENT_BYTES): Q (one 64-row block per
     // consumer warpgroup), a K and a V tile per stage, then the barriers. O goes out through Q's
