@@ -23,7 +23,7 @@ from flash_helpers.build_env import (
     resolve_arch_list,
     sm90_in_arch_list,
 )
-from flash_helpers.default_set import DECODE_KERNELS, DEFAULT_BUILD_KERNELS
+from flash_helpers.default_set import DECODE_KERNELS, DEFAULT_BUILD_KERNELS, VARLEN_KERNELS
 from flash_helpers.dtypes import DType
 from flash_helpers.kernel_names import parse_kernel_name_into_config
 from flash_helpers.kernel_sets import KERNELS_ENV, get_kernel_configs, get_kernels_to_build
@@ -840,6 +840,16 @@ def test_hopper_smem_bytes():
 )
 def test_hopper_consumer_registers(cfg, budget):
     assert cfg.consumer_registers() == budget
+
+
+def test_hopper_varlen_kernels_fit_their_consumer_registers():
+    """The varlen kernels of two consumer warpgroups give them fewer registers than the others
+    (their producer keeps more): every configuration built with varlen kernels needs no more."""
+    configs = [parse_kernel_name_into_config(name) for name in VARLEN_KERNELS]
+    moving = [cfg for cfg in configs if cfg.family == "sm90" and cfg.warp_specialized and cfg.consumer_warpgroups == 2]
+    assert moving, "the varlen kernels include Hopper configurations of two consumer warpgroups"
+    for cfg in moving:
+        assert cfg.register_estimate() <= sm90_config.VARLEN_CONSUMER_REGISTERS, cfg.short_form()
 
 
 def test_hopper_register_estimate():

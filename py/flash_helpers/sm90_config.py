@@ -18,7 +18,16 @@ from flash_helpers.kernel_config import KernelConfig, demangled_variant, mangled
 from flash_helpers.problem import ProblemVariant
 from flash_helpers.sm80_config import MAX_SMEM_BYTES
 
-__all__ = ["B_CS", "B_RS", "D_HEADS", "HopperForwardKernelConfig", "MAX_SMEM_BYTES", "SHORT_FORM_EXAMPLE", "STAGES"]
+__all__ = [
+    "B_CS",
+    "B_RS",
+    "D_HEADS",
+    "HopperForwardKernelConfig",
+    "MAX_SMEM_BYTES",
+    "SHORT_FORM_EXAMPLE",
+    "STAGES",
+    "VARLEN_CONSUMER_REGISTERS",
+]
 
 # The values each dimension of the configuration space can take: what the kernel supports (validity
 # rule 1). B_r is 64 query rows per consumer warpgroup; every B_c is a multiple of 16, the k-extent
@@ -38,6 +47,8 @@ _SM_REGISTERS = 65536
 # What setmaxnreg gives each consumer thread, by the number of consumer warpgroups (the producer
 # keeps 24 registers per thread with two, 32 with three).
 _SETMAXNREG_CONSUMER_REGISTERS = {2: 240, 3: 160}
+# What the varlen kernels of two consumer warpgroups give each of them: their producer keeps 40.
+VARLEN_CONSUMER_REGISTERS = 232
 # The most registers any thread can have.
 _MAX_THREAD_REGISTERS = 255
 # A consumer thread's registers beyond its accumulators and P: addresses and the softmax's state.
@@ -163,8 +174,7 @@ class HopperForwardKernelConfig(KernelConfig):
         registers to them: 240 each with two, 160 with three. Otherwise each thread has what the
         launch bound leaves, the register file over the block's threads rounded down to a multiple
         of 8, at most the 255 a thread can have. (The varlen kernels of two consumer warpgroups give
-        them 232, their producer keeping 40: the configurations built with varlen kernels need at
-        most 224 by register_estimate.)"""
+        them VARLEN_CONSUMER_REGISTERS.)"""
         if self.warp_specialized and self.consumer_warpgroups >= 2:
             return _SETMAXNREG_CONSUMER_REGISTERS[self.consumer_warpgroups]
         return min(_SM_REGISTERS // self.n_threads // 8 * 8, _MAX_THREAD_REGISTERS)
