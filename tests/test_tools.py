@@ -324,13 +324,15 @@ def test_power_bench_without_nvidia_smi_names_it(monkeypatch, capsys):
     assert "/nonexistent/nvidia-smi not found" in capsys.readouterr().err
 
 
-def test_power_bench_reports_energy_per_flop_and_names_a_missing_peer():
+def test_power_bench_reports_work_per_cycle_and_energy_per_flop_and_names_a_missing_peer():
     runs = [
-        power_bench.SustainedRun("ours", "random", 640.0, 1560.0, 690.0, 70.0),
+        power_bench.SustainedRun("ours", "random", 640.0, 1600.0, 690.0, 70.0),
         power_bench.SustainedRun("FA3", "random", 680.0, 1620.0, 680.0, 71.0),
     ]
+    assert runs[0].tflops_per_ghz == pytest.approx(400.0)
     assert runs[1].tflop_per_joule == pytest.approx(1.0)
     text = power_bench.format_runs(runs, {"FA4": "ModuleNotFoundError: No module named 'flash_attn'"})
+    assert "TFLOP/s per GHz" in text and "400.0" in text and "419.8" in text
     assert "TFLOP/J" in text and "0.928" in text and "1.000" in text
     assert text.splitlines()[-1] == "FA4: missing: ModuleNotFoundError: No module named 'flash_attn'"
 
@@ -1927,8 +1929,8 @@ def test_power_bench_runs_each_configuration_and_the_reference_on_random_and_con
     )
     assert loops == [0.5] * 4 and err.count("SDPA CUDNN cannot run this shape") == 2
     table = out.splitlines()[3:]
-    assert [line.split()[-6] for line in table] == ["random", "random", "constant", "constant"]
-    assert all(line.split()[-4:-2] == ["1500", "690"] and line.split()[-1] == "57" for line in table)
+    assert [line.split()[-7] for line in table] == ["random", "random", "constant", "constant"]
+    assert all(line.split()[-5] == "1500" and line.split()[-3] == "690" and line.split()[-1] == "57" for line in table)
 
 
 def test_power_bench_runs_the_peers_and_names_the_missing_one(stand_in_gpu, monkeypatch, capsys):

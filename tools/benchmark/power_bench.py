@@ -9,8 +9,10 @@ bf16 ones). For each selected configuration and each --reference SDPA backend, a
 shape of SEQ_LEN and D_HEAD (batch 16, at most 64Ki tokens; heads * d_head = 2048), this runs the
 kernel in a loop for --seconds and reports, over the last two thirds of the loop: TFLOP/s (the
 median of timings of 20 calls each), the median SM clock and board power, and the highest
-temperature, and TFLOP per joule (TFLOP/s over watts: at the power limit, the kernel that spends
-less energy per FLOP keeps the higher clock). --constant-inputs runs each once more on inputs
+temperature, TFLOP/s per GHz of that clock (the work done per cycle: two kernels' ratio of it is
+what their schedules give apart from the clock the power leaves them), and TFLOP per joule
+(TFLOP/s over watts: at the power limit, the kernel that spends less energy per FLOP keeps the
+higher clock). --constant-inputs runs each once more on inputs
 whose elements are all equal: the same instructions, with operands that never toggle, so its
 clock and power show how far the random inputs' power holds the kernel back. --peers fa3 fa4 runs
 the peers' flash_attn_func the same way (a missing peer is named under the table, with why);
@@ -58,6 +60,10 @@ class SustainedRun:
     sm_clock_mhz: float
     power_w: float
     max_temperature_c: float
+
+    @property
+    def tflops_per_ghz(self) -> float:
+        return self.tflops / (self.sm_clock_mhz / 1000)
 
     @property
     def tflop_per_joule(self) -> float:
@@ -167,11 +173,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def format_runs(runs: list[SustainedRun], missing: dict[str, str]) -> str:
     """The table of the runs, then a line per peer that did not run, with why."""
-    headers = ["kernel", "inputs", "TFLOP/s", "SM clock (MHz)", "power (W)", "TFLOP/J", "max temp (C)"]
+    headers = [
+        "kernel", "inputs", "TFLOP/s", "SM clock (MHz)", "TFLOP/s per GHz", "power (W)", "TFLOP/J", "max temp (C)"
+    ]  # fmt: skip
     rows = [
-        [r.label, r.inputs, r.tflops, r.sm_clock_mhz, r.power_w, r.tflop_per_joule, r.max_temperature_c] for r in runs
-    ]
-    formats = {2: ".1f", 3: ".0f", 4: ".0f", 5: ".3f", 6: ".0f"}
+        [r.label, r.inputs, r.tflops, r.sm_clock_mhz, r.tflops_per_ghz, r.power_w, r.tflop_per_joule,
+         r.max_temperature_c]
+        for r in runs
+    ]  # fmt: skip
+    formats = {2: ".1f", 3: ".0f", 4: ".1f", 5: ".0f", 6: ".3f", 7: ".0f"}
     lines = [common.format_table(headers, rows, float_formats=formats)]
     lines += [f"{peer}: missing: {why}" for peer, why in missing.items()]
     return "\n".join(lines)
