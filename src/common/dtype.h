@@ -4,10 +4,15 @@
 namespace flash {
 
 // The values are torch's ScalarType codes, so the Python helpers and the binding agree on them
-// without importing torch.
-enum class DType : int { FP16 = 5, BF16 = 15 };
+// without importing torch. E4M3 (torch.float8_e4m3fn) is an input type of the Hopper family only:
+// its q, k and v come with dequantisation factors (ForwardParams::descales) and its output is
+// 16-bit (ForwardParams::o_dtype).
+enum class DType : int { FP16 = 5, BF16 = 15, E4M3 = 24 };
 
-// Bytes of one element of either 16-bit type.
+// Bytes of one element of either 16-bit type: what every kernel of 16-bit inputs and outputs uses.
 constexpr int ELEMENT_BYTES = 2;
+
+// Bytes of one element of any type.
+constexpr int element_bytes(DType dtype) { return dtype == DType::E4M3 ? 1 : 2; }
 
 } // namespace flash

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/dtype.h"
 #include "common/fast_division.h"
 
 namespace flash {
@@ -92,6 +93,22 @@ struct SplitKV {
     int64_t lse_split_stride;
 };
 
+// One FP8 input's dequantisation factors (FlashAttention-3's q_descale, k_descale, v_descale): the
+// input's values times its factor for (batch, kv head) are the values attended with. float32, element
+// (b, h) at b * batch_stride + h * head_stride; a null pointer stands for factors of 1.
+struct Descale {
+    const float *data;
+    int64_t batch_stride;
+    int64_t head_stride;
+};
+
+// q's, k's and v's descales, read by the kernels of FP8 (E4M3) inputs only.
+struct Descales {
+    Descale q;
+    Descale k;
+    Descale v;
+};
+
 struct ForwardParams {
     const void *q; // (batch, seqlen_q, heads_q, d_head)
     const void *k; // (batch, seqlen_k, heads_kv, d_head)
@@ -118,6 +135,9 @@ struct ForwardParams {
     int rows_per_query = 1;
     float softmax_scale; // multiplies Q K^T before the softmax
     MaskParams mask;
+    // The dtype of o: q's, or for FP8 inputs the 16-bit type the call asks for.
+    DType o_dtype;
+    Descales descales;
     SequenceLayout sequences; // read by the varlen variant only
     SplitKV split;
     // A zeroed counter in device memory for a kernel that hands out its work tiles as blocks ask for
