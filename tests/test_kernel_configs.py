@@ -24,7 +24,7 @@ from flash_helpers.build_env import (
     sm90_in_arch_list,
 )
 from flash_helpers.default_set import DECODE_KERNELS, DEFAULT_BUILD_KERNELS, VARLEN_KERNELS
-from flash_helpers.dtypes import DType
+from flash_helpers.dtypes import DTYPES, FP8_DTYPES, DType, output_dtype
 from flash_helpers.kernel_names import parse_kernel_name_into_config
 from flash_helpers.kernel_sets import KERNELS_ENV, get_kernel_configs, get_kernels_to_build
 from flash_helpers.problem import MaskKind, ProblemVariant, attention_flop, needed_variant, total_flop
@@ -40,7 +40,7 @@ from flash_helpers.sm90_config import HopperForwardKernelConfig
 from flash_helpers.tuning_space import get_all_kernel_configs, get_autotuning_kernel_configs, should_autotune_config
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-FP16, BF16 = DType.FP16, DType.BF16
+FP16, BF16, E4M3 = DType.FP16, DType.BF16, DType.E4M3
 Config = FlashForwardKernelConfig
 Hopper = HopperForwardKernelConfig
 
@@ -328,9 +328,36 @@ def test_dtype_torch_conversions():
     torch = pytest.importorskip("torch")
     assert DType.FP16.to_torch_dtype() is torch.float16
     assert DType.BF16.to_torch_dtype() is torch.bfloat16
+    assert DType.E4M3.to_torch_dtype() is torch.float8_e4m3fn
     assert DType.from_torch_dtype(torch.bfloat16) is DType.BF16
+    assert DType.from_torch_dtype(torch.float8_e4m3fn) is DType.E4M3
+    for dtype in DType:
+        assert dtype.element_bytes == torch.empty(0, dtype=dtype.to_torch_dtype()).element_size()
+        assert f"torch.{dtype.torch_name}" == str(dtype.to_torch_dtype())
     with pytest.raises(ValueError):
         DType.from_torch_dtype(torch.float32)
+    with pytest.raises(ValueError, match="unsupported dtype 'torch.float8_e5m2'"):
+        DType.from_torch_dtype(torch.float8_e5m2)
+
+
+@pytest.mark.parametrize("text", ["E4M3", "e4m3", "fp8", "FP8", "float8_e4m3fn", "torch.float8_e4m3fn"])
+def test_dtype_from_string_e4m3(text):
+    assert DType.from_string(text) is DType.E4M3
+
+
+def test_e4m3_is_an_8_bit_type_of_its_own_code():
+    assert (int(E4M3), E4M3.to_cpp_str(), E4M3.element_bytes, E4M3.torch_name) == (24, "DType::E4M3", 1, "float8_e4m3fn")
+    assert (FP16.element_bytes, BF16.element_bytes) == (2, 2)
+    assert DTYPES == (FP16, BF16) and FP8_DTYPES == (E4M3,)
+
+
+def test_output_dtype_is_the_inputs_or_for_e4m3_the_16_bit_type_asked_for():
+    assert output_dtype(FP16) is FP16 and output_dtype(BF16, BF16) is BF16
+    assert output_dtype(E4M3) is BF16 and output_dtype(E4M3, FP16) is FP16 and output_dtype(E4M3, BF16) is BF16
+    with pytest.raises(ValueError, match="out_dtype: must be float16 or bfloat16 for float8_e4m3fn inputs, got float8"):
+        output_dtype(E4M3, E4M3)
+    with pytest.raises(ValueError, match="out_dtype: chooses the output's dtype of float8_e4m3fn inputs only; float16"):
+        output_dtype(FP16, BF16)
 
 
 def test_module_imports_without_torch():
@@ -379,6 +406,7 @@ GOOD_CONFIGS = [
 
 # (config, words its reason must contain): each config breaks exactly one rule.
 BAD_CONFIGS = [
+    (Config(E4M3, 128, 64, 64, 4), ["dtype E4M3", "16-bit inputs", "sm90(E4M3, ...)"]),
     (Config(FP16, 80, 64, 64, 4), ["d_head"]),
     (Config(FP16, 512, 64, 64, 4), ["d_head"]),
     (Config(FP16, 128, 32, 64, 4), ["B_r"]),
@@ -942,7 +970,7 @@ def test_hopper_needs_masked_tails(seqlen_q, seqlen_k, tails):
 def test_hopper_all_is_every_valid_config():
     sm90 = of_family(get_all_kernel_configs(), Hopper)
     space = itertools.product(
-        (FP16, BF16), sm90_config.D_HEADS, sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, *[(False, True)] * 6
+        (FP16, BF16, E4M3), sm90_config.D_HEADS, sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, *[(False, True)] * 6
     )
     assert sm90 == sorted(cfg for cfg in itertools.starmap(Hopper, space) if cfg.is_valid())
     for cfg in GOOD_SM90_CONFIGS:
@@ -954,7 +982,8 @@ def test_hopper_tune_overlaps_everything_at_two_stages():
     expected = [
         cfg
         for cfg in of_family(get_all_kernel_configs(), Hopper)
-        if cfg.warp_specialized and cfg.pingpong and cfg.intra_wg_overlap and cfg.B_r in (128, 192) and cfg.stages == 2
+        if cfg.dtype != E4M3  # the sweeps measure 16-bit inputs
+        and cfg.warp_specialized and cfg.pingpong and cfg.intra_wg_overlap and cfg.B_r in (128, 192) and cfg.stages == 2
         # multicast only on persistent 128-row blocks at d_head 64 and 128
         and (not cfg.multicast or (cfg.persistent and cfg.B_r == 128 and cfg.d_head in (64, 128)))
     ]
@@ -999,6 +1028,123 @@ def test_default_set_has_the_hopper_configurations():
     assert {(cfg.dtype, cfg.d_head) for cfg in sm90} == {(dtype, d) for dtype in (FP16, BF16) for d in sm90_config.D_HEADS}
     assert all(cfg.warp_specialized and cfg.pingpong and cfg.intra_wg_overlap for cfg in sm90)
     assert sm90 == sorted(parse_kernel_name_into_config(text) for text in DEFAULT_BUILD_KERNELS if text.startswith("sm90("))
+
+
+# ----------------------------------------------------------------------------------------------
+# The Hopper family's e4m3 (FP8) configurations
+
+E4M3_DEFAULTS = [
+    "sm90(E4M3, 64, 128, 128, 2): ws+pingpong+overlap",
+    "sm90(E4M3, 128, 128, 128, 2): ws+pingpong+overlap",
+    "sm90(E4M3, 128, 128, 128, 2): ws+pingpong+overlap+persistent",
+    "sm90(E4M3, 256, 128, 64, 2): ws+pingpong+overlap",
+]
+E4M3_FULL = Hopper(E4M3, 128, 128, 128, 2, True, True, True)
+
+
+@pytest.mark.parametrize("text", E4M3_DEFAULTS)
+def test_e4m3_configurations_round_trip_through_their_textual_forms(text):
+    cfg = parse_kernel_name_into_config(text)
+    assert cfg.dtype is E4M3 and cfg.short_form() == text
+    for form in (cfg.short_form(), cfg.demangled_kernel_name(), cfg.to_cpp_struct(), cfg.short_form().replace("E4M3", "fp8")):
+        assert parse_kernel_name_into_config(form) == cfg, form
+
+
+def test_e4m3_names():
+    assert E4M3_FULL.short_form() == "sm90(E4M3, 128, 128, 128, 2): ws+pingpong+overlap"
+    assert E4M3_FULL.file_stem() == "e4m3_d128_br128_bc128_s2_ws_pingpong_overlap"
+    assert E4M3_FULL.to_cpp_struct() == (
+        "HopperForwardKernelConfig{DType::E4M3, 128, 128, 128, 2, true, true, true, false, false, false}"
+    )
+    assert E4M3_FULL.demangled_kernel_name() == (
+        "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
+        "flash::sm90::HopperForwardKernelConfig{(flash::DType)24, 128, 128, 128, 2, true, true, true, false, false, false}>, "
+        "(flash::MaskKind)0, false, false, false>(flash::sm90::KernelParams)"
+    )
+    # The enum's value, 24, spelled as the mangling spells FP16's 5 and BF16's 15 (test_hopper_mangled_kernel_name).
+    assert E4M3_FULL.mangled_kernel_name() == (
+        "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
+        "LNS_5DTypeE24ELi128ELi128ELi128ELi2ELb1ELb1ELb1ELb0ELb0ELb0EEEEELNS_8MaskKindE0ELb0ELb0ELb0EEEvNS0_12KernelParamsE"
+    )
+    assert parse_kernel_name_into_config("HopperForwardKernelConfig{24, 128, 128, 128, 2, 1, 1, 1}") == E4M3_FULL
+
+
+@pytest.mark.parametrize(
+    ("text", "smem_bytes"),
+    [
+        # Q (B_r x d_head bytes); per stage K, V and V transposed (B_c x d_head bytes each); O (B_r x d_head x 2
+        # bytes, always its own tile); 1024 bytes of alignment slack; 8-byte words: Q full and empty per consumer
+        # warpgroup (2 x 2), K, V and V transposed full and empty per stage (6 x 2), a work slot of 3 words per
+        # consumer warpgroup (3 x 2) and the end of the V stream (1): 23 words.
+        (E4M3_DEFAULTS[0], 128 * 64 + 2 * 3 * 128 * 64 + 128 * 64 * 2 + 1024 + 8 * 23),
+        (E4M3_DEFAULTS[1], 128 * 128 + 2 * 3 * 128 * 128 + 128 * 128 * 2 + 1024 + 8 * 23),
+        (E4M3_DEFAULTS[2], 128 * 128 + 2 * 3 * 128 * 128 + 128 * 128 * 2 + 1024 + 8 * 23),
+        (E4M3_DEFAULTS[3], 128 * 256 + 2 * 3 * 64 * 256 + 128 * 256 * 2 + 1024 + 8 * 23),
+    ],
+)
+def test_e4m3_smem_bytes(text, smem_bytes):
+    # 74936, 148664, 148664 and 197816 bytes: all four fit sm_90's 232448.
+    assert parse_kernel_name_into_config(text).smem_bytes() == smem_bytes <= MAX_SMEM_BYTES
+
+
+def test_e4m3_smem_bytes_of_three_consumer_warpgroups_and_three_stages():
+    cfg = Hopper(E4M3, 64, 192, 64, 3, True, True, True)
+    words = 2 * 3 + 6 * 3 + 3 * 3 + 1
+    assert cfg.smem_bytes() == 192 * 64 + 3 * 3 * 64 * 64 + 192 * 64 * 2 + 1024 + 8 * words
+
+
+def test_e4m3_registers():
+    # P as four 8-bit values per register: B_c / 8.
+    assert E4M3_FULL.register_estimate() == 128 // 2 + 128 // 2 + 128 // 8 + 32 == 176
+    assert Hopper(E4M3, 256, 128, 64, 2, True, True, True).register_estimate() == 32 + 128 + 8 + 32
+    # Two consumer warpgroups get 224 each (the producer warpgroup's transposing warps keep 56); three, 160.
+    assert E4M3_FULL.consumer_registers() == 224
+    assert Hopper(E4M3, 64, 192, 128, 2, True, True, True).consumer_registers() == 160
+
+
+GOOD_E4M3_CONFIGS = [
+    *map(parse_kernel_name_into_config, E4M3_DEFAULTS),
+    Hopper(E4M3, 64, 192, 128, 2, True, True, True),
+    Hopper(E4M3, 192, 128, 64, 2, True, True, True, True),
+    Hopper(E4M3, 128, 128, 64, 4, True),
+]
+
+# (config, words its reason must contain): each breaks exactly one rule.
+BAD_E4M3_CONFIGS = [
+    (Hopper(E4M3, 128, 128, 128, 2), ["e4m3 needs warp_specialized", "K-major", "transposes each V tile"]),
+    (dataclasses.replace(E4M3_FULL, persistent=True, Q_in_registers=True), ["e4m3 needs Q_in_registers off"]),
+    (dataclasses.replace(E4M3_FULL, persistent=True, multicast=True), ["e4m3 needs multicast off"]),
+    (Hopper(E4M3, 128, 128, 96, 2, True, True, True), ["e4m3 needs B_c of 64 or 128", "swizzle row", "got B_c = 96"]),
+    (Hopper(E4M3, 128, 128, 192, 2, True, True, True), ["e4m3 needs B_c of 64 or 128", "got B_c = 192"]),
+    (Hopper(E4M3, 96, 128, 128, 2, True, True, True), ["multiple of 64 (64, 128, 192, 256)", "got d_head = 96"]),
+    (Hopper(E4M3, 32, 128, 128, 2, True, True, True), ["multiple of 64", "got d_head = 32"]),
+    (Hopper(E4M3, 128, 64, 128, 2, True), ["e4m3 needs B_r of 128 or 192", "got B_r = 64"]),
+    (Hopper(E4M3, 256, 128, 128, 2, True, True, True), ["shared memory", "transposed V", str(MAX_SMEM_BYTES)]),
+    (Hopper(E4M3, 256, 192, 64, 1, True, True, True), ["registers", "200", "B_c / 8 for P", "160"]),
+]
+
+
+@pytest.mark.parametrize("cfg", GOOD_E4M3_CONFIGS, ids=Hopper.short_form)
+def test_good_e4m3_configs_are_valid(cfg):
+    assert cfg.validity_error() is None
+
+
+@pytest.mark.parametrize(("cfg", "words"), BAD_E4M3_CONFIGS, ids=[cfg.short_form() for cfg, _ in BAD_E4M3_CONFIGS])
+def test_bad_e4m3_configs_are_rejected_with_a_reason(cfg, words):
+    reason = cfg.validity_error()
+    assert reason is not None and reason.endswith(".")
+    for word in words:
+        assert word in reason, reason
+    # The same configuration of a 16-bit dtype breaks no e4m3 rule.
+    assert "e4m3" not in (dataclasses.replace(cfg, dtype=BF16).validity_error() or "")
+
+
+def test_e4m3_is_in_all_but_in_no_sweep():
+    all_e4m3 = [cfg for cfg in get_all_kernel_configs() if cfg.dtype == E4M3]
+    assert all_e4m3 and all(cfg.family == "sm90" for cfg in all_e4m3)
+    assert {cfg.B_c for cfg in all_e4m3} == {64, 128} and {cfg.d_head for cfg in all_e4m3} == {64, 128, 192, 256}
+    assert not any(cfg.dtype == E4M3 for cfg in get_kernel_configs("tune") + get_kernel_configs("progall"))
+    assert not should_autotune_config(E4M3_FULL)
 
 
 def test_short_form_keys_may_mix_families():

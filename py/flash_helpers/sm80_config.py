@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from flash_helpers.dtypes import DType
+from flash_helpers.dtypes import DTYPES, DType
 from flash_helpers.kernel_config import KernelConfig, demangled_variant, mangled_variant
 from flash_helpers.problem import ProblemVariant
 
@@ -140,6 +140,11 @@ class FlashForwardKernelConfig(KernelConfig):
 
     def validity_error(self) -> str | None:
         """Why the kernel cannot run this configuration (the first failing rule), or None if it can."""
+        if self.dtype not in DTYPES:
+            return (
+                f"dtype {self.dtype.name}: the SM80 family runs 16-bit inputs (FP16, BF16) only; e4m3 inputs run on the "
+                "Hopper family's configurations (sm90(E4M3, ...))."
+            )
         for field, supported in (("d_head", D_HEADS), ("B_r", B_RS), ("B_c", B_CS), ("n_warps", N_WARPS)):
             value = getattr(self, field)
             if value not in supported:

@@ -47,6 +47,9 @@ _SM_REGISTERS = 65536
 # What setmaxnreg gives each consumer thread, by the number of consumer warpgroups (the producer
 # keeps 24 registers per thread with two, 32 with three).
 _SETMAXNREG_CONSUMER_REGISTERS = {2: 240, 3: 160}
+# What setmaxnreg gives each of two consumer warpgroups with e4m3: the producer warpgroup's warps that
+# transpose V keep 56.
+_E4M3_CONSUMER_REGISTERS = 224
 # What the varlen kernels of two consumer warpgroups give each of them: their producer keeps 40.
 VARLEN_CONSUMER_REGISTERS = 232
 # The most registers any thread can have.
@@ -54,12 +57,22 @@ _MAX_THREAD_REGISTERS = 255
 # A consumer thread's registers beyond its accumulators and P: addresses and the softmax's state.
 _STATE_REGISTERS = 32
 # Shared memory beyond the tiles: slack for placing them at 1024-byte boundaries (the period of the
-# 128-byte swizzle, the larger of the two the tiles use), and one 8-byte mbarrier for Q plus a full and an empty one for K and for V per
-# stage.
+# 128-byte swizzle, the larger of the two the tiles use), and 8-byte words for the mbarriers and
+# the work slots.
 _ALIGNMENT_SLACK_BYTES = 1024
-_MBARRIER_BYTES = 8
+_WORD_BYTES = 8
 # A consumer warpgroup's work slot, in 8-byte words (the traits' work_slot_words).
 _WORK_SLOT_WORDS = 3
+# O's elements are 16-bit whatever the inputs.
+_O_ELEMENT_BYTES = 2
+# The B_c of an e4m3 configuration: a transposed V tile's row of B_c keys is one 64- or 128-byte
+# swizzle row.
+_E4M3_B_CS = (64, 128)
+# The e4m3 head sizes are multiples of this: a row of Q or K is d_head bytes, and the 8-bit tiles use
+# the 64- and 128-byte swizzles.
+_E4M3_D_HEAD_MULTIPLE = 64
+# The B_r of an e4m3 configuration: two or three consumer warpgroups.
+_E4M3_B_RS = (128, 192)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,17 +164,27 @@ class HopperForwardKernelConfig(KernelConfig):
         parts = [self.dtype.name.lower(), f"d{self.d_head}", f"br{self.B_r}", f"bc{self.B_c}", f"s{self.stages}"]
         return "_".join(parts + self._flags())
 
+    @property
+    def is_fp8(self) -> bool:
+        """Whether the inputs are e4m3 (FP8): 8-bit tiles, V transposed by the producer warpgroup,
+        a 16-bit O."""
+        return self.dtype is DType.E4M3
+
     def smem_bytes(self) -> int:
-        """Dynamic shared memory of one block: the Q tile and, per pipeline stage, a K and a V tile,
-        of 2-byte elements, and when persistent an O tile of Q's size; slack for aligning the tiles
-        to 1024 bytes; the mbarriers (a full and an empty one for each consumer warpgroup's Q block,
-        and for K and for V per stage) and a work-tile slot per consumer warpgroup (its index and its
-        sequence's rows: 24 bytes). It mirrors the kernel's traits, which compute the same number."""
-        O_rows = self.B_r if self.persistent else 0
-        tiles = (self.B_r + self.stages * 2 * self.B_c + O_rows) * self.d_head * 2
-        warpgroups = self.B_r // 64
-        barriers = 2 * warpgroups + 4 * self.stages
-        return tiles + _ALIGNMENT_SLACK_BYTES + _MBARRIER_BYTES * (barriers + _WORK_SLOT_WORDS * warpgroups)
+        """Dynamic shared memory of one block, as the kernel's traits compute it: the Q tile and, per
+        pipeline stage, a K and a V tile (with e4m3 also V transposed), of the inputs' elements; an O
+        tile of Q's rows, of 16-bit elements, when persistent or with e4m3 (whose O is wider than
+        Q); slack for aligning the tiles to 1024 bytes; and 8-byte words: the mbarriers (a full and an
+        empty one for each consumer warpgroup's Q block, and for each tile of a stage), a work slot
+        of three words per consumer warpgroup, and with e4m3 the flag that ends the producer's
+        stream of V tiles."""
+        kv_tiles = 3 if self.is_fp8 else 2
+        O_rows = self.B_r if self.persistent or self.is_fp8 else 0
+        inputs = (self.B_r + self.stages * kv_tiles * self.B_c) * self.d_head * self.dtype.element_bytes
+        tiles = inputs + O_rows * self.d_head * _O_ELEMENT_BYTES
+        barriers = 2 * self.consumer_warpgroups + 2 * kv_tiles * self.stages
+        words = barriers + _WORK_SLOT_WORDS * self.consumer_warpgroups + (1 if self.is_fp8 else 0)
+        return tiles + _ALIGNMENT_SLACK_BYTES + _WORD_BYTES * words
 
     def runs_on(self, capability: tuple[int, int]) -> bool:
         """Whether a GPU of this compute capability runs the kernel: sm_90a machine code runs on
@@ -174,18 +197,21 @@ class HopperForwardKernelConfig(KernelConfig):
         registers to them: 240 each with two, 160 with three. Otherwise each thread has what the
         launch bound leaves, the register file over the block's threads rounded down to a multiple
         of 8, at most the 255 a thread can have. (The varlen kernels of two consumer warpgroups give
-        them VARLEN_CONSUMER_REGISTERS.)"""
+        them VARLEN_CONSUMER_REGISTERS; with e4m3, two consumer warpgroups get 224 each.)"""
         if self.warp_specialized and self.consumer_warpgroups >= 2:
+            if self.is_fp8 and self.consumer_warpgroups == 2:
+                return _E4M3_CONSUMER_REGISTERS
             return _SETMAXNREG_CONSUMER_REGISTERS[self.consumer_warpgroups]
         return min(_SM_REGISTERS // self.n_threads // 8 * 8, _MAX_THREAD_REGISTERS)
 
     def register_estimate(self) -> int:
         """The registers a consumer thread needs: its share of the S accumulators (B_c / 2 floats)
-        and of the O accumulators (d_head / 2 floats), P as pairs of 16-bit values (B_c / 4), Q's
-        the same way (d_head / 4) when it is held in registers, and about 32 for addresses and the
-        softmax's state."""
+        and of the O accumulators (d_head / 2 floats), P as pairs of 16-bit values (B_c / 4) or
+        with e4m3 as four 8-bit values per register (B_c / 8), Q's as 16-bit pairs (d_head / 4)
+        when it is held in registers, and about 32 for addresses and the softmax's state."""
+        P = self.B_c * self.dtype.element_bytes // 8
         Q = self.d_head // 4 if self.Q_in_registers else 0
-        return self.B_c // 2 + self.d_head // 2 + self.B_c // 4 + Q + _STATE_REGISTERS
+        return self.B_c // 2 + self.d_head // 2 + P + Q + _STATE_REGISTERS
 
     def validity_error(self) -> str | None:
         """Why the kernel cannot run this configuration (the first failing rule), or None if it can."""
@@ -193,6 +219,11 @@ class HopperForwardKernelConfig(KernelConfig):
             value = getattr(self, field)
             if value not in supported:
                 return f"{field} must be one of {', '.join(map(str, supported))}; got {value}."
+
+        if self.is_fp8:
+            reason = self._e4m3_error()
+            if reason is not None:
+                return reason
 
         if self.pingpong and not (self.warp_specialized and self.consumer_warpgroups >= 2):
             return (
@@ -210,19 +241,56 @@ class HopperForwardKernelConfig(KernelConfig):
             )
 
         if self.smem_bytes() > MAX_SMEM_BYTES:
+            tiles = (
+                "Q, a K, a V and a transposed V tile per stage, O"
+                if self.is_fp8
+                else "Q, a K and a V tile per stage, O when persistent"
+            )
             return (
-                f"the tiles need {self.smem_bytes()} bytes of shared memory per block (Q, a K and a V tile per "
-                f"stage, O when persistent, with alignment slack and mbarriers), more than the {MAX_SMEM_BYTES} "
-                "sm_90 allows."
+                f"the tiles need {self.smem_bytes()} bytes of shared memory per block ({tiles}, with alignment "
+                f"slack and mbarriers), more than the {MAX_SMEM_BYTES} sm_90 allows."
             )
 
         need, budget = self.register_estimate(), self.consumer_registers()
         if need > budget:
             producer = " and a producer warpgroup" if self.warp_specialized else ""
+            P = "B_c / 8" if self.is_fp8 else "B_c / 4"
             return (
-                f"a consumer thread needs about {need} registers (B_c / 2 for S, d_head / 2 for O, B_c / 4 for P, "
+                f"a consumer thread needs about {need} registers (B_c / 2 for S, d_head / 2 for O, {P} for P, "
                 f"{'d_head / 4 for Q, ' if self.Q_in_registers else ''}{_STATE_REGISTERS} more), more than the "
                 f"{budget} it has with {self.consumer_warpgroups} consumer "
                 f"warpgroup(s){producer}."
+            )
+        return None
+
+    def _e4m3_error(self) -> str | None:
+        """Why the kernel's e4m3 path cannot run this configuration, or None if it can."""
+        if not self.warp_specialized:
+            return (
+                "e4m3 needs warp_specialized: the 8-bit wgmma takes both operands K-major, so the producer "
+                "warpgroup transposes each V tile in shared memory."
+            )
+        if self.Q_in_registers:
+            return "e4m3 needs Q_in_registers off: the kernel holds Q in registers only as 16-bit fragments."
+        if self.multicast:
+            return (
+                "e4m3 needs multicast off: each block's producer warpgroup loads and transposes its own V tiles."
+            )
+        if self.B_c not in _E4M3_B_CS:
+            return (
+                f"e4m3 needs B_c of {' or '.join(map(str, _E4M3_B_CS))}: a transposed V tile's rows are B_c bytes, "
+                f"one 64- or 128-byte swizzle row; got B_c = {self.B_c}."
+            )
+        if self.d_head % _E4M3_D_HEAD_MULTIPLE:
+            heads = ", ".join(str(d) for d in D_HEADS if d % _E4M3_D_HEAD_MULTIPLE == 0)
+            return (
+                f"e4m3 needs d_head a multiple of {_E4M3_D_HEAD_MULTIPLE} ({heads}): a row of Q and K is d_head "
+                f"bytes, and the 8-bit tiles use the 64- and 128-byte swizzles; got d_head = {self.d_head}."
+            )
+        if self.B_r not in _E4M3_B_RS:
+            return (
+                f"e4m3 needs B_r of {' or '.join(map(str, _E4M3_B_RS))} (two or three consumer warpgroups, between "
+                "which and the producer warpgroup's transposing warps setmaxnreg divides the registers); got "
+                f"B_r = {self.B_r}."
             )
         return None

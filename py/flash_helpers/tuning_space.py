@@ -9,7 +9,7 @@ import itertools
 from collections.abc import Iterable
 
 from flash_helpers import sm80_config, sm90_config
-from flash_helpers.dtypes import DTYPES, DType, coerce_dtype
+from flash_helpers.dtypes import DTYPES, FP8_DTYPES, DType, coerce_dtype
 from flash_helpers.kernel_config import KernelConfig
 from flash_helpers.sm80_config import FlashForwardKernelConfig
 from flash_helpers.sm90_config import HopperForwardKernelConfig
@@ -17,10 +17,11 @@ from flash_helpers.sm90_config import HopperForwardKernelConfig
 __all__ = ["get_all_kernel_configs", "get_autotuning_kernel_configs", "should_autotune_config"]
 
 _BOOLS = (False, True)
-# Each family's configuration space: its head sizes, then the values of its fields after d_head, in
-# field order.
-_SPACES: dict[type[KernelConfig], tuple[tuple[int, ...], tuple[tuple, ...]]] = {
+# Each family's configuration space: its dtypes, its head sizes, then the values of its fields after
+# d_head, in field order. The 8-bit inputs are the Hopper family's alone.
+_SPACES: dict[type[KernelConfig], tuple[tuple[DType, ...], tuple[int, ...], tuple[tuple, ...]]] = {
     FlashForwardKernelConfig: (
+        DTYPES,
         sm80_config.D_HEADS,
         (
             sm80_config.B_RS,
@@ -37,6 +38,7 @@ _SPACES: dict[type[KernelConfig], tuple[tuple[int, ...], tuple[tuple, ...]]] = {
         ),
     ),
     HopperForwardKernelConfig: (
+        DTYPES + FP8_DTYPES,
         sm90_config.D_HEADS,
         (sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, _BOOLS, _BOOLS, _BOOLS, _BOOLS, _BOOLS, _BOOLS),
     ),
@@ -49,30 +51,34 @@ def _valid_configs(
 ) -> tuple[KernelConfig, ...]:
     """Every valid configuration of one family with these dtypes and head sizes (the product is
     large: cached)."""
-    product = itertools.product(dtypes, d_heads, *_SPACES[cls][1])
+    product = itertools.product(dtypes, d_heads, *_SPACES[cls][2])
     return tuple(sorted({cfg for cfg in itertools.starmap(cls, product) if cfg.is_valid()}))
 
 
-def _every_family(dtypes: Iterable[DType], d_heads: Iterable[int] | None) -> list[KernelConfig]:
+def _every_family(dtypes: Iterable[DType] | None, d_heads: Iterable[int] | None) -> list[KernelConfig]:
     """The valid configurations of every family with these dtypes and head sizes (None: each
     family's own), sorted: each family's in turn, in the order of their names."""
-    dtypes = tuple(coerce_dtype(dtype) for dtype in dtypes)
+    dtypes = None if dtypes is None else tuple(coerce_dtype(dtype) for dtype in dtypes)
     d_heads = None if d_heads is None else tuple(d_heads)
     return [
         cfg
         for cls in sorted(_SPACES, key=lambda cls: cls.family)
-        for cfg in _valid_configs(cls, dtypes, _SPACES[cls][0] if d_heads is None else d_heads)
+        for cfg in _valid_configs(
+            cls, _SPACES[cls][0] if dtypes is None else dtypes, _SPACES[cls][1] if d_heads is None else d_heads
+        )
     ]
 
 
 def get_all_kernel_configs() -> list[KernelConfig]:
-    """Every valid configuration of every family, over each family's whole configuration space."""
-    return _every_family(DTYPES, None)
+    """Every valid configuration of every family, over each family's whole configuration space (the
+    Hopper family's e4m3 configurations too)."""
+    return _every_family(None, None)
 
 
 def should_autotune_config(cfg: KernelConfig) -> bool:
-    """Whether an autotuning sweep should try ``cfg``: it is valid, and its family's sweep tries it."""
-    return cfg.is_valid() and _AUTOTUNED[type(cfg)](cfg)
+    """Whether an autotuning sweep should try ``cfg``: it is valid, of a 16-bit dtype (what the
+    sweeps measure: the benchmarks' inputs are 16-bit), and its family's sweep tries it."""
+    return cfg.is_valid() and cfg.dtype in DTYPES and _AUTOTUNED[type(cfg)](cfg)
 
 
 def _sm80_autotuned(cfg: FlashForwardKernelConfig) -> bool:
