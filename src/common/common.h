@@ -17,8 +17,9 @@ constexpr int MMA_K = 16;
 constexpr int COPY_BYTES = 16;
 constexpr int ELEMS_PER_COPY = COPY_BYTES / ELEMENT_BYTES;
 
-// log2(e): exp(x) = 2^(x * log2(e)).
+// log2(e): exp(x) = 2^(x * log2(e)); and ln(2).
 constexpr float LOG2_E = 1.4426950408889634f;
+constexpr float LN_2 = 0.6931471805599453f;
 
 // Every lane of a warp takes part in the warp-wide shuffles and votes.
 constexpr unsigned FULL_WARP_MASK = 0xffffffffu;

@@ -131,10 +131,13 @@ struct ScoreMods {
     float alibi_slope; // -slope / post_scale per unit of distance from the diagonal; 0 without ALiBi
     bool softcap;
 
-    __device__ __forceinline__ ScoreMods(const ForwardParams &params, int batch, int head) {
+    // softmax_scale: the call's, or times the FP8 inputs' dequantisation factors of q and k.
+    __device__ __forceinline__ ScoreMods(const ForwardParams &params, int batch, int head)
+        : ScoreMods(params, batch, head, params.softmax_scale) {}
+    __device__ __forceinline__ ScoreMods(const ForwardParams &params, int batch, int head, float softmax_scale) {
         softcap = params.mask.softcap > 0.0f;
-        pre_scale = softcap ? params.softmax_scale / params.mask.softcap : 1.0f;
-        post_scale = softcap ? params.mask.softcap : params.softmax_scale;
+        pre_scale = softcap ? softmax_scale / params.mask.softcap : 1.0f;
+        post_scale = softcap ? params.mask.softcap : softmax_scale;
         alibi_slope = params.mask.alibi_slopes == nullptr
                           ? 0.0f
                           : -params.mask.alibi_slopes[batch * params.mask.alibi_batch_stride + head] / post_scale;
@@ -180,6 +183,7 @@ struct NoScoreMods {
     float post_scale;
 
     __device__ __forceinline__ NoScoreMods(const ForwardParams &params, int, int) : post_scale(params.softmax_scale) {}
+    __device__ __forceinline__ NoScoreMods(const ForwardParams &, int, int, float softmax_scale) : post_scale(softmax_scale) {}
 };
 
 template <bool score_mods>

@@ -28,15 +28,22 @@ namespace flash {
 // it is rounded like the others. With steep ALiBi slopes and 32-key tiles (which rescale less
 // often than wider ones) the output's error grows by about half on average.
 //
+// P_LOG2_BIAS (optimized only): every probability is 2^P_LOG2_BIAS times larger, which the final
+// division cancels and the log-sum-exp takes back out. An 8-bit P (e4m3: 3 mantissa bits, normal
+// down to 2^-6) keeps more of the small probabilities when a fresh maximum's is 2^8 rather than 1;
+// the stale maxima then allow 8 - P_LOG2_BIAS, so that no probability exceeds 2^8 either way.
+//
 // rows_may_be_empty: under a mask, a row may have seen only masked (-infinity) scores so far, or
 // may attend no key at all. Its maximum is then -infinity, which the exponents and the rescaling
 // use as 0 (so the masked scores give 0, and a rescale the warp does for another row gives 0, not
 // NaN), and an empty row's output is 0 and its log-sum-exp +infinity.
-template <int M_tiles_, bool optimized, bool rows_may_be_empty>
+template <int M_tiles_, bool optimized, bool rows_may_be_empty, int P_LOG2_BIAS = 0>
 struct OnlineSoftmax {
     static constexpr int M_tiles = M_tiles_;
+    static_assert(optimized || P_LOG2_BIAS == 0, "only the optimized softmax biases the probabilities");
+    static_assert(P_LOG2_BIAS >= 0 && P_LOG2_BIAS <= 8, "no probability may exceed 2^8");
     // How far, in log2 units of probability, a row's true maximum may exceed its reference maximum.
-    static constexpr float MAX_STALE_LOG2 = 8.0f;
+    static constexpr float MAX_STALE_LOG2 = 8.0f - P_LOG2_BIAS;
 
     float row_max[M_tiles][2]; // reference maxima of the scores (scaled unless optimized); quad-uniform
     float row_sum[M_tiles][2]; // of the probabilities over this lane's columns only
@@ -130,7 +137,7 @@ struct OnlineSoftmax {
                 const float sum = quad_sum(row_sum[m][h]);
                 // The textbook maxima are already scaled.
                 const float max = exponent_max(row_max[m][h]) * (optimized ? scale : 1.0f);
-                lse[m][h] = rows_may_be_empty && sum == 0.0f ? INFINITY : max + logf(sum);
+                lse[m][h] = rows_may_be_empty && sum == 0.0f ? INFINITY : max + logf(sum) - P_LOG2_BIAS * LN_2;
             }
     }
 
@@ -201,11 +208,12 @@ struct OnlineSoftmax {
         return partial[0];
     }
 
-    // Turns one lane's share of row h into 2^(s * c - reference_max * c) in place; returns its sum.
+    // Turns one lane's share of row h into 2^(s * c - reference_max * c + P_LOG2_BIAS) in place;
+    // returns its sum.
     template <int N_tiles>
     static __device__ __forceinline__ float exponentiate_row_folded(float (&s)[N_tiles][4], int h, float reference_max,
                                                                     float scale_log2) {
-        const float exponent_offset = -reference_max * scale_log2;
+        const float exponent_offset = P_LOG2_BIAS - reference_max * scale_log2;
         float lane_sum = 0.0f;
 #pragma unroll
         for (int n = 0; n < N_tiles; ++n)

@@ -1,4 +1,4 @@
-// Conversions between float32 and the kernel's 16-bit element types.
+// The element type of each DType, and conversions between float32 and the 16-bit ones.
 #pragma once
 
 #include <cstdint>
@@ -6,13 +6,15 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "common/dtype.h"
 
 namespace flash {
 
 template <DType dtype>
-using element_t = std::conditional_t<dtype == DType::FP16, half, nv_bfloat16>;
+using element_t = std::conditional_t<dtype == DType::FP16, half,
+                                     std::conditional_t<dtype == DType::E4M3, __nv_fp8_e4m3, nv_bfloat16>>;
 
 // Rounds two floats to the 16-bit type and packs them into one register, lo in the low half.
 template <typename value_t>

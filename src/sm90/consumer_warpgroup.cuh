@@ -97,11 +97,11 @@ struct ConsumerWarpgroup {
     __device__ __forceinline__ void pass_tiles(int count, TakeTurns) {
         for (int i = 0; i < count; ++i) {
             mbarrier_wait(smem.K_full(current.stage), current.phase);
-            mbarrier_wait(smem.V_full(current.stage), current.phase);
+            mbarrier_wait(smem.PV_full(current.stage), current.phase);
             if constexpr (TakeTurns::value)
                 in_turn([] {});
             release_KV(smem.K_empty(current.stage));
-            release_KV(smem.V_empty(current.stage));
+            release_KV(smem.PV_empty(current.stage));
             current.advance();
         }
     }

@@ -22,6 +22,10 @@
 //   and S = Q K^T takes them from there: the products read only K and V from shared memory (a
 //   fifth less at d_head 128), for d_head / 4 more registers per thread. A persistent block's next
 //   Q may then load once the first S = Q K^T is done.
+// - e4m3 inputs (dtype E4M3): the products run on 8-bit operands with float32 accumulators; the
+//   producer warpgroup's other three warps transpose each V tile in shared memory for P V
+//   (fp8_operands.cuh), the inputs' dequantisation factors scale the scores and the output, and O
+//   is 16-bit.
 // - multicast: two blocks, a cluster, take two consecutive query blocks of one (batch, head) and
 //   visit the same KV tiles; each loads half of every tile's rows into both (TMA multicast), so K
 //   and V leave L2 once per pair. A stage is free once the consumers of both blocks have released
@@ -38,6 +42,7 @@
 #include "common/problem_variant.h"
 #include "sm90/consumer_warpgroup.cuh"
 #include "sm90/epilogue.cuh"
+#include "sm90/fp8_operands.cuh"
 #include "sm90/kernel_params.h"
 #include "sm90/mainloop.cuh"
 #include "sm90/sequence_tensor_maps.cuh"
@@ -114,7 +119,11 @@ __device__ __forceinline__ void consume_work_tile(const KernelParams &kp, Consum
     softmax.init();
     typename Kernel::O_accumulators O_acc;
     O_acc.zero();
-    const ScoreModsOf<SCORE_MODS> score_mods(params, batch, head);
+    // FP8 inputs' dequantisation: q's and k's factors scale the scores, v's the output.
+    const int kv_head = head / group_size;
+    const float qk_descale = Kernel::fp8 ? descale_at(params.descales.q, batch, kv_head) * descale_at(params.descales.k, batch, kv_head)
+                                         : 1.0f;
+    const ScoreModsOf<SCORE_MODS> score_mods(params, batch, head, params.softmax_scale * qk_descale);
 
     if (!tiles.empty())
         Mainloop(consumer, params, tiles, loader, loads, Q_first_row, score_mods, softmax, O_acc).run();
@@ -123,7 +132,9 @@ __device__ __forceinline__ void consume_work_tile(const KernelParams &kp, Consum
     if constexpr (cluster > 1)
         consumer.pass_tiles(passed_after, WithoutTurns{});
 
-    write_outputs<Kernel, VARLEN>(kp, params, Q_boxes, consumer, softmax, O_acc, score_mods.post_scale, Q_first_row, head, batch);
+    const float O_descale = Kernel::fp8 ? descale_at(params.descales.v, batch, kv_head) : 1.0f;
+    write_outputs<Kernel, VARLEN>(kp, params, Q_boxes, consumer, softmax, O_acc, score_mods.post_scale, O_descale,
+                                  Q_first_row, head, batch);
 }
 
 // The problem variant: MASK and MASKED_TAILS decide which tiles the block visits and which of
@@ -174,6 +185,9 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
             if (threadIdx.x == 0)
                 produce<Kernel, KVTileRange<Kernel::B_r, Kernel::B_c, MASK, MASKED_TAILS, VARLEN>, VARLEN>(
                     kp, smem, scheduler, group_size, rank);
+            if constexpr (Kernel::fp8)
+                if (threadIdx.x >= WARP_SIZE)
+                    VTransposer<Kernel>{smem}.run();
             if constexpr (cluster > 1)
                 cluster_sync();
             return;

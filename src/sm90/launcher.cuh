@@ -127,10 +127,11 @@ void launch(const ForwardParams &params, cudaStream_t stream) {
     // cu_seqlens all of them are in the one batch entry, and with kv_batch_idx k and v have
     // kv_batches entries of their own.
     const SequenceLayout &layout = params.sequences;
+    // q, k and v of the configuration's dtype; o of the call's (16-bit, in its own swizzle with e4m3).
     const auto map_of = [&](const void *data, const TensorStrides &strides, int seqlen, int rows, int heads, int batch,
-                            int box_rows) {
-        return make_tensor_map(Kernel::config.dtype, data, strides, params.d_head, VARIANT.varlen ? rows : seqlen, heads,
-                               batch, box_rows, Kernel::Swizzle::bytes);
+                            int box_rows, DType dtype = Kernel::config.dtype, int swizzle_bytes = Kernel::Swizzle::bytes) {
+        return make_tensor_map(dtype, data, strides, params.d_head, VARIANT.varlen ? rows : seqlen, heads, batch, box_rows,
+                               swizzle_bytes);
     };
     const int batch_q = VARIANT.varlen && layout.cu_seqlens_q != nullptr ? 1 : params.batch;
     const int batch_k = !VARIANT.varlen              ? params.batch
@@ -159,7 +160,8 @@ void launch(const ForwardParams &params, cudaStream_t stream) {
         map_of(params.q, params.q_strides, params.seqlen_q, layout.rows_q, params.heads_q, batch_q, WGMMA_M),
         kv_map_of(params.k, params.k_strides),
         kv_map_of(params.v, params.v_strides),
-        map_of(params.o, params.o_strides, params.seqlen_q, layout.rows_q, params.heads_q, batch_q, WGMMA_M),
+        map_of(params.o, params.o_strides, params.seqlen_q, layout.rows_q, params.heads_q, batch_q, WGMMA_M,
+               Kernel::fp8 ? params.o_dtype : Kernel::config.dtype, Kernel::O_Swizzle::bytes),
         sequence_maps,
         kv_box_rows,
     };

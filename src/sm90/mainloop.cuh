@@ -16,6 +16,7 @@
 #include "common/problem_variant.h"
 #include "common/ptx.cuh"
 #include "sm90/consumer_warpgroup.cuh"
+#include "sm90/fp8_operands.cuh"
 #include "sm90/shared_tiles.cuh"
 #include "sm90/tma.cuh"
 #include "sm90/warpgroup.cuh"
@@ -50,7 +51,8 @@ struct MainLoop {
     using value_t = typename Kernel::value_t;
     using Swizzle = typename Kernel::Swizzle;
     using Tiles = KVTileRange<Kernel::B_r, Kernel::B_c, MASK, MASKED_TAILS, VARLEN>;
-    using Softmax = OnlineSoftmax<1, true, Tiles::may_be_empty>;
+    // e4m3's P is biased to 2^8 at a fresh maximum (OnlineSoftmax): its small values stay normal.
+    using Softmax = OnlineSoftmax<1, true, Tiles::may_be_empty, Kernel::fp8 ? 8 : 0>;
     using FullWidth = std::integral_constant<int, Kernel::B_c>;
     static constexpr int B_c = Kernel::B_c;
     static constexpr int d_head = Kernel::d_head;
@@ -70,8 +72,9 @@ struct MainLoop {
     Softmax &softmax;
     typename Kernel::O_accumulators &O_acc;
 
-    // Descriptors of this warpgroup's Q block and of stage 0's K and V tiles; slices and
-    // stages are offsets added to the start address field (16-byte units).
+    // Descriptors of this warpgroup's Q block and of stage 0's K and V tiles (with e4m3, V's
+    // transposed tile, K-major); slices and stages are offsets added to the start address field
+    // (16-byte units).
     uint64_t Q_desc;
     uint64_t K_desc;
     uint64_t V_desc;
@@ -87,7 +90,8 @@ struct MainLoop {
           Q_first_row(Q_first_row_), score_mods(score_mods_), score_scale(score_mods_.post_scale), softmax(softmax_),
           O_acc(O_acc_), Q_desc(k_major_descriptor<Swizzle>(ptx::shared_address(smem.Q(consumer_.wg)))),
           K_desc(k_major_descriptor<Swizzle>(ptx::shared_address(smem.K(0)))),
-          V_desc(mn_major_descriptor<Swizzle>(ptx::shared_address(smem.V(0)), Kernel::KV_col_block_bytes)),
+          V_desc(Kernel::fp8 ? k_major_descriptor<typename Kernel::Vt_Swizzle>(ptx::shared_address(smem.Vt(0)))
+                             : mn_major_descriptor<Swizzle>(ptx::shared_address(smem.V(0)), Kernel::KV_col_block_bytes)),
           last_row(min(Q_first_row_ + (consumer_.wg + 1) * WGMMA_M, params_.seqlen_q) - 1) {}
 
     // The register tiles (Q with Q_in_registers, and P) are locals of run(), passed to the steps
@@ -115,9 +119,8 @@ struct MainLoop {
   private:
     // k-slice kk of a K-major tile: its column block, then 32 bytes per slice inside the row.
     __device__ __forceinline__ static uint64_t k_slice(int kk, int col_block_bytes) {
-        constexpr int slices_per_row = Swizzle::cols / WGMMA_K;
-        return static_cast<uint64_t>((kk / slices_per_row * col_block_bytes + kk % slices_per_row * WGMMA_K * ELEMENT_BYTES) >>
-                                     4);
+        constexpr int slices_per_row = Swizzle::bytes / WGMMA_K_BYTES;
+        return static_cast<uint64_t>((kk / slices_per_row * col_block_bytes + kk % slices_per_row * WGMMA_K_BYTES) >> 4);
     }
 
     // This warp's 16 rows, one ldmatrix per 16-column slice: lane l addresses row l % 16
@@ -146,7 +149,7 @@ struct MainLoop {
             flat(S)[i] = -INFINITY;
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < d_head / WGMMA_K; ++kk) {
+        for (int kk = 0; kk < d_head / Kernel::wgmma_k; ++kk) {
             const uint64_t K_slice = K_desc + stage * stage_step + k_slice(kk, Kernel::KV_col_block_bytes);
             if constexpr (Kernel::Q_in_registers)
                 Wgmma<W>::template rs<value_t, /*B_MN_MAJOR=*/false>(leading<W / 2>(flat(S)), Q_frag.r[0][kk], K_slice,
@@ -156,14 +159,24 @@ struct MainLoop {
                                                K_slice, kk > 0);
         }
     }
-    // P's k-slice kk multiplies V's rows 16 kk .. 16 kk + 15; the slices past `width` keys hold
-    // only masked (zero) probabilities.
+    // P's k-slice kk multiplies V's keys wgmma_k kk .. wgmma_k (kk + 1) - 1: rows of V's tile, or
+    // 32 bytes of each row of its transposed tile; the slices past `width` keys hold only masked
+    // (zero) probabilities.
     template <typename Width>
     __device__ __forceinline__ void issue_PV(const typename Kernel::P_fragments &P, int stage, Width) {
+        static_assert(Width::value % Kernel::wgmma_k == 0, "P V runs over whole k-slices");
+        constexpr int slice_bytes = Kernel::fp8 ? WGMMA_K_BYTES : WGMMA_K * Swizzle::bytes;
 #pragma unroll
-        for (int kk = 0; kk < Width::value / WGMMA_K; ++kk)
+        for (int kk = 0; kk < Width::value / Kernel::wgmma_k; ++kk)
             Wgmma<d_head>::template rs<value_t>(flat(O_acc), P.r[0][kk],
-                                                V_desc + stage * stage_step + ((kk * WGMMA_K * Swizzle::bytes) >> 4), 1);
+                                                V_desc + stage * stage_step + ((kk * slice_bytes) >> 4), 1);
+    }
+    // The probabilities as the A operand of P V.
+    __device__ __forceinline__ static void to_P(typename Kernel::P_fragments &P, const typename Kernel::S_accumulators &S) {
+        if constexpr (Kernel::fp8)
+            probabilities_to_e4m3(P, S);
+        else
+            accumulators_to_A<value_t>(P, S);
     }
 
     // The keys of KV tile `tile` that this warpgroup's rows before seqlen_q may see, at least 1:
@@ -222,7 +235,7 @@ struct MainLoop {
         release_Q_after(tiles.begin);
         modify_and_mask(S, tiles.begin, masked, width);
         softmax.template exponentiate<true>(S, score_scale, [](int, int, float) {});
-        accumulators_to_A<value_t>(P, S);
+        to_P(P, S);
         previous = current;
         current.advance();
     }
@@ -234,7 +247,7 @@ struct MainLoop {
         PipelineState<stages> &current = consumer.current;
         typename Kernel::S_accumulators S;
         mbarrier_wait(smem.K_full(current.stage), current.phase);
-        mbarrier_wait(smem.V_full(previous.stage), previous.phase);
+        mbarrier_wait(smem.PV_full(previous.stage), previous.phase);
         consumer.in_turn([&] {
             fence_registers(flat(O_acc));
             issue_S(S, Q_frag, current.stage, width);
@@ -269,27 +282,27 @@ struct MainLoop {
             }
             fence_registers(flat(O_acc));
             fence_registers(flat(P));
-            consumer.release_KV(smem.V_empty(previous.stage));
+            consumer.release_KV(smem.PV_empty(previous.stage));
         } else {
             wgmma_wait<0>();
             fence_registers(flat(S));
             fence_registers(flat(O_acc));
             consumer.release_KV(smem.K_empty(current.stage));
-            consumer.release_KV(smem.V_empty(previous.stage));
+            consumer.release_KV(smem.PV_empty(previous.stage));
             release_Q_after(tile);
             modify_and_mask(S, tile, masked, width);
             softmax.template update<false>(S, O_acc, score_scale);
         }
         if (loads && tile - 1 + stages < tiles.end)
             loader.load_KV(tile - 1 + stages, tile - 1 + stages - tiles.begin);
-        accumulators_to_A<value_t>(P, S);
+        to_P(P, S);
         previous = current;
         current.advance();
     }
 
     // The last tile's P V, over its visible keys if it is masked.
     __device__ __forceinline__ void last_PV(typename Kernel::P_fragments &P) {
-        mbarrier_wait(smem.V_full(previous.stage), previous.phase);
+        mbarrier_wait(smem.PV_full(previous.stage), previous.phase);
         fence_registers(flat(O_acc));
         // Fence, commit and wait in each branch: ptxas wants them in the products' own block.
         const auto issue_last_PV = [&](auto width) {
@@ -304,7 +317,7 @@ struct MainLoop {
         else
             issue_last_PV(FullWidth{});
         fence_registers(flat(P));
-        consumer.release_KV(smem.V_empty(previous.stage));
+        consumer.release_KV(smem.PV_empty(previous.stage));
     }
 };
 

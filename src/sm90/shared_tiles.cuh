@@ -22,12 +22,16 @@ struct SharedTiles {
     }
 
     __device__ __forceinline__ uint8_t *Q(int warpgroup) const { return base + warpgroup * Kernel::wg_Q_bytes; }
-    // Where a warpgroup's O goes out: its own block in a persistent block, else its Q block.
+    // Where a warpgroup's O goes out: its own block (persistent, or e4m3), else its Q block.
     __device__ __forceinline__ uint8_t *O(int warpgroup) const {
-        return base + (Kernel::persistent ? Kernel::O_offset : 0) + warpgroup * Kernel::wg_Q_bytes;
+        return base + Kernel::O_offset + warpgroup * (Kernel::separate_O ? Kernel::wg_O_bytes : Kernel::wg_Q_bytes);
     }
     __device__ __forceinline__ uint8_t *K(int stage) const { return base + Kernel::K_offset + stage * Kernel::KV_tile_bytes; }
     __device__ __forceinline__ uint8_t *V(int stage) const { return base + Kernel::V_offset + stage * Kernel::KV_tile_bytes; }
+    // With e4m3, V's tile transposed (fp8_operands.cuh).
+    __device__ __forceinline__ uint8_t *Vt(int stage) const { return base + Kernel::Vt_offset + stage * Kernel::KV_tile_bytes; }
+    // The V operand of P V: V's tile, or with e4m3 its transposed tile.
+    __device__ __forceinline__ uint8_t *PV_operand(int stage) const { return Kernel::fp8 ? Vt(stage) : V(stage); }
 
     __device__ __forceinline__ uint64_t *barrier(int i) const {
         return reinterpret_cast<uint64_t *>(base + Kernel::barriers_offset) + i;
@@ -38,14 +42,30 @@ struct SharedTiles {
     __device__ __forceinline__ uint64_t *K_empty(int stage) const { return barrier(KV_barriers + 1 + 4 * stage); }
     __device__ __forceinline__ uint64_t *V_full(int stage) const { return barrier(KV_barriers + 2 + 4 * stage); }
     __device__ __forceinline__ uint64_t *V_empty(int stage) const { return barrier(KV_barriers + 3 + 4 * stage); }
+    __device__ __forceinline__ uint64_t *Vt_full(int stage) const { return barrier(Vt_barriers + 2 * stage); }
+    __device__ __forceinline__ uint64_t *Vt_empty(int stage) const { return barrier(Vt_barriers + 1 + 2 * stage); }
+    // What the consumers wait for before P V and release after it: V's barriers, or with e4m3 its
+    // transposed tile's.
+    __device__ __forceinline__ uint64_t *PV_full(int stage) const { return Kernel::fp8 ? Vt_full(stage) : V_full(stage); }
+    __device__ __forceinline__ uint64_t *PV_empty(int stage) const { return Kernel::fp8 ? Vt_empty(stage) : V_empty(stage); }
     // Where a persistent block's producer leaves the index of a consumer warpgroup's next work tile,
     // and its sequence's rows (WorkSlotHandOff, tile_scheduler.cuh).
     __device__ __forceinline__ int *work_slot(int warpgroup) const {
         return reinterpret_cast<int *>(barrier(Kernel::n_barriers + Kernel::work_slot_words * warpgroup));
     }
+    // With e4m3, per stage, where the producer writes how many KV tiles it loaded, once it has loaded
+    // them all, in the stage the next would have gone to (-1 until then), for the warps that
+    // transpose V. They read a stage's word only between its V barrier's completion and their
+    // release of that stage, which the producer waits for before it writes there.
+    __device__ __forceinline__ volatile int *V_stream_end(int stage) const {
+        return reinterpret_cast<volatile int *>(barrier(Kernel::n_barriers + Kernel::work_slot_words * Kernel::consumer_warpgroups)) +
+               stage;
+    }
 
     // One thread, before any other touches the barriers. A full barrier completes on its loader's
     // arrival plus the bytes; an empty one when every consumer warp of its readers has released it.
+    // With e4m3, V's tile is read by the transposing warps, and its transposed tile is written by
+    // them and read by the consumers.
     __device__ __forceinline__ void init_barriers() const {
 #pragma unroll
         for (int wg = 0; wg < Kernel::consumer_warpgroups; ++wg) {
@@ -57,13 +77,22 @@ struct SharedTiles {
             mbarrier_init(K_full(stage), 1);
             mbarrier_init(K_empty(stage), Kernel::consumer_warps * Kernel::cluster_size);
             mbarrier_init(V_full(stage), 1);
-            mbarrier_init(V_empty(stage), Kernel::consumer_warps * Kernel::cluster_size);
+            mbarrier_init(V_empty(stage), Kernel::fp8 ? Kernel::transposer_warps : Kernel::consumer_warps * Kernel::cluster_size);
+            if constexpr (Kernel::fp8) {
+                mbarrier_init(Vt_full(stage), Kernel::transposer_warps);
+                mbarrier_init(Vt_empty(stage), Kernel::consumer_warps);
+            }
         }
+        if constexpr (Kernel::fp8)
+#pragma unroll
+            for (int stage = 0; stage < Kernel::stages; ++stage)
+                *V_stream_end(stage) = -1;
         mbarrier_init_fence();
     }
 
   private:
     static constexpr int KV_barriers = 2 * Kernel::consumer_warpgroups;
+    static constexpr int Vt_barriers = KV_barriers + 4 * Kernel::stages;
 };
 
 // Where a consumer is in the K/V pipeline: the stage of its current tile and the parity of that

@@ -33,26 +33,30 @@ inline EncodeTiled tensor_map_encoder() {
     return encoder;
 }
 
-// A (d_head, seq, heads, batch) view of one (batch, seq, heads, d_head) tensor, copied in boxes of
-// one swizzled row's columns (swizzle_bytes, 128 or 64) by box_rows rows, with that swizzle; reads
+// A (d_head, seq, heads, batch) view of one (batch, seq, heads, d_head) tensor of `dtype` (e4m3 as
+// bytes: TMA only moves them), copied in boxes of one swizzled row's columns (swizzle_bytes, 128 or
+// 64) by box_rows rows, with that swizzle; reads
 // past the tensor's edges give zeros and writes there are dropped. TMA wants every stride a
 // multiple of 16 bytes: the binding guarantees it for dimensions longer than 1, and the stride of
 // a dimension of extent 1 is never used, so 16 stands in for it.
 inline CUtensorMap make_tensor_map(DType dtype, const void *data, const TensorStrides &strides, int d_head, int seqlen,
                                    int heads, int batch, int box_rows, int swizzle_bytes) {
-    const auto stride_bytes = [](int extent, int64_t stride) {
-        return static_cast<cuuint64_t>(extent > 1 ? stride * ELEMENT_BYTES : COPY_BYTES);
+    const int bytes = element_bytes(dtype);
+    const auto stride_bytes = [&](int extent, int64_t stride) {
+        return static_cast<cuuint64_t>(extent > 1 ? stride * bytes : COPY_BYTES);
     };
     const cuuint64_t dims[4] = {static_cast<cuuint64_t>(d_head), static_cast<cuuint64_t>(seqlen),
                                 static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
     const cuuint64_t byte_strides[3] = {stride_bytes(seqlen, strides.seq), stride_bytes(heads, strides.head),
                                         stride_bytes(batch, strides.batch)};
-    const cuuint32_t box[4] = {static_cast<cuuint32_t>(swizzle_bytes / ELEMENT_BYTES), static_cast<cuuint32_t>(box_rows),
-                               1, 1};
+    const cuuint32_t box[4] = {static_cast<cuuint32_t>(swizzle_bytes / bytes), static_cast<cuuint32_t>(box_rows), 1, 1};
+    const CUtensorMapDataType type = dtype == DType::FP16   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                     : dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                            : CU_TENSOR_MAP_DATA_TYPE_UINT8;
     const cuuint32_t element_strides[4] = {1, 1, 1, 1};
     CUtensorMap map;
     const CUresult status = tensor_map_encoder()(
-        &map, dtype == DType::FP16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+        &map, type, 4,
         const_cast<void *>(data), dims, byte_strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
         swizzle_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);

@@ -174,7 +174,14 @@ __device__ __forceinline__ void produce(const KernelParams &kp, const SharedTile
     }
     // The end, as a work tile past the last that loads nothing.
     if constexpr (Kernel::persistent)
-        Loader{kp, smem, 0, 0, {}, {}, {}, {}, call_tensor_maps(kp), rank}.load_Q(0, n, scheduler.end(), false);
+        Loader{kp, smem, 0, 0, {}, {}, {}, {}, call_tensor_maps(kp), rank}.load_Q(0, n, scheduler.end(), false);    // With e4m3, the end of the V tiles for the warps that transpose them: their count, and an arrival
+    // without bytes on the next stage's V barrier once that stage is free.
+    if constexpr (Kernel::fp8) {
+        const int stage = KV_loads % Kernel::stages;
+        mbarrier_wait(smem.V_empty(stage), (KV_loads / Kernel::stages % 2) ^ 1);
+        *smem.V_stream_end(stage) = KV_loads;
+        mbarrier_arrive(smem.V_full(stage));
+    }
 }
 
 } // namespace flash::sm90

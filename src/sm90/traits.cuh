@@ -32,12 +32,25 @@ struct StaticHopperKernelConfig {
     static constexpr bool Q_in_registers = CFG.Q_in_registers;
     static constexpr bool multicast = CFG.multicast;
 
-    static_assert(CFG.dtype == DType::FP16 || CFG.dtype == DType::BF16, "dtype must be FP16 or BF16");
-    using Swizzle = SwizzleFor<d_head>;
-    static_assert(d_head % Swizzle::cols == 0 && d_head <= 256, "d_head must be a multiple of 32 up to 256");
+    // FP8 (e4m3) inputs: the wgmma of 8-bit types takes both operands K-major, so V, which arrives
+    // with its keys as rows, is transposed in shared memory by the producer warpgroup (fp8_operands.cuh),
+    // and O is 16-bit (ForwardParams::o_dtype) in a shared-memory block of its own.
+    static constexpr bool fp8 = CFG.dtype == DType::E4M3;
+    static constexpr int element_bytes = flash::element_bytes(CFG.dtype);
+    // The elements of one wgmma's k-slice: 16 of a 16-bit type, 32 of e4m3.
+    static constexpr int wgmma_k = WGMMA_K_BYTES / element_bytes;
+    using Swizzle = SwizzleFor<d_head, element_bytes>;
+    // O's tiles, of 16-bit elements.
+    using O_Swizzle = SwizzleFor<d_head>;
+    // A transposed V tile: d_head rows of B_c keys.
+    using Vt_Swizzle = SwizzleFor<B_c, element_bytes>;
+    static_assert(d_head % Swizzle::cols == 0 && d_head <= 256, "d_head must be a multiple of 32 (of 64 with e4m3) up to 256");
     static_assert(B_r % WGMMA_M == 0 && B_r <= 3 * WGMMA_M, "B_r must be 64, 128 or 192");
     static_assert(B_c % WGMMA_K == 0 && B_c >= 64 && B_c <= 192, "B_c must be a multiple of 16 from 64 to 192");
-    static_assert(stages >= 1 && stages <= 4, "stages must be 1 to 4");
+    static_assert(stages >= 1 && stages <= 4, "stages must be 1 to 4"); // (e4m3's end words: two 8-byte words)
+    static_assert(!fp8 || (warp_specialized && !Q_in_registers && !multicast && B_c == Vt_Swizzle::cols),
+                  "e4m3 needs a producer warpgroup (which transposes V), Q in shared memory, no multicast, and "
+                  "B_c of one swizzled row (64 or 128)");
 
     // Each consumer warpgroup computes 64 query rows (one wgmma M) against every key; with warp
     // specialization one more warpgroup only issues the loads.
@@ -66,22 +79,30 @@ struct StaticHopperKernelConfig {
     // consumers; with one consumer warpgroup the launch bound already allows 255. A varlen kernel's
     // producer (per work tile the plan's entry, the sequence's rows and bounded tensor maps) spills
     // at 24 beside two consumer warpgroups, so it keeps 40 and they take 232.
+    // With e4m3 the producer warpgroup's other warps transpose V and keep 56.
     static constexpr bool moves_registers = warp_specialized && consumer_warpgroups >= 2;
     template <bool VARLEN>
-    static constexpr int producer_registers = consumer_warpgroups == 2 ? (VARLEN ? 40 : 24) : 32;
+    static constexpr int producer_registers = consumer_warpgroups == 2 ? (fp8 ? 56 : VARLEN ? 40 : 24) : 32;
     template <bool VARLEN>
-    static constexpr int consumer_registers = consumer_warpgroups == 2 ? (VARLEN ? 232 : 240) : 160;
+    static constexpr int consumer_registers = consumer_warpgroups == 2 ? (fp8 ? 224 : VARLEN ? 232 : 240) : 160;
+    // The producer warpgroup's warps after its first (whose first thread issues the loads), which
+    // transpose V with e4m3.
+    static constexpr int transposer_warps = WARPGROUP_THREADS / WARP_SIZE - 1;
 
     // Shared memory, each tile at a 1024-byte boundary (TILE_ALIGNMENT_BYTES): Q (one 64-row block per
-    // consumer warpgroup), a K and a V tile per stage, then the barriers. O goes out through Q's
-    // blocks, or, in a persistent block (whose next Q loads while this O is stored), through O
-    // blocks of its own after the K and V tiles. A tile of R rows is column blocks of R swizzled rows
-    // (R x 128 or R x 64 bytes), one TMA box each.
+    // consumer warpgroup), a K and a V tile per stage (with e4m3 also a transposed V tile), then the
+    // barriers. O goes out through Q's blocks, or, in a persistent block (whose next Q loads while
+    // this O is stored) and with e4m3 (whose O is wider than Q), through O blocks of its own after
+    // the K and V tiles. A tile of R rows is column blocks of R swizzled rows (R x 128 or R x 64
+    // bytes), one TMA box each.
     static constexpr int col_blocks = d_head / Swizzle::cols;
-    static constexpr int wg_Q_bytes = WGMMA_M * d_head * ELEMENT_BYTES;
+    static constexpr int O_col_blocks = d_head / O_Swizzle::cols;
+    static constexpr int wg_Q_bytes = WGMMA_M * d_head * element_bytes;
+    static constexpr int wg_O_bytes = WGMMA_M * d_head * ELEMENT_BYTES;
     static constexpr int Q_bytes = consumer_warpgroups * wg_Q_bytes;
-    static constexpr int KV_tile_bytes = B_c * d_head * ELEMENT_BYTES;
+    static constexpr int KV_tile_bytes = B_c * d_head * element_bytes;
     static constexpr int Q_col_block_bytes = WGMMA_M * Swizzle::bytes;
+    static constexpr int O_col_block_bytes = WGMMA_M * O_Swizzle::bytes;
     static constexpr int KV_col_block_bytes = B_c * Swizzle::bytes;
     // With a cluster, each block loads 1 / cluster_size of every KV tile's rows for all of them.
     static constexpr int KV_slice_rows = B_c / cluster_size;
@@ -89,24 +110,30 @@ struct StaticHopperKernelConfig {
     static_assert(KV_slice_bytes % Swizzle::atom_bytes == 0 && KV_tile_bytes % TILE_ALIGNMENT_BYTES == 0,
                   "tiles and their slices must start on swizzle atoms");
 
+    static constexpr bool separate_O = persistent || fp8;
     static constexpr int K_offset = Q_bytes;
     static constexpr int V_offset = K_offset + stages * KV_tile_bytes;
-    static constexpr int O_offset = persistent ? V_offset + stages * KV_tile_bytes : 0;
-    static constexpr int barriers_offset = V_offset + stages * KV_tile_bytes + (persistent ? Q_bytes : 0);
-    // Per consumer warpgroup Q full and Q empty, then per stage K full, K empty, V full, V empty;
-    // then, per consumer warpgroup, the slot where the producer leaves its next work tile's index
-    // (and with per-sequence lengths that tile's sequence's rows: five ints in three 8-byte words).
-    static constexpr int n_barriers = 2 * consumer_warpgroups + 4 * stages;
+    static constexpr int Vt_offset = V_offset + stages * KV_tile_bytes;
+    static constexpr int O_offset = separate_O ? Vt_offset + (fp8 ? stages * KV_tile_bytes : 0) : 0;
+    static constexpr int barriers_offset = Vt_offset + (fp8 ? stages * KV_tile_bytes : 0) +
+                                           (separate_O ? consumer_warpgroups * wg_O_bytes : 0);
+    // Per consumer warpgroup Q full and Q empty, then per stage K full, K empty, V full, V empty
+    // (with e4m3 then per stage the transposed V's full and empty); then, per consumer warpgroup,
+    // the slot where the producer leaves its next work tile's index (and with per-sequence lengths
+    // that tile's sequence's rows: five ints in three 8-byte words); with e4m3 last an int per stage
+    // (in two 8-byte words) where the producer marks the end of its V tiles for the transposing warps.
+    static constexpr int n_barriers = 2 * consumer_warpgroups + (fp8 ? 6 : 4) * stages;
     static constexpr int work_slot_words = 3;
-    static constexpr int n_slots = n_barriers + work_slot_words * consumer_warpgroups;
+    static constexpr int n_slots = n_barriers + work_slot_words * consumer_warpgroups + (fp8 ? 2 : 0);
     // The dynamic shared memory base is only 16-byte aligned: up to 1024 bytes go to aligning it.
     static constexpr int smem_bytes = barriers_offset + n_slots * static_cast<int>(sizeof(uint64_t)) + TILE_ALIGNMENT_BYTES;
 
     // Per consumer thread: S = Q K^T (64 x B_c), O (64 x d_head), and P = softmax(S) as the A
-    // operand of P V, in the m16n8k16 layouts (one 16-row tile per warp).
+    // operand of P V, in the mma.sync layouts (one 16-row tile per warp).
     using S_accumulators = Accumulators<1, B_c / MMA_N>;
     using O_accumulators = Accumulators<1, d_head / MMA_N>;
-    using P_fragments = FragmentsA<1, B_c / MMA_K>;
+    // Per k-slice four registers: of 16-bit pairs (m16n8k16's A layout) or e4m3 quadruples (m16n8k32's).
+    using P_fragments = FragmentsA<1, B_c / wgmma_k>;
     // With Q_in_registers, this warp's 16 rows of Q as the A operand of S = Q K^T.
     using Q_fragments = FragmentsA<1, d_head / MMA_K>;
 };

@@ -8,6 +8,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "common/common.h"
 #include "common/dtype.h"
@@ -17,21 +18,23 @@ namespace flash::sm90 {
 
 // A warpgroup: four consecutive warps, the first of them at a warp index divisible by four.
 constexpr int WARPGROUP_THREADS = 128;
-// One wgmma multiplies 64 rows of A (16 per warp) by a 16-deep slice of B.
+// One wgmma multiplies 64 rows of A (16 per warp) by a 32-byte deep slice of B: 16 elements of a
+// 16-bit type, 32 of an 8-bit one.
 constexpr int WGMMA_M = 64;
 constexpr int WGMMA_K = 16;
+constexpr int WGMMA_K_BYTES = 32;
 
 // Shared-memory tiles are swizzled as TMA writes them (CU_TENSOR_MAP_SWIZZLE_128B or _64B): rows
-// of BYTES (64 or 32 16-bit elements), whose 16-byte chunks are XOR-ed with address bits 7 and up
-// (the row's index, or half of it, modulo the chunks in a row). Eight rows form one swizzle atom;
-// a tile's column blocks start on atom boundaries. The 128-byte swizzle serves head sizes that are
-// multiples of 64; the other multiples of 32 (32, 96, 160, 224) take the 64-byte one rather than
-// padding rows with columns of zeros.
-template <int BYTES>
+// of BYTES (64 or 32 16-bit elements, 128 or 64 8-bit ones), whose 16-byte chunks are XOR-ed with
+// address bits 7 and up (the row's index, or half of it, modulo the chunks in a row). Eight rows
+// form one swizzle atom; a tile's column blocks start on atom boundaries. The 128-byte swizzle
+// serves rows that are multiples of 128 bytes; the other multiples of 64 bytes (16-bit head sizes
+// 32, 96, 160, 224) take the 64-byte one rather than padding rows with columns of zeros.
+template <int BYTES, int ELEMENT = ELEMENT_BYTES>
 struct Swizzle {
     static_assert(BYTES == 128 || BYTES == 64, "the family uses the 128- and 64-byte swizzles");
     static constexpr int bytes = BYTES;
-    static constexpr int cols = BYTES / ELEMENT_BYTES;
+    static constexpr int cols = BYTES / ELEMENT;
     static constexpr int atom_bytes = 8 * BYTES;
     // The descriptors' swizzle mode (PTX ISA, "Matrix Descriptor Format"): 1 is 128 bytes, 2 is 64.
     static constexpr uint64_t descriptor_mode = BYTES == 128 ? 1 : 2;
@@ -41,8 +44,9 @@ struct Swizzle {
         return chunk ^ (row * BYTES / 128 % (BYTES / COPY_BYTES));
     }
 };
-template <int d_head>
-using SwizzleFor = Swizzle<d_head % 64 == 0 ? 128 : 64>;
+// The swizzle of a tile whose rows are `cols` elements of ELEMENT bytes.
+template <int cols, int ELEMENT = ELEMENT_BYTES>
+using SwizzleFor = Swizzle<cols * ELEMENT % 128 == 0 ? 128 : 64, ELEMENT>;
 // Every tile starts on a multiple of the largest atom, the 128-byte swizzle's.
 constexpr int TILE_ALIGNMENT_BYTES = Swizzle<128>::atom_bytes;
 
@@ -172,7 +176,8 @@ __device__ __forceinline__ uint32_t (&flat(FragmentsA<1, K_slices> &a))[K_slices
 #define FLASH_WGMMA_ACC_120(d) FLASH_WGMMA_ACC_112(d), FLASH_WGMMA_ACC_G(d, 112)
 #define FLASH_WGMMA_ACC_128(d) FLASH_WGMMA_ACC_120(d), FLASH_WGMMA_ACC_G(d, 120)
 
-// d (64 x N, float32) = A * B + (accumulate ? d : 0) for one 16-deep slice, per element type.
+// d (64 x N, float32) = A * B + (accumulate ? d : 0) for one 32-byte deep slice (k16 of a 16-bit
+// type, k32 of e4m3), per element type.
 // ss: A from shared memory (K-major, descriptor a), B K-major. rs: A from registers (the m16n8k16
 // A layout, one 16 x 16 tile per warp), B MN-major ("transposed", imm-trans-b = 1) as V is, or
 // K-major as K is. Operands after the n = N / 2 accumulators are numbered n, n + 1, ...: the C*
@@ -185,6 +190,16 @@ __device__ __forceinline__ uint32_t (&flat(FragmentsA<1, K_slices> &a))[K_slices
     "{\n.reg .pred p;\nsetp.ne.b32 p, %" #C5 ", 0;\n"                                                     \
     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" FLASH_WGMMA_REGS_##C "}, {%" #C ", %" #C1 \
     ", %" #C2 ", %" #C3 "}, %" #C4 ", p, 1, 1, " #TRANS_B ";\n}\n"
+// e4m3 has no transposed forms: both operands are K-major, and the A fragments hold four 8-bit
+// elements per register (the m16n8k32 A layout).
+#define FLASH_WGMMA_SS_E4M3_ASM(N, C, C1, C2)                                                            \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %" #C2 ", 0;\n"                                                     \
+    "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 {" FLASH_WGMMA_REGS_##C "}, %" #C ", %" #C1  \
+    ", p, 1, 1;\n}\n"
+#define FLASH_WGMMA_RS_E4M3_ASM(N, C, C1, C2, C3, C4, C5)                                                \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %" #C5 ", 0;\n"                                                     \
+    "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 {" FLASH_WGMMA_REGS_##C "}, {%" #C ", %" #C1 \
+    ", %" #C2 ", %" #C3 "}, %" #C4 ", p, 1, 1;\n}\n"
 #define FLASH_WGMMA_RS_CALL(N, C, C1, C2, C3, C4, C5, TYPE, TRANS_B)                                    \
     asm volatile(FLASH_WGMMA_RS_ASM(N, C, C1, C2, C3, C4, C5, TYPE, TRANS_B)                              \
                  : FLASH_WGMMA_ACC_##C(d)                                                                 \
@@ -202,16 +217,25 @@ struct Wgmma;
                 asm volatile(FLASH_WGMMA_SS_ASM(N, C, C1, C2, "f16")                                      \
                              : FLASH_WGMMA_ACC_##C(d)                                                     \
                              : "l"(a), "l"(b), "r"(accumulate));                                          \
+            else if constexpr (std::is_same_v<value_t, __nv_fp8_e4m3>)                                    \
+                asm volatile(FLASH_WGMMA_SS_E4M3_ASM(N, C, C1, C2)                                        \
+                             : FLASH_WGMMA_ACC_##C(d)                                                     \
+                             : "l"(a), "l"(b), "r"(accumulate));                                          \
             else                                                                                          \
                 asm volatile(FLASH_WGMMA_SS_ASM(N, C, C1, C2, "bf16")                                     \
                              : FLASH_WGMMA_ACC_##C(d)                                                     \
                              : "l"(a), "l"(b), "r"(accumulate));                                          \
         }                                                                                                 \
+        /* e4m3 takes B K-major alone (B_MN_MAJOR is ignored: its V operand is transposed already). */    \
         template <typename value_t, bool B_MN_MAJOR = true>                                               \
         static __device__ __forceinline__ void rs(float (&d)[C], const uint32_t (&a)[4], uint64_t b,     \
                                                   int accumulate) {                                       \
             constexpr bool fp16 = std::is_same_v<value_t, half>;                                          \
-            if constexpr (fp16 && B_MN_MAJOR)                                                             \
+            if constexpr (std::is_same_v<value_t, __nv_fp8_e4m3>)                                         \
+                asm volatile(FLASH_WGMMA_RS_E4M3_ASM(N, C, C1, C2, C3, C4, C5)                            \
+                             : FLASH_WGMMA_ACC_##C(d)                                                     \
+                             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));      \
+            else if constexpr (fp16 && B_MN_MAJOR)                                                        \
                 FLASH_WGMMA_RS_CALL(N, C, C1, C2, C3, C4, C5, "f16", 1);                                  \
             else if constexpr (fp16)                                                                      \
                 FLASH_WGMMA_RS_CALL(N, C, C1, C2, C3, C4, C5, "f16", 0);                                  \

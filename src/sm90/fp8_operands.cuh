@@ -1,0 +1,141 @@
+// The operands of P V with e4m3 inputs. The 8-bit wgmma takes B K-major only, but V arrives with
+// its keys as rows (each key's d_head values contiguous): the producer warpgroup's other warps
+// transpose each V tile in shared memory (VTransposer) into d_head rows of B_c keys. P comes from
+// the S accumulators in registers, where a thread holds keys 2t, 2t + 1 of each 8-key column tile
+// (t = lane % 4), while the m16n8k32 A layout wants keys 4t .. 4t + 3 of each 16: rather than
+// exchange values between lanes, the transposed tile stores the keys of each 16 in the order the
+// registers hold them, and P packs its registers as they are (probabilities_to_e4m3): in a
+// register of P's A fragment the four slots 4t .. 4t + 3 of a 16-key group hold keys 2t, 2t + 1
+// (the left accumulator tile's pair) and 2t + 8, 2t + 9 (the right one's).
+// Also here: the inputs' dequantisation factors (descale_at).
+#pragma once
+
+#include <cstdint>
+
+#include "common/common.h"
+#include "common/forward_params.h"
+#include "common/fragments.cuh"
+#include "sm90/shared_tiles.cuh"
+#include "sm90/tma.cuh"
+
+namespace flash::sm90 {
+
+// Four floats as e4m3 (round to nearest, saturated at 448) in one register, a in the lowest byte.
+__device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float d) {
+    uint32_t packed;
+    // cvt puts its first source in the upper byte of each 16-bit half.
+    asm("{\n.reg .b16 lo, hi;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+        "mov.b32 %0, {lo, hi};\n}\n"
+        : "=r"(packed)
+        : "f"(a), "f"(b), "f"(c), "f"(d));
+    return packed;
+}
+
+// P (one warp's 16 rows of probabilities, as S's accumulators) as the A fragments of P V, 32 keys
+// per k-slice: registers 0 and 1 rows lane / 4 and lane / 4 + 8 of the slice's first 16 keys,
+// registers 2 and 3 of its last 16, each the thread's pairs of two neighbouring 8-key tiles.
+template <int N_tiles>
+__device__ __forceinline__ void probabilities_to_e4m3(FragmentsA<1, N_tiles / 4> &P, const Accumulators<1, N_tiles> &S) {
+#pragma unroll
+    for (int kk = 0; kk < N_tiles / 4; ++kk)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const float(&left)[4] = S.r[0][4 * kk + 2 * half];
+            const float(&right)[4] = S.r[0][4 * kk + 2 * half + 1];
+            P.r[0][kk][2 * half] = pack_e4m3x4(left[0], left[1], right[0], right[1]);
+            P.r[0][kk][2 * half + 1] = pack_e4m3x4(left[2], left[3], right[2], right[3]);
+        }
+}
+
+// The factor of (batch, kv head) of one input; 1 without factors.
+__device__ __forceinline__ float descale_at(const Descale &descale, int batch, int kv_head) {
+    return descale.data == nullptr ? 1.0f : descale.data[batch * descale.batch_stride + kv_head * descale.head_stride];
+}
+
+// The warps of the producer warpgroup after its first: each V tile the producer loads, in the order
+// it loads them, once it has landed and its stage's transposed tile has been released, goes into
+// that tile as d_head rows of B_c keys (each 16 keys in P's register order), swizzled as the wgmma's
+// K-major B operand. The producer ends the stream by arriving on the next stage's V barrier
+// without bytes, having written how many tiles it loaded in that stage's word (SharedTiles::V_stream_end).
+//
+// A warp's unit is 16 keys by 32 columns: lane (t, q) = (lane % 4, lane / 4) reads 4 bytes (columns
+// 4q .. 4q + 3) of each of the keys 2t, 2t + 1, 2t + 8 and 2t + 9 (one slot word's keys), and
+// writes a word to each of those columns' rows. Reads are free of bank conflicts: 8 chunks by 4
+// words at the 128-byte swizzle. So are writes: lane q writes its four rows in a rotated order, so
+// that the 8 rows one store writes cover every chunk of the swizzle.
+template <typename Kernel>
+struct VTransposer {
+    using Swizzle = typename Kernel::Swizzle;
+    using Vt_Swizzle = typename Kernel::Vt_Swizzle;
+    static constexpr int key_groups = Kernel::B_c / 16;
+    static constexpr int units = key_groups * (Kernel::d_head / 32);
+
+    const SharedTiles<Kernel> &smem;
+
+    __device__ __forceinline__ void run() const {
+        const int warp = threadIdx.x / WARP_SIZE - 1;
+        const int lane = threadIdx.x % WARP_SIZE;
+        const int t = lane % 4;
+        const int q = lane / 4;
+        const int rotation = q / 2 % 4;
+        // byte_permute selectors: output word i is column (i + rotation) % 4 of the four keys.
+        uint32_t selector[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t column = (i + rotation) % 4;
+            selector[i] = column | (column + 4) << 4;
+        }
+        for (int n = 0;; ++n) {
+            const int stage = n % Kernel::stages;
+            const uint32_t parity = n / Kernel::stages % 2;
+            mbarrier_wait(smem.V_full(stage), parity);
+            // Read by the lane that releases the stage, so that the read precedes the release in
+            // its own program order.
+            if (__shfl_sync(FULL_WARP_MASK, lane == 0 ? *smem.V_stream_end(stage) : 0, 0) == n)
+                return;
+            mbarrier_wait(smem.Vt_empty(stage), parity ^ 1);
+            const uint8_t *const V = smem.V(stage);
+            uint8_t *const Vt = smem.Vt(stage);
+            for (int unit = warp; unit < units; unit += Kernel::transposer_warps) {
+                const int group = unit % key_groups;
+                const int column = unit / key_groups * 32 + 4 * q;
+                uint32_t keys[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    keys[e] = *reinterpret_cast<const uint32_t *>(V + tile_offset(16 * group + 2 * t + e % 2 + 8 * (e / 2), column));
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const uint32_t word = byte_permute(byte_permute(keys[0], keys[1], selector[i]),
+                                                       byte_permute(keys[2], keys[3], selector[i]), 0x5410);
+                    *reinterpret_cast<uint32_t *>(Vt + transposed_offset(column + (i + rotation) % 4, 16 * group + 4 * t)) = word;
+                }
+            }
+            fence_async_shared(); // the wgmma reads the tile through the async proxy
+            __syncwarp();
+            if (lane == 0) {
+                mbarrier_arrive(smem.Vt_full(stage));
+                mbarrier_arrive(smem.V_empty(stage));
+            }
+        }
+    }
+
+  private:
+    // The byte offset of (row, column) in a V tile as TMA writes it, and in a transposed tile.
+    __device__ __forceinline__ static int tile_offset(int row, int column) {
+        return column / Swizzle::bytes * Kernel::KV_col_block_bytes + row * Swizzle::bytes +
+               Swizzle::chunk_in_row(row, column % Swizzle::bytes / COPY_BYTES) * COPY_BYTES + column % COPY_BYTES;
+    }
+    __device__ __forceinline__ static int transposed_offset(int row, int slot) {
+        return row * Vt_Swizzle::bytes + Vt_Swizzle::chunk_in_row(row, slot / COPY_BYTES) * COPY_BYTES + slot % COPY_BYTES;
+    }
+    // Bytes of a (low) and b (high), 0 .. 7, picked by the selector's four nibbles.
+    __device__ __forceinline__ static uint32_t byte_permute(uint32_t a, uint32_t b, uint32_t selector) {
+        uint32_t picked;
+        asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(picked) : "r"(a), "r"(b), "r"(selector));
+        return picked;
+    }
+};
+
+} // namespace flash::sm90
