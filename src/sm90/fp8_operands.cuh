@@ -60,32 +60,35 @@ __device__ __forceinline__ float descale_at(const Descale &descale, int batch, i
 // K-major B operand. The producer ends the stream by arriving on the next stage's V barrier
 // without bytes, having written how many tiles it loaded in that stage's word (SharedTiles::V_stream_end).
 //
-// A warp's unit is 16 keys by 32 columns: lane (t, q) = (lane % 4, lane / 4) reads 4 bytes (columns
-// 4q .. 4q + 3) of each of the keys 2t, 2t + 1, 2t + 8 and 2t + 9 (one slot word's keys), and
-// writes a word to each of those columns' rows. Reads are free of bank conflicts: 8 chunks by 4
-// words at the 128-byte swizzle. So are writes: lane q writes its four rows in a rotated order, so
-// that the 8 rows one store writes cover every chunk of the swizzle.
+// A warp's unit is 16 keys of each of 32 / lanes_per_row key groups by one column block of V's
+// tile: a lane reads 4 bytes (4 columns) of each of its group's 16 keys, one row per load (so a
+// warp's load reads whole rows: no bank conflicts at the 128-byte swizzle), and writes each column's
+// 16 keys as one 16-byte chunk of that column's row of the transposed tile. Neighbouring lanes
+// write their four rows in rotated orders, so that the 8 rows a quarter of the warp writes at once
+// cover every chunk of the swizzle.
 template <typename Kernel>
 struct VTransposer {
     using Swizzle = typename Kernel::Swizzle;
     using Vt_Swizzle = typename Kernel::Vt_Swizzle;
-    static constexpr int key_groups = Kernel::B_c / 16;
-    static constexpr int units = key_groups * (Kernel::d_head / 32);
+    static constexpr int lanes_per_row = Swizzle::bytes / 4; // of one column block
+    static constexpr int groups_per_unit = WARP_SIZE / lanes_per_row;
+    static constexpr int unit_groups = Kernel::B_c / 16 / groups_per_unit;
+    static constexpr int units = unit_groups * Kernel::col_blocks;
 
     const SharedTiles<Kernel> &smem;
 
     __device__ __forceinline__ void run() const {
         const int warp = threadIdx.x / WARP_SIZE - 1;
         const int lane = threadIdx.x % WARP_SIZE;
-        const int t = lane % 4;
-        const int q = lane / 4;
-        const int rotation = q / 2 % 4;
-        // byte_permute selectors: output word i is column (i + rotation) % 4 of the four keys.
+        const int column = 4 * (lane % lanes_per_row); // of the lane's four, in its column block
+        const int sub_group = lane / lanes_per_row;
+        const int rotation = lane / 2 % 4;
+        // byte_permute selectors: the lane's i-th store is of column (i + rotation) % 4.
         uint32_t selector[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const uint32_t column = (i + rotation) % 4;
-            selector[i] = column | (column + 4) << 4;
+            const uint32_t byte = (i + rotation) % 4;
+            selector[i] = byte | (byte + 4) << 4;
         }
         for (int n = 0;; ++n) {
             const int stage = n % Kernel::stages;
@@ -98,18 +101,30 @@ struct VTransposer {
             mbarrier_wait(smem.Vt_empty(stage), parity ^ 1);
             const uint8_t *const V = smem.V(stage);
             uint8_t *const Vt = smem.Vt(stage);
+            // One unit at a time: the producer warpgroup keeps few registers.
+#pragma unroll 1
             for (int unit = warp; unit < units; unit += Kernel::transposer_warps) {
-                const int group = unit % key_groups;
-                const int column = unit / key_groups * 32 + 4 * q;
-                uint32_t keys[4];
+                const int group = unit % unit_groups * groups_per_unit + sub_group;
+                const int block = unit / unit_groups;
+                uint32_t keys[16];
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    keys[e] = *reinterpret_cast<const uint32_t *>(V + tile_offset(16 * group + 2 * t + e % 2 + 8 * (e / 2), column));
+                for (int k = 0; k < 16; ++k) {
+                    const int row = 16 * group + k;
+                    keys[k] = *reinterpret_cast<const uint32_t *>(
+                        V + block * Kernel::KV_col_block_bytes + row * Swizzle::bytes +
+                        Swizzle::chunk_in_row(row, column / COPY_BYTES) * COPY_BYTES + column % COPY_BYTES);
+                }
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const uint32_t word = byte_permute(byte_permute(keys[0], keys[1], selector[i]),
-                                                       byte_permute(keys[2], keys[3], selector[i]), 0x5410);
-                    *reinterpret_cast<uint32_t *>(Vt + transposed_offset(column + (i + rotation) % 4, 16 * group + 4 * t)) = word;
+                    // Slot word w holds keys 2w, 2w + 1, 2w + 8 and 2w + 9.
+                    uint32_t chunk[4];
+#pragma unroll
+                    for (int w = 0; w < 4; ++w)
+                        chunk[w] = byte_permute(byte_permute(keys[2 * w], keys[2 * w + 1], selector[i]),
+                                                byte_permute(keys[2 * w + 8], keys[2 * w + 9], selector[i]), 0x5410);
+                    const int row = block * Swizzle::cols + column + (i + rotation) % 4;
+                    *reinterpret_cast<uint4 *>(Vt + row * Vt_Swizzle::bytes + Vt_Swizzle::chunk_in_row(row, group) * COPY_BYTES) =
+                        make_uint4(chunk[0], chunk[1], chunk[2], chunk[3]);
                 }
             }
             fence_async_shared(); // the wgmma reads the tile through the async proxy
@@ -122,14 +137,6 @@ struct VTransposer {
     }
 
   private:
-    // The byte offset of (row, column) in a V tile as TMA writes it, and in a transposed tile.
-    __device__ __forceinline__ static int tile_offset(int row, int column) {
-        return column / Swizzle::bytes * Kernel::KV_col_block_bytes + row * Swizzle::bytes +
-               Swizzle::chunk_in_row(row, column % Swizzle::bytes / COPY_BYTES) * COPY_BYTES + column % COPY_BYTES;
-    }
-    __device__ __forceinline__ static int transposed_offset(int row, int slot) {
-        return row * Vt_Swizzle::bytes + Vt_Swizzle::chunk_in_row(row, slot / COPY_BYTES) * COPY_BYTES + slot % COPY_BYTES;
-    }
     // Bytes of a (low) and b (high), 0 .. 7, picked by the selector's four nibbles.
     __device__ __forceinline__ static uint32_t byte_permute(uint32_t a, uint32_t b, uint32_t selector) {
         uint32_t picked;
