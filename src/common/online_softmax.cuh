@@ -213,7 +213,9 @@ struct OnlineSoftmax {
     template <int N_tiles>
     static __device__ __forceinline__ float exponentiate_row_folded(float (&s)[N_tiles][4], int h, float reference_max,
                                                                     float scale_log2) {
-        const float exponent_offset = P_LOG2_BIAS - reference_max * scale_log2;
+        float exponent_offset = -reference_max * scale_log2;
+        if constexpr (P_LOG2_BIAS != 0)
+            exponent_offset += P_LOG2_BIAS;
         float lane_sum = 0.0f;
 #pragma unroll
         for (int n = 0; n < N_tiles; ++n)
