@@ -4,6 +4,8 @@
 // registered here with the dispatcher so that traced and compiled code calls them without Python.
 // Each decodes its arguments and runs binding/forward.h's call (or kvcache_append.h's). They hold no kernel code and no launch geometry: those are the families'.
 #include <cstdint>
+#include <exception>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <utility>
@@ -20,6 +22,7 @@
 #include "binding/dispatch.h"
 #include "binding/families.h"
 #include "binding/forward.h"
+#include "binding/fp8.h"
 #include "binding/kvcache_append.h"
 #include "binding/problem.h"
 #include "common/cuda_utils.cuh"
@@ -42,16 +45,18 @@ py::tuple forward(py::handle kernel_cfg, py::handle q, py::handle k, py::handle 
                   py::handle alibi_slopes, bool return_lse, bool heads_first, py::handle cu_seqlens_q,
                   py::handle cu_seqlens_k, py::handle max_seqlen_q, py::handle max_seqlen_k, py::handle seqused_q,
                   py::handle seqused_k, py::handle leftpad_q, py::handle leftpad_k, py::handle kv_batch_idx,
-                  py::handle block_table, py::handle num_splits) {
+                  py::handle block_table, py::handle num_splits, py::handle q_descale, py::handle k_descale,
+                  py::handle v_descale, py::handle out_dtype) {
     // The configuration and the other arguments first: a bad one is named whatever the tensors are.
     const std::optional<AnyConfig> named = kernel_cfg.is_none() ? std::nullopt : std::optional(config_from_python(kernel_cfg));
     const int splits = num_splits_argument(num_splits, named.has_value());
     const ProblemArguments args = problem_arguments(causal, softmax_scale, window_size, softcap, alibi_slopes);
     const SequenceArguments sequences = sequence_arguments(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
                                                            seqused_k, leftpad_q, leftpad_k, kv_batch_idx, block_table);
+    const Fp8Arguments fp8 = fp8_arguments(q_descale, k_descale, v_descale, out_dtype);
     const std::optional<at::Tensor> o_given = optional_tensor(o, "o");
     const ForwardResult result = run_forward(named, tensor_argument(q, "q"), tensor_argument(k, "k"), tensor_argument(v, "v"),
-                                             o_given, args, sequences, return_lse, benchmark, heads_first, splits);
+                                             o_given, args, sequences, fp8, return_lse, benchmark, heads_first, splits);
     return py::make_tuple(result.o, optional(return_lse, py::cast(result.lse)),
                           optional(benchmark, py::float_(result.runtime_ms.value_or(0.0f))));
 }
@@ -76,6 +81,7 @@ py::tuple choose_kernel(py::handle q_obj, py::handle k_obj, bool causal, py::han
     at::Tensor q = tensor_argument(q_obj, "q");
     at::Tensor k = tensor_argument(k_obj, "k");
     at::Tensor v = k;
+    check_e4m3_runs(q, sequences);
     to_batch_layout(sequences, q, k, v);
     const GroupedQueryPacking packing(q, k, v, std::nullopt, args, sequences);
     if (packing.active())
@@ -172,7 +178,8 @@ py::dict kernel_attributes(py::handle kernel_cfg) {
 
 // Raised where autograd would need the backward pass there is not yet.
 constexpr const char *MISSING_BACKWARD =
-    "flash_attention has no backward pass yet, and q, k or v requires grad with grad mode on: "
+    "flash_attention has no backward pass yet, and an input (q, k, v, alibi_slopes or a descale) requires grad with "
+    "grad mode on: "
     "run the forward under torch.no_grad() or torch.inference_mode(), or pass detached tensors";
 
 // The configuration of a short form: parsed and checked once per string by Python
@@ -219,11 +226,16 @@ void ensure_dispatch_tables() {
 #define FLASH_SEQUENCE_ARGUMENTS                                                                                    \
     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, leftpad_q, leftpad_k, kv_batch_idx, \
         block_table
+// Then e4m3 inputs' descales and the output's dtype (binding/fp8.h).
+#define FLASH_FP8_PARAMETERS                                                                                        \
+    const std::optional<at::Tensor> &q_descale, const std::optional<at::Tensor> &k_descale,                         \
+        const std::optional<at::Tensor> &v_descale, std::optional<at::ScalarType> out_dtype
+#define FLASH_FP8_ARGUMENTS q_descale, k_descale, v_descale, out_dtype
 
 ForwardResult run_operator(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, c10::string_view config,
                            bool causal, std::optional<double> softmax_scale, at::IntArrayRef window_size, double softcap,
                            const std::optional<at::Tensor> &alibi_slopes, bool return_lse, const std::optional<at::Tensor> &o,
-                           const SequenceArguments &sequences, std::optional<int64_t> num_splits) {
+                           const SequenceArguments &sequences, std::optional<int64_t> num_splits, const Fp8Arguments &fp8) {
     if (window_size.size() != 2)
         throw py::type_error("window_size: expected a pair (left, right) of ints, got " + std::to_string(window_size.size()) +
                              " values");
@@ -233,7 +245,7 @@ ForwardResult run_operator(const at::Tensor &q, const at::Tensor &k, const at::T
     if (!named)
         ensure_dispatch_tables();
     const int splits = num_splits ? num_splits_value(*num_splits) : default_num_splits(named.has_value());
-    ForwardResult result = run_forward(named, q, k, v, o, args, sequences, return_lse, false, false, splits);
+    ForwardResult result = run_forward(named, q, k, v, o, args, sequences, fp8, return_lse, false, false, splits);
     if (!return_lse)
         result.lse = at::empty({0}, q.options().dtype(at::kFloat));
     return result;
@@ -243,24 +255,28 @@ std::tuple<at::Tensor, at::Tensor> forward_operator(const at::Tensor &q, const a
                                                     c10::string_view config, bool causal, std::optional<double> softmax_scale,
                                                     at::IntArrayRef window_size, double softcap,
                                                     const std::optional<at::Tensor> &alibi_slopes, bool return_lse,
-                                                    FLASH_SEQUENCE_PARAMETERS) {
+                                                    FLASH_SEQUENCE_PARAMETERS, FLASH_FP8_PARAMETERS) {
     ForwardResult result = run_operator(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse,
-                                        std::nullopt, SequenceArguments{FLASH_SEQUENCE_ARGUMENTS}, num_splits);
+                                        std::nullopt, SequenceArguments{FLASH_SEQUENCE_ARGUMENTS}, num_splits,
+                                        Fp8Arguments{FLASH_FP8_ARGUMENTS});
     return {std::move(result.o), std::move(result.lse)};
 }
 
 at::Tensor forward_out_operator(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, c10::string_view config,
                                 bool causal, std::optional<double> softmax_scale, at::IntArrayRef window_size,
                                 double softcap, const std::optional<at::Tensor> &alibi_slopes, bool return_lse,
-                                at::Tensor &o, FLASH_SEQUENCE_PARAMETERS) {
+                                at::Tensor &o, FLASH_SEQUENCE_PARAMETERS, FLASH_FP8_PARAMETERS) {
     return run_operator(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, o,
-                        SequenceArguments{FLASH_SEQUENCE_ARGUMENTS}, num_splits)
+                        SequenceArguments{FLASH_SEQUENCE_ARGUMENTS}, num_splits, Fp8Arguments{FLASH_FP8_ARGUMENTS})
         .lse;
 }
 
-void check_no_grad(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const std::optional<at::Tensor> &alibi_slopes) {
-    const bool needs_grad = q.requires_grad() || k.requires_grad() || v.requires_grad() ||
-                            (alibi_slopes && alibi_slopes->requires_grad());
+// The optional tensors: alibi_slopes and the descales.
+void check_no_grad(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                   std::initializer_list<const std::optional<at::Tensor> *> optional) {
+    bool needs_grad = q.requires_grad() || k.requires_grad() || v.requires_grad();
+    for (const std::optional<at::Tensor> *t : optional)
+        needs_grad = needs_grad || (*t && (*t)->requires_grad());
     TORCH_CHECK_NOT_IMPLEMENTED(!(at::GradMode::is_enabled() && needs_grad), MISSING_BACKWARD);
 }
 
@@ -271,21 +287,21 @@ std::tuple<at::Tensor, at::Tensor> forward_autograd(const at::Tensor &q, const a
                                                     c10::string_view config, bool causal, std::optional<double> softmax_scale,
                                                     at::IntArrayRef window_size, double softcap,
                                                     const std::optional<at::Tensor> &alibi_slopes, bool return_lse,
-                                                    FLASH_SEQUENCE_PARAMETERS) {
-    check_no_grad(q, k, v, alibi_slopes);
+                                                    FLASH_SEQUENCE_PARAMETERS, FLASH_FP8_PARAMETERS) {
+    check_no_grad(q, k, v, {&alibi_slopes, &q_descale, &k_descale, &v_descale});
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("flash_attention::forward", "")
                                .typed<decltype(forward_operator)>();
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     return op.call(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse,
-                   FLASH_SEQUENCE_ARGUMENTS, num_splits);
+                   FLASH_SEQUENCE_ARGUMENTS, num_splits, FLASH_FP8_ARGUMENTS);
 }
 
 at::Tensor forward_out_autograd(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, c10::string_view config,
                                 bool causal, std::optional<double> softmax_scale, at::IntArrayRef window_size,
                                 double softcap, const std::optional<at::Tensor> &alibi_slopes, bool return_lse,
-                                at::Tensor &o, FLASH_SEQUENCE_PARAMETERS) {
-    check_no_grad(q, k, v, alibi_slopes);
+                                at::Tensor &o, FLASH_SEQUENCE_PARAMETERS, FLASH_FP8_PARAMETERS) {
+    check_no_grad(q, k, v, {&alibi_slopes, &q_descale, &k_descale, &v_descale});
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("flash_attention::forward_out", "")
                                .typed<decltype(forward_out_operator)>();
@@ -293,7 +309,7 @@ at::Tensor forward_out_autograd(const at::Tensor &q, const at::Tensor &k, const 
     {
         const at::AutoDispatchBelowADInplaceOrView below_autograd;
         lse = op.call(q, k, v, config, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, o,
-                      FLASH_SEQUENCE_ARGUMENTS, num_splits);
+                      FLASH_SEQUENCE_ARGUMENTS, num_splits, FLASH_FP8_ARGUMENTS);
     }
     torch::autograd::impl::bump_version(o);
     return lse;
@@ -301,6 +317,8 @@ at::Tensor forward_out_autograd(const at::Tensor &q, const at::Tensor &k, const 
 
 #undef FLASH_SEQUENCE_PARAMETERS
 #undef FLASH_SEQUENCE_ARGUMENTS
+#undef FLASH_FP8_PARAMETERS
+#undef FLASH_FP8_ARGUMENTS
 
 // flash_attention::append_to_cache: k_cache and v_cache are written in place (declared so in its
 // schema).
@@ -339,11 +357,13 @@ at::Tensor append_autograd(FLASH_APPEND_PARAMETERS) {
 } // namespace
 } // namespace flash::binding
 
-// The per-sequence arguments and num_splits of both operators, at the end of their schemas.
+// The per-sequence arguments, num_splits, and e4m3 inputs' descales and output dtype of both
+// operators, at the end of their schemas.
 #define FLASH_SEQUENCE_SCHEMA                                                                                           \
     "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None, "          \
     "Tensor? seqused_q=None, Tensor? seqused_k=None, Tensor? leftpad_q=None, Tensor? leftpad_k=None, "                   \
-    "Tensor? kv_batch_idx=None, Tensor? block_table=None, int? num_splits=None"
+    "Tensor? kv_batch_idx=None, Tensor? block_table=None, int? num_splits=None, "                                         \
+    "Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None, ScalarType? out_dtype=None"
 
 TORCH_LIBRARY(flash_attention, m) {
     m.def("forward(Tensor q, Tensor k, Tensor v, str config, bool causal, float? softmax_scale, int[] window_size, "
@@ -376,6 +396,16 @@ TORCH_LIBRARY_IMPL(flash_attention, Autograd, m) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     namespace binding = flash::binding;
     m.doc() = "FlashAttention-2 forward kernels written from scratch, one per compiled configuration.";
+    // What the calls do not implement (TORCH_CHECK_NOT_IMPLEMENTED) raises NotImplementedError here too,
+    // as it does through the torch operators.
+    py::register_local_exception_translator([](std::exception_ptr raised) {
+        try {
+            if (raised)
+                std::rethrow_exception(raised);
+        } catch (const c10::NotImplementedError &error) {
+            PyErr_SetString(PyExc_NotImplementedError, error.what_without_backtrace());
+        }
+    });
     m.def("forward", &binding::forward, py::arg("kernel_cfg"), py::arg("q"), py::arg("k"), py::arg("v"),
           py::arg("o") = py::none(), py::arg("benchmark") = false, py::arg("causal") = false,
           py::arg("softmax_scale") = py::none(), py::arg("window_size") = py::make_tuple(-1, -1),
@@ -384,11 +414,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("max_seqlen_q") = py::none(), py::arg("max_seqlen_k") = py::none(), py::arg("seqused_q") = py::none(),
           py::arg("seqused_k") = py::none(), py::arg("leftpad_q") = py::none(), py::arg("leftpad_k") = py::none(),
           py::arg("kv_batch_idx") = py::none(), py::arg("block_table") = py::none(), py::arg("num_splits") = py::none(),
+          py::arg("q_descale") = py::none(), py::arg("k_descale") = py::none(), py::arg("v_descale") = py::none(),
+          py::arg("out_dtype") = py::none(),
           "forward(kernel_cfg, q, k, v, o=None, benchmark=False, causal=False, softmax_scale=None, "
           "window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_lse=False, heads_first=False, "
           "cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_q=None, "
-          "seqused_k=None, leftpad_q=None, leftpad_k=None, kv_batch_idx=None, block_table=None, num_splits=None) -> "
-          "(o, lse or None, runtime_ms or None)\n\n"
+          "seqused_k=None, leftpad_q=None, leftpad_k=None, kv_batch_idx=None, block_table=None, num_splits=None, "
+          "q_descale=None, k_descale=None, v_descale=None, out_dtype=None) -> (o, lse or None, runtime_ms or None)\n\n"
           "Attention (FlashAttention-2's semantics) with the kernel compiled for kernel_cfg (None: chosen from the "
           "dispatch tables) and the problem's variant, launched on the current stream; with benchmark=True also "
           "returns its run time in milliseconds. q, k, v and o are (batch, seq, heads, d_head), or with "
@@ -398,7 +430,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "each slot, from leftpad (int32, batch) on. kv_batch_idx (int32, batch): the entry of k and v sequence b "
           "reads. block_table (int32, (batch, pages_per_sequence)): k and v are pages (num_pages, page_size, "
           "heads_kv, d_head), sequence b's key j in page block_table[b, j // page_size]. num_splits: how many blocks share each query block's keys "
-          "(0: the heuristic's count; None: 1 with kernel_cfg, 0 without).");
+          "(0: the heuristic's count; None: 1 with kernel_cfg, 0 without). float8_e4m3fn q, k and v (dense calls on "
+          "sm_90 only) are dequantised by q_descale, k_descale and v_descale (float32, (batch, heads_kv); None: 1), and "
+          "o is out_dtype (torch.float16 or torch.bfloat16; None: bfloat16); 16-bit inputs take neither.");
     m.def("append_to_cache", &binding::append_to_cache, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("k"),
           py::arg("v"), py::arg("cache_seqlens"), py::arg("cache_batch_idx"), py::arg("block_table"), py::arg("rotary_cos"),
           py::arg("rotary_sin"), py::arg("rotary_interleaved"), py::arg("q_per_token"),

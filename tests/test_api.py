@@ -279,7 +279,7 @@ def test_choice_respects_the_architectures_shared_memory():
 
 
 def test_choice_rejects_what_no_kernel_runs():
-    with pytest.raises(TypeError, match="q: dtype must be float16 or bfloat16"):
+    with pytest.raises(TypeError, match="q: dtype must be float16, bfloat16 or float8_e4m3fn, got Float"):
         flash_attention.choose_config(_meta((1, 8, 1, 64), torch.float32), _meta((1, 8, 1, 64)), arch="sm_90")
     with pytest.raises(ValueError, match="d_head 264"):
         flash_attention.choose_config(_meta((1, 8, 1, 264)), _meta((1, 8, 1, 264)), arch="sm_90")

@@ -11,6 +11,10 @@ Without a configuration, one is chosen per call from the tuned dispatch table
 Batches of sequences of different lengths (cu_seqlens, seqused, leftpad) run the varlen kernels;
 their contents are not read (the kernels clamp what breaks the rules), except under
 FLASH_ATTENTION_CHECK_SEQLENS=1 (flash_attention.sequence_checks).
+
+FP8 inputs (torch.float8_e4m3fn q, k and v, FlashAttention-3's q_descale, k_descale, v_descale and
+a 16-bit output) run forward and flash_attn_func's dense calls on the Hopper family's kernels
+(sm_90); the varlen, KV cache and SDPA entry points take 16-bit inputs only.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 from flash_helpers.families import FAMILIES
 
 from . import ops, sequence_checks
+from .fp8 import DESCALES, fp8_arguments
 from .kernels import cached_config
 from .ops import check_no_grad
 from .sequences import MAX_SEQLEN_ARGUMENTS, sequence_arguments
@@ -63,6 +68,10 @@ def forward(
     kv_batch_idx=None,
     block_table=None,
     num_splits=None,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
+    out_dtype=None,
 ):
     """Attention with FlashAttention-2's semantics; returns o, or (o, lse) with return_lse.
 
@@ -110,6 +119,18 @@ def forward(
     many keys: decoding), their partial results merged by a combine kernel; 0 lets a heuristic
     choose from the shapes, None (the default) runs cfg whole (1). Only the SM80 family's kernels
     split, with their varlen variant.
+
+    FP8 (FlashAttention-3's): q, k and v all torch.float8_e4m3fn run on the Hopper family's E4M3
+    configurations (sm_90 only; d_head up to 256, served by the compiled E4M3 head sizes, 64, 128
+    and 256 in a default build), dense calls only (the per-sequence arguments and num_splits > 1
+    raise NotImplementedError). The values attended are query head h's times
+    q_descale[b, h // (heads_q // heads_kv)] and key/value head h's times k_descale[b, h] and
+    v_descale[b, h]: each descale a float32 tensor of shape (batch, heads_kv) on q's device, any
+    strides (an expanded scalar too), None meaning factors of 1. o is
+    out_dtype, torch.bfloat16 (the default) or torch.float16, and so must a given o be; lse is
+    float32 as always. Forward only: an input (or descale) that requires grad raises with grad mode
+    on. The descales and out_dtype are refused with 16-bit inputs (out_dtype may only repeat q's
+    dtype).
     """
     if cfg is not None and not isinstance(cfg, (str, *FAMILIES.values())):
         raise TypeError(
@@ -134,9 +155,10 @@ def forward(
             kv_batch_idx=kv_batch_idx,
             block_table=block_table,
         )
+    fp8 = fp8_arguments(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype)
     return _attention(
         cfg, q, k, v, o, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, sequences=sequences,
-        num_splits=num_splits,
+        num_splits=num_splits, fp8=fp8,
     )
 
 
@@ -155,19 +177,24 @@ def _attention(
     heads_first=False,
     sequences=None,
     num_splits=None,
+    fp8=None,
 ):
     """Runs a configuration or its short form (None: the automatic choice). A plain eager call goes
     straight to the extension, which checks every argument; anything else goes through the
     operators, which take the short form (and check it when the call runs). With heads_first, q, k,
     v and the output are (batch, heads, seq, d) (SDPA's layout; o must be None). ``sequences``: the
     per-sequence arguments given (sequences.sequence_arguments), None for a dense call. num_splits:
-    None for the extension's default (the heuristic's without a configuration, 1 with one)."""
+    None for the extension's default (the heuristic's without a configuration, 1 with one). ``fp8``:
+    the FP8 arguments given (fp8.fp8_arguments), None for none."""
     if sequences is not None and not torch.compiler.is_compiling() and sequence_checks.requested():
         sequence_checks.check_sequence_contents(q, k, sequences)
-    if _plain_eager((q, k, v, o, alibi_slopes), sequences):
-        check_no_grad(q, k, v, alibi_slopes)
+    descales = (None, None, None) if fp8 is None else tuple(fp8.get(name) for name in DESCALES)
+    if _plain_eager((q, k, v, o, alibi_slopes, *descales), sequences):
+        check_no_grad(q, k, v, alibi_slopes, *descales)
         cfg = None if cfg is None else cached_config(cfg)
-        args = (causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, heads_first, sequences, num_splits)
+        args = (
+            causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, heads_first, sequences, num_splits, fp8,
+        )  # fmt: skip
         out, lse = ops.launch(cfg, q, k, v, o, *args)
         if o is not None:
             torch.autograd.graph.increment_version(o)  # as forward_out's dispatch marks o written
@@ -175,11 +202,11 @@ def _attention(
     if heads_first:
         # The operators take our layout, (batch, seq, heads, d): the transposes are views.
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    _check_operator_arguments(q, k, v, o, softmax_scale, window_size, softcap, alibi_slopes, sequences)
+    _check_operator_arguments(q, k, v, o, softmax_scale, window_size, softcap, alibi_slopes, sequences, fp8)
     config = _AUTOMATIC if cfg is None else cfg if isinstance(cfg, str) else cfg.short_form()
     softmax_scale = None if softmax_scale is None else float(softmax_scale)
     args = (q, k, v, config, bool(causal), softmax_scale, list(window_size), float(softcap), alibi_slopes, bool(return_lse))
-    keywords = dict(sequences or {})
+    keywords = {**(sequences or {}), **(fp8 or {})}
     if num_splits is not None:
         if isinstance(num_splits, bool) or not isinstance(num_splits, int):
             raise TypeError(f"num_splits: expected an int, got {type(num_splits).__name__}")
@@ -212,14 +239,21 @@ def _plain_eager(tensors: tuple, sequences=None) -> bool:
     )
 
 
-def _check_operator_arguments(q, k, v, o, softmax_scale, window_size, softcap, alibi_slopes, sequences) -> None:
+def _check_operator_arguments(q, k, v, o, softmax_scale, window_size, softcap, alibi_slopes, sequences, fp8) -> None:
     """The operators' schema converts arguments with messages that name none of them: their types
     are checked here first, in the extension's words (the extension checks the values)."""
-    tensors = {"q": q, "k": k, "v": v, "o": o, "alibi_slopes": alibi_slopes}
+    fp8 = fp8 or {}
+    descales = {name: fp8.get(name) for name in DESCALES}
+    tensors = {"q": q, "k": k, "v": v, "o": o, "alibi_slopes": alibi_slopes, **descales}
     for name, tensor in tensors.items():
-        optional = name in ("o", "alibi_slopes")
+        optional = name not in ("q", "k", "v")
         if not (isinstance(tensor, torch.Tensor) or (optional and tensor is None)):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}")
+    out_dtype = fp8.get("out_dtype")
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        raise TypeError(
+            f"out_dtype: expected a torch.dtype (torch.bfloat16 or torch.float16), got {type(out_dtype).__name__}"
+        )
     numbers = {"softcap": softcap} if softmax_scale is None else {"softcap": softcap, "softmax_scale": softmax_scale}
     for name, value in numbers.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -248,6 +282,11 @@ def flash_attn_func(
     alibi_slopes=None,
     deterministic=False,
     return_attn_probs=False,
+    *,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
+    out_dtype=None,
 ):
     """FlashAttention-2's flash_attn_func: forward's semantics, the configuration chosen
     automatically. q is (batch, seqlen_q, heads_q, d); k and v are (batch, seqlen_k, heads_kv, d).
@@ -255,9 +294,16 @@ def flash_attn_func(
     Returns o, or with return_attn_probs (o, softmax_lse, None) as FlashAttention-2 does without
     dropout. The forward is deterministic whatever `deterministic` says (FlashAttention-2's flag
     is about its backward pass). dropout_p > 0 is not implemented and raises NotImplementedError.
+
+    FP8 (FlashAttention-3's keywords): q, k and v of torch.float8_e4m3fn, dequantised by q_descale,
+    k_descale and v_descale (float32, (batch, heads_kv); None: 1), give an o of out_dtype
+    (torch.bfloat16 by default, or torch.float16); on sm_90 only, forward only (forward's docstring
+    has the rules).
     """
+    fp8 = fp8_arguments(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype)
     return _flash_attn(
-        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs
+        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+        fp8=fp8,
     )
 
 
@@ -298,7 +344,8 @@ def flash_attn_varlen_func(
     return_attn_probs (o, softmax_lse, None), softmax_lse float32 (heads_q, total_q). Rows outside
     [cu_seqlens_q[0], cu_seqlens_q[-1]) are not written; with seqused, every row no sequence uses
     is 0. The contents of cu_seqlens and seqused are not read: FLASH_ATTENTION_CHECK_SEQLENS=1
-    checks them on every call (forward's docstring has the rules).
+    checks them on every call (forward's docstring has the rules). float8_e4m3fn inputs are not
+    supported yet (NotImplementedError): their kernels run dense calls only.
     """
     sequences = sequence_arguments(
         cu_seqlens_q=cu_seqlens_q,
@@ -328,6 +375,7 @@ def _flash_attn(
     deterministic,
     return_attn_probs,
     sequences=None,
+    fp8=None,
 ):
     """What FlashAttention-2's entry points share: no dropout, the automatic choice, and
     (o, lse, None) with return_attn_probs."""
@@ -335,7 +383,7 @@ def _flash_attn(
     del deterministic  # every call is deterministic
     result = _attention(
         None, q, k, v, None, causal, softmax_scale, window_size, softcap, alibi_slopes, return_attn_probs,
-        sequences=sequences,
+        sequences=sequences, fp8=fp8,
     )
     return (*result, None) if return_attn_probs else result
 
@@ -427,7 +475,8 @@ def scaled_dot_product_attention(
     corner, as PyTorch does: query i attends key j iff j <= i. attn_mask is accepted only where it
     changes nothing (a boolean mask that is all True, or an additive mask that is all zeros: this
     reads the mask, so it synchronizes); any other mask raises NotImplementedError. Returns
-    (batch, heads_q, seqlen_q, d).
+    (batch, heads_q, seqlen_q, d). float8_e4m3fn inputs raise NotImplementedError (flash_attn_func
+    takes them, with their descales).
 
     query, key and value may also be nested tensors of layout torch.jagged, (batch, heads, j, d)
     with the sequence dimension ragged, as PyTorch's SDPA takes them: each sequence is attended on
@@ -440,6 +489,13 @@ def scaled_dot_product_attention(
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors):
         name = next(n for n, t in zip(("query", "key", "value"), tensors) if not isinstance(t, torch.Tensor) or t.dim() != 4)
         raise ValueError(f"{name}: expected a 4-dimensional (batch, heads, seqlen, d) tensor")
+    for name, tensor in zip(("query", "key", "value"), tensors):
+        if tensor.dtype == torch.float8_e4m3fn:
+            raise NotImplementedError(
+                f"{name}: float8_e4m3fn inputs are not supported here (scaled_dot_product_attention takes no descales "
+                "or output dtype); call flash_attn_func with (batch, seq, heads, d) tensors and q_descale, k_descale, "
+                "v_descale and out_dtype"
+            )
     if query.is_nested or key.is_nested or value.is_nested:
         return _jagged_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     if query.shape[1] != key.shape[1] and not enable_gqa:

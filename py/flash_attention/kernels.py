@@ -98,15 +98,20 @@ def forward_timed(
     alibi_slopes=None,
     return_lse=False,
     num_splits=None,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
+    out_dtype=None,
     **sequences,
 ):
     """As flash_attention.forward, calling the extension directly, and also the kernels' run time in
     milliseconds (CUDA events, split and combine together; synchronizes): (o, runtime_ms), or (o,
     lse, runtime_ms) with return_lse. ``sequences`` are forward's per-sequence keywords
-    (cu_seqlens_q, ..., block_table)."""
+    (cu_seqlens_q, ..., block_table); the descales and out_dtype are forward's FP8 ones."""
     out, lse, runtime_ms = _C.forward(
         as_config(cfg), q, k, v, o, True, causal, softmax_scale, window_size, softcap, alibi_slopes, return_lse, False,
-        **sequence_arguments(**sequences), num_splits=num_splits,
+        **sequence_arguments(**sequences), num_splits=num_splits, q_descale=q_descale, k_descale=k_descale,
+        v_descale=v_descale, out_dtype=out_dtype,
     )
     return (out, lse, runtime_ms) if return_lse else (out, runtime_ms)
 

@@ -72,7 +72,8 @@ def flash_attn_with_kvcache(
     softmax_scale, causal, window_size, softcap and alibi_slopes are flash_attn_func's, aligned to
     each sequence's last key. num_splits: blocks sharing each query block's keys, 0 for the
     heuristic's count. Returns o (batch, seqlen_q, heads_q, d), and with return_softmax_lse also
-    lse (batch, heads_q, seqlen_q).
+    lse (batch, heads_q, seqlen_q). float8_e4m3fn inputs are not supported yet (NotImplementedError):
+    their kernels run dense calls only.
 
     """
     if block_table is not None and (cache_batch_idx is not None or cache_leftpad is not None):

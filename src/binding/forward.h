@@ -16,7 +16,9 @@
 
 #include "binding/arguments.h"
 #include "binding/dispatch.h"
+#include "binding/dtypes.h"
 #include "binding/families.h"
+#include "binding/fp8.h"
 #include "binding/grouped_query_packing.h"
 #include "binding/head_padding.h"
 #include "binding/problem.h"
@@ -29,10 +31,6 @@
 #include "split_kv/combine.h"
 
 namespace flash::binding {
-
-inline DType dtype_of(const at::Tensor &t) { return t.scalar_type() == at::kHalf ? DType::FP16 : DType::BF16; }
-
-inline const char *dtype_name(DType dtype) { return dtype == DType::FP16 ? "float16" : "bfloat16"; }
 
 inline std::string describe(const ProblemVariant &variant) {
     const char *masks[] = {"no mask", "a causal mask", "a local window"};
@@ -49,10 +47,12 @@ inline std::string arch_of(int capability) { return "sm_" + std::to_string(capab
 // dtype, and a head size it holds.
 inline void check_named_config(const AnyConfig &config, const at::Tensor &q, const ForwardParams &params) {
     visit_config(config, [&](auto, const auto &cfg) {
-        const at::ScalarType cfg_dtype = cfg.dtype == DType::FP16 ? at::kHalf : at::kBFloat16;
-        if (q.scalar_type() != cfg_dtype)
-            throw py::type_error("q: dtype " + dtype_str(q) + " does not match kernel_cfg.dtype (" +
-                                 std::string(c10::toString(cfg_dtype)) + ")");
+        if (q.scalar_type() != scalar_type_of(cfg.dtype))
+            throw py::type_error("q: dtype " + dtype_str(q) + " does not match kernel_cfg.dtype (" + torch_name(cfg.dtype) +
+                                 ")" +
+                                 (is_e4m3(q) ? "; float8_e4m3fn inputs run on the Hopper family's E4M3 configurations "
+                                               "(sm90(E4M3, ...), sm_90 only)"
+                                             : ""));
         if (params.d_head > cfg.d_head)
             throw py::value_error("q: d_head (last dimension) is " + std::to_string(params.d_head) +
                                   ", more than kernel_cfg.d_head (" + std::to_string(cfg.d_head) + ")");
@@ -110,7 +110,7 @@ inline std::string no_kernel_message(DType dtype, const ForwardParams &params, c
             reasons += "; " + Family::cannot_run_reason(gpu.capability);
     });
     std::string text = "q: no configuration compiled into this build (kernel set '" + std::string(compiled_kernel_set) +
-                       "') runs " + dtype_name(dtype) + " attention with d_head " + std::to_string(params.d_head) + " and " +
+                       "') runs " + torch_name(dtype) + " attention with d_head " + std::to_string(params.d_head) + " and " +
                        describe(ProblemVariant{problem.mask, false, problem.score_mods, problem.varlen}) + " on " +
                        arch_of(gpu.capability) +
                        " (" + std::to_string(gpu.smem_per_block) + " bytes of shared memory per block)";
@@ -174,12 +174,14 @@ struct ForwardResult {
 // not be given): the kernels read them through their strides as (batch, seq, heads, d_head) views.
 // With cu_seqlens they are (total, heads, d_head), seen as one batch entry, and lse is
 // (heads_q, total_q). num_splits: how many blocks share each query block's keys (split_kv.h): 0
-// lets the heuristic decide, 1 runs every call whole.
+// lets the heuristic decide, 1 runs every call whole. fp8: e4m3 inputs' descales and the output's
+// dtype (fp8.h).
 inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tensor q, at::Tensor k, at::Tensor v,
                                  std::optional<at::Tensor> o_given, const ProblemArguments &args,
-                                 const SequenceArguments &sequences, bool return_lse, bool benchmark, bool heads_first,
-                                 int num_splits) {
+                                 const SequenceArguments &sequences, const Fp8Arguments &fp8, bool return_lse,
+                                 bool benchmark, bool heads_first, int num_splits) {
     check_sequence_arguments(sequences, heads_first);
+    check_e4m3_runs(q, sequences);
     to_batch_layout(sequences, q, k, v);
     if (o_given && sequences.packed()) {
         if (o_given->dim() != 3)
@@ -198,7 +200,8 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     // (HeadPadding), with the call's softmax scale; the kernels read every other size in place.
     ProblemArguments problem_args = args;
     // Decoding with grouped heads runs packed (GroupedQueryPacking): checked in the call's layout,
-    // with o allocated in it first (o_call), so that a kernel reading grouped rows writes it in place.
+    // with o allocated in it first (o_call), so that a kernel reading grouped rows writes it in place
+    // (of q's dtype: e4m3 calls are not packed).
     const GroupedQueryPacking packing(q, k, v, o_given, args, sequences);
     std::optional<at::Tensor> o_call;
     if (packing.active()) {
@@ -211,12 +214,19 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     HeadPadding padding(q);
     if (!problem_args.softmax_scale && padding.call_d_head > 0)
         problem_args.softmax_scale = 1.0f / std::sqrt(static_cast<float>(padding.call_d_head));
-    if (padding.call_d_head % ELEMS_PER_COPY != 0)
-        padding.pad(q, k, v, (padding.call_d_head + ELEMS_PER_COPY - 1) / ELEMS_PER_COPY * ELEMS_PER_COPY);
+    const int64_t copy_elements = elements_per_copy(q);
+    if (padding.call_d_head % copy_elements != 0)
+        padding.pad(q, k, v, (padding.call_d_head + copy_elements - 1) / copy_elements * copy_elements);
     ForwardParams params{};
     const Problem problem = checked_problem(q, k, v, problem_args, sequences, true, params);
     if (packing.active())
         packing.pack_params(params);
+    const at::ScalarType o_dtype = output_dtype(q, fp8.out_dtype);
+    if (o_given)
+        check_output_dtype(*o_given, o_dtype, q);
+    const at::TensorOptions o_options = q.options().dtype(o_dtype);
+    params.o_dtype = dtype_of(o_dtype);
+    set_descales(fp8, q, params);
     const Gpu gpu = gpu_of(q);
     if (named)
         check_named_config(*named, q, params);
@@ -265,16 +275,16 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     at::Tensor &o = result.o;
     if (o_given && padding.copied) {
         padding.check_caller_output(*o_given);
-        o = at::empty(q.sizes(), q.options());
+        o = at::empty(q.sizes(), o_options);
     } else if (o_given) {
         o = *o_given;
         check_output(o, q, k, v);
     } else if (padding.copied) {
-        o = at::empty(q.sizes(), q.options());
+        o = at::empty(q.sizes(), o_options);
     } else if (heads_first) {
-        o = at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2);
+        o = at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, o_options).transpose(1, 2);
     } else {
-        o = at::empty(q.sizes(), q.options());
+        o = at::empty(q.sizes(), o_options);
     }
     // The kernel's rows and heads per batch entry, for lse's layout: q's, or packed (grouped rows
     // read in place).
@@ -368,7 +378,7 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     const auto run = [&] {
         launcher->launch(params, stream);
         if (split)
-            combine_splits(dtype_of(q), params, stream);
+            combine_splits(params.o_dtype, params, stream);
     };
     if (!benchmark) {
         run();

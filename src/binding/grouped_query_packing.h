@@ -12,7 +12,8 @@
 //
 // No ALiBi: a slope per query head would tell the rows of a query apart. A single query aligned to
 // the last key sees every key through a causal mask or a right window, so those run as no mask.
-// Calls with per-sequence query rows (cu_seqlens_q, seqused_q, leftpad_q) are not packed.
+// Calls with per-sequence query rows (cu_seqlens_q, seqused_q, leftpad_q) are not packed, nor are
+// e4m3 calls, which run on the Hopper family's kernels as they come (binding/fp8.h).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,7 @@
 
 #include <torch/extension.h>
 
+#include "binding/dtypes.h"
 #include "binding/problem.h"
 #include "binding/sequences.h"
 #include "common/forward_params.h"
@@ -45,7 +47,7 @@ struct GroupedQueryPacking {
                             q.scalar_type() == v.scalar_type() && q.device() == k.device() && q.device() == v.device();
         const bool query_rows_shared = !sequences.packed() && !sequences.seqused_q && !sequences.leftpad_q;
         const bool o_fits = !o_given || o_given->sizes() == q.sizes();
-        if (shapes && o_fits && query_rows_shared && !args.alibi_slopes) {
+        if (shapes && o_fits && query_rows_shared && !args.alibi_slopes && !is_e4m3(q)) {
             group = q.size(2) / k.size(2);
             queries = q.size(1);
         }

@@ -1,8 +1,9 @@
-// Head sizes that are not a multiple of 8 elements (16 bytes, the kernels' copy width, as 59 or
-// 111): those calls run on copies of q, k and v with zero columns up to the next multiple of 8, and
-// their output is the call's columns of the padded one. (Every other head size below the served
-// configuration's is read and written in place: the Hopper family's tensor maps end at the call's
-// d_head, the SM80 family's masked-tails copies predicate the columns past it.)
+// Head sizes that are not a multiple of 16 bytes, the kernels' copy width (8 elements of a 16-bit
+// type, as 59 or 111; 16 of e4m3, as 72): those calls run on copies of q, k and v with zero columns
+// up to the next multiple, and their output is the call's columns of the padded one. (Every other
+// head size below the served configuration's is read and written in place: the Hopper family's
+// tensor maps end at the call's d_head, the SM80 family's masked-tails copies predicate the columns
+// past it.)
 #pragma once
 
 #include <cstdint>
@@ -35,10 +36,10 @@ struct HeadPadding {
         copied = true;
     }
 
-    // An o given by the caller, where the kernel writes a padded one: the call's q's shape, dtype and
-    // device.
+    // An o given by the caller, where the kernel writes a padded one (its dtype checked by
+    // check_output_dtype): the call's q's shape and device.
     void check_caller_output(const at::Tensor &o) const {
-        check_device_and_dtype(o, "o", call_q);
+        check_same_device(o, "o", call_q);
         if (o.sizes() != call_q.sizes())
             throw py::value_error("o: shape " + shape_str(o) + " differs from q's " + shape_str(call_q) +
                                   "; o must have q's (batch, seqlen_q, heads_q, d_head) shape");

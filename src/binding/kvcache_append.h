@@ -12,6 +12,8 @@
 #include <torch/extension.h>
 
 #include "binding/arguments.h"
+#include "binding/dtypes.h"
+#include "binding/fp8.h"
 #include "binding/sequences.h"
 #include "common/forward_params.h"
 #include "kvcache/append.h"
@@ -39,6 +41,7 @@ inline at::Tensor append_to_cache(const at::Tensor &q, const at::Tensor &k_cache
                                   const at::Tensor &seqlens, const std::optional<at::Tensor> &batch_idx,
                                   const std::optional<at::Tensor> &block_table, const std::optional<at::Tensor> &rotary_cos,
                                   const std::optional<at::Tensor> &rotary_sin, bool interleaved, bool q_per_token) {
+    check_e4m3_runs(q, "flash_attn_with_kvcache's append to the cache");
     if (q.scalar_type() != at::kHalf && q.scalar_type() != at::kBFloat16)
         throw py::type_error("q: dtype must be float16 or bfloat16, got " + dtype_str(q));
     check_rows_tensor(q, "q", q);
@@ -120,7 +123,7 @@ inline at::Tensor append_to_cache(const at::Tensor &q, const at::Tensor &k_cache
     if (!q.is_cuda())
         throw py::value_error("q: expected a CUDA tensor, got a tensor on " + q.device().str());
     const c10::cuda::CUDAGuard guard(q.device());
-    flash::append_to_cache(q.scalar_type() == at::kHalf ? DType::FP16 : DType::BF16, params,
+    flash::append_to_cache(dtype_of(q), params,
                            at::cuda::getCurrentCUDAStream(q.device().index()).stream());
     return q_out;
 }

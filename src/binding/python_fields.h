@@ -46,10 +46,11 @@ inline bool field_from_python<bool>(py::handle cfg, const char *field) {
 template <>
 inline DType field_from_python<DType>(py::handle cfg, const char *field) {
     const int code = field_from_python<int>(cfg, field);
-    if (code != static_cast<int>(DType::FP16) && code != static_cast<int>(DType::BF16))
-        throw py::value_error(std::string("kernel_cfg.") + field + ": expected FP16 (5) or BF16 (15), got " +
-                              std::to_string(code));
-    return static_cast<DType>(code);
+    for (const DType dtype : {DType::FP16, DType::BF16, DType::E4M3})
+        if (code == static_cast<int>(dtype))
+            return dtype;
+    throw py::value_error(std::string("kernel_cfg.") + field + ": expected FP16 (5), BF16 (15) or E4M3 (24), got " +
+                          std::to_string(code));
 }
 
 inline py::object field_to_python(int value) { return py::int_(value); }
@@ -58,7 +59,18 @@ inline py::object field_to_python(DType value) { return py::int_(static_cast<int
 
 inline std::string field_text(int value) { return std::to_string(value); }
 inline std::string field_text(bool value) { return value ? "true" : "false"; }
-inline std::string field_text(DType value) { return value == DType::FP16 ? "FP16" : "BF16"; }
+// The short forms' names (flash_helpers.dtypes.DType's).
+inline std::string field_text(DType value) {
+    switch (value) {
+    case DType::FP16:
+        return "FP16";
+    case DType::BF16:
+        return "BF16";
+    case DType::E4M3:
+        return "E4M3";
+    }
+    return std::to_string(static_cast<int>(value));
+}
 
 // A family's configuration read from and written to Python, and described in messages: the
 // static members from_python, to_python and describe of a binding's Family struct, written from

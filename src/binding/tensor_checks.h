@@ -10,19 +10,24 @@
 #include <torch/extension.h>
 
 #include "binding/arguments.h"
+#include "binding/dtypes.h"
 #include "common/common.h"
 #include "common/forward_params.h"
 
 namespace flash::binding {
 
-// q, k, v and o: a 16-bit (batch, seq, heads, d_head) tensor whose last dimension is contiguous and
-// whose other strides and data pointer are 16-byte aligned (the kernels' copy width). `on_device`:
-// whether it must be a CUDA tensor (choose_config also takes tensors on the meta device).
+// Elements of t's dtype in the kernels' copy width (16 bytes): 8 of a 16-bit type, 16 of e4m3.
+inline int64_t elements_per_copy(const at::Tensor &t) { return COPY_BYTES / static_cast<int64_t>(t.element_size()); }
+
+// q, k, v and o: a (batch, seq, heads, d_head) tensor of an input type (float16, bfloat16 or
+// float8_e4m3fn; o's dtype is check_output's) whose last dimension is contiguous and whose other
+// strides and data pointer are 16-byte aligned (the kernels' copy width). `on_device`: whether it
+// must be a CUDA tensor (choose_config also takes tensors on the meta device).
 inline void check_tensor(const at::Tensor &t, const char *name, bool on_device = true) {
     if (on_device && !t.is_cuda())
         throw py::value_error(std::string(name) + ": expected a CUDA tensor, got a tensor on " + t.device().str());
-    if (t.scalar_type() != at::kHalf && t.scalar_type() != at::kBFloat16)
-        throw py::type_error(std::string(name) + ": dtype must be float16 or bfloat16, got " + dtype_str(t));
+    if (!is_input_dtype(t.scalar_type()))
+        throw py::type_error(std::string(name) + ": dtype must be float16, bfloat16 or float8_e4m3fn, got " + dtype_str(t));
     if (t.dim() != 4)
         throw py::value_error(std::string(name) + ": expected 4 dimensions (batch, seq, heads, d_head), got " +
                               std::to_string(t.dim()));
@@ -33,19 +38,34 @@ inline void check_tensor(const at::Tensor &t, const char *name, bool on_device =
                               std::to_string(t.stride(3)));
     if (reinterpret_cast<uintptr_t>(t.data_ptr()) % COPY_BYTES != 0)
         throw py::value_error(std::string(name) + ": the data pointer must be 16-byte aligned");
+    const int64_t multiple = elements_per_copy(t);
     for (int dim = 0; dim < 3; ++dim)
-        if (t.size(dim) > 1 && t.stride(dim) % ELEMS_PER_COPY != 0)
+        if (t.size(dim) > 1 && t.stride(dim) % multiple != 0)
             throw py::value_error(std::string(name) + ": the batch, seq and head strides must be multiples of " +
-                                  std::to_string(ELEMS_PER_COPY) + " elements (16 bytes), got strides " +
-                                  std::to_string(t.stride(0)) + ", " + std::to_string(t.stride(1)) + ", " +
-                                  std::to_string(t.stride(2)));
+                                  std::to_string(multiple) + " elements (16 bytes of " + torch_name(t.scalar_type()) +
+                                  "), got strides " + std::to_string(t.stride(0)) + ", " + std::to_string(t.stride(1)) +
+                                  ", " + std::to_string(t.stride(2)));
+}
+
+// o's dtype: the call's output dtype (fp8.h's output_dtype: q's, or for float8_e4m3fn inputs the
+// 16-bit type out_dtype names).
+inline void check_output_dtype(const at::Tensor &o, at::ScalarType o_dtype, const at::Tensor &q) {
+    if (o.scalar_type() == o_dtype)
+        return;
+    const std::string rule = is_e4m3(q) ? "float8_e4m3fn inputs write the 16-bit type out_dtype names, bfloat16 by default"
+                                        : "o has q's dtype";
+    throw py::type_error("o: dtype " + dtype_str(o) + " is not the output's " + torch_name(o_dtype) + " (" + rule + ")");
 }
 
 // The rules tying one tensor to q: device and dtype.
-inline void check_device_and_dtype(const at::Tensor &t, const char *name, const at::Tensor &q) {
+inline void check_same_device(const at::Tensor &t, const char *name, const at::Tensor &q) {
     if (t.device() != q.device())
         throw py::value_error(std::string(name) + ": is on " + t.device().str() + " but q is on " + q.device().str() +
                               "; all tensors must be on one device");
+}
+
+inline void check_device_and_dtype(const at::Tensor &t, const char *name, const at::Tensor &q) {
+    check_same_device(t, name, q);
     if (t.scalar_type() != q.scalar_type())
         throw py::type_error(std::string(name) + ": dtype " + dtype_str(t) + " differs from q's " + dtype_str(q));
 }
@@ -74,10 +94,10 @@ inline void check_shapes(const at::Tensor &q, const at::Tensor &k, const at::Ten
                                   std::to_string(MAX_SEQLEN));
 }
 
-// o: q's shape, and no memory shared with an input.
+// o (its dtype checked by check_output_dtype): q's shape, and no memory shared with an input.
 inline void check_output(const at::Tensor &o, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v) {
     check_tensor(o, "o");
-    check_device_and_dtype(o, "o", q);
+    check_same_device(o, "o", q);
     if (o.sizes() != q.sizes())
         throw py::value_error("o: shape " + shape_str(o) + " differs from q's " + shape_str(q) +
                               "; o must have q's (batch, seqlen_q, heads_q, d_head) shape");

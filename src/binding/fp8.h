@@ -1,0 +1,102 @@
+// FP8 (e4m3) inputs: the dtype of the output a call writes (every call's: q's for 16-bit inputs,
+// the 16-bit type out_dtype names for e4m3 ones, bfloat16 by default as in FlashAttention-3), the
+// inputs' dequantisation factors (FlashAttention-3's q_descale, k_descale and v_descale: float32, one
+// per (batch, kv head), any strides), and the calls e4m3 inputs do not run yet. Only the Hopper
+// family has e4m3 configurations, so the automatic choice, the decoding configuration (of the SM80
+// family) and grouped-query packing (binding/grouped_query_packing.h) never take an e4m3 call: it
+// runs on a Hopper kernel as it comes.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <torch/csrc/Dtype.h>
+#include <torch/extension.h>
+
+#include "binding/arguments.h"
+#include "binding/dtypes.h"
+#include "binding/sequences.h"
+#include "common/forward_params.h"
+
+namespace flash::binding {
+
+struct Fp8Arguments {
+    std::optional<at::Tensor> q_descale;
+    std::optional<at::Tensor> k_descale;
+    std::optional<at::Tensor> v_descale;
+    std::optional<at::ScalarType> out_dtype; // none: the default output's dtype
+};
+
+// Decoded from Python objects, each type checked (tensors, and out_dtype a torch.dtype).
+inline Fp8Arguments fp8_arguments(py::handle q_descale, py::handle k_descale, py::handle v_descale, py::handle out_dtype) {
+    Fp8Arguments args{optional_tensor(q_descale, "q_descale"), optional_tensor(k_descale, "k_descale"),
+                      optional_tensor(v_descale, "v_descale"), std::nullopt};
+    if (!out_dtype.is_none()) {
+        if (!THPDtype_Check(out_dtype.ptr()))
+            throw py::type_error("out_dtype: expected a torch.dtype (torch.bfloat16 or torch.float16), got " +
+                                 type_name(out_dtype));
+        args.out_dtype = reinterpret_cast<THPDtype *>(out_dtype.ptr())->scalar_type;
+    }
+    return args;
+}
+
+// The dtype of o for inputs of q's (checked) dtype; ValueError naming out_dtype where it asks for
+// another (flash_helpers.dtypes.output_dtype states the same rule for the operators' fake kernels).
+inline at::ScalarType output_dtype(const at::Tensor &q, std::optional<at::ScalarType> out_dtype) {
+    if (is_e4m3(q)) {
+        if (!out_dtype)
+            return at::kBFloat16;
+        if (*out_dtype != at::kHalf && *out_dtype != at::kBFloat16)
+            throw py::value_error("out_dtype: must be float16 or bfloat16 for float8_e4m3fn inputs, got " +
+                                  torch_name(*out_dtype));
+        return *out_dtype;
+    }
+    if (out_dtype && *out_dtype != q.scalar_type())
+        throw py::value_error("out_dtype: chooses the output's dtype of float8_e4m3fn inputs only; " +
+                              torch_name(q.scalar_type()) + " inputs give a " + torch_name(q.scalar_type()) +
+                              " output, got " + torch_name(*out_dtype));
+    return q.scalar_type();
+}
+
+// e4m3 inputs run dense calls only, for now: no kernel reads them per sequence, from a cache or a
+// paged pool, or appends to a cache. `what` names the call that was asked for.
+inline void check_e4m3_runs(const at::Tensor &q, const std::string &what) {
+    TORCH_CHECK_NOT_IMPLEMENTED(!is_e4m3(q), "q: float8_e4m3fn inputs run dense calls only for now (q, k and v of "
+                                             "(batch, seq, heads, d_head) shapes, no per-sequence arguments); ",
+                                what, " takes float16 or bfloat16 inputs");
+}
+
+inline void check_e4m3_runs(const at::Tensor &q, const SequenceArguments &sequences) {
+    if (sequences.any())
+        check_e4m3_runs(q, "a call with cu_seqlens, seqused, leftpad, kv_batch_idx or block_table (varlen, KV cache, "
+                           "paged)");
+}
+
+// One input's factors (name: q_descale, k_descale or v_descale), checked against q (on its device)
+// and the problem's batch and heads_kv (params).
+inline Descale descale_of(const std::optional<at::Tensor> &given, const char *name, const at::Tensor &q,
+                          const ForwardParams &params) {
+    if (!given)
+        return Descale{nullptr, 0, 0};
+    const at::Tensor &t = *given;
+    if (!is_e4m3(q))
+        throw py::value_error(std::string(name) + ": descales apply to float8_e4m3fn inputs only; q is " +
+                              torch_name(q.scalar_type()));
+    if (t.scalar_type() != at::kFloat)
+        throw py::type_error(std::string(name) + ": dtype must be float32, got " + dtype_str(t));
+    if (t.device() != q.device())
+        throw py::value_error(std::string(name) + ": is on " + t.device().str() + " but q is on " + q.device().str());
+    if (t.dim() != 2 || t.size(0) != params.batch || t.size(1) != params.heads_kv)
+        throw py::value_error(std::string(name) + ": shape " + shape_str(t) + " must be (batch, heads_kv) = (" +
+                              std::to_string(params.batch) + ", " + std::to_string(params.heads_kv) + ")");
+    return Descale{t.data_ptr<float>(), t.stride(0), t.stride(1)};
+}
+
+// params.descales from the arguments (factors of 1 where none is given).
+inline void set_descales(const Fp8Arguments &args, const at::Tensor &q, ForwardParams &params) {
+    params.descales = Descales{descale_of(args.q_descale, "q_descale", q, params),
+                               descale_of(args.k_descale, "k_descale", q, params),
+                               descale_of(args.v_descale, "v_descale", q, params)};
+}
+
+} // namespace flash::binding
