@@ -1,6 +1,7 @@
 """The default set: what a plain install compiles, small enough for a build of minutes. Per dtype
 and head size, the configurations that measured fastest on the H200 (benchmarks/HISTORY.md,
-section "default-set", says how each was chosen). Every problem variant is compiled for them
+section "default-set", says how each was chosen); the e4m3 ones are not measured yet. Every problem
+variant is compiled for them
 (``kernel_sets.variants_to_build``), and automatic configuration chooses among them (the dispatch
 table). The varlen variants (batches whose sequences have lengths of their own) are compiled for
 one configuration per family, dtype and head size (VARLEN_KERNELS), which serves every such call,
@@ -88,6 +89,12 @@ DEFAULT_BUILD_KERNELS = (
     # d_head 256: the H200 sweep's fastest.
     "sm90(FP16, 256, 128, 64, 2): ws+pingpong+overlap",
     "sm90(BF16, 256, 128, 64, 2): ws+pingpong+overlap",
+    # e4m3 (FP8) inputs: the FP8 kernel's first configurations, not yet measured against each other;
+    # the largest tiles its rules allow at d_head 64, 128 and 256, and at 128 a persistent one too.
+    "sm90(E4M3, 64, 128, 128, 2): ws+pingpong+overlap",
+    "sm90(E4M3, 128, 128, 128, 2): ws+pingpong+overlap",
+    "sm90(E4M3, 128, 128, 128, 2): ws+pingpong+overlap+persistent",
+    "sm90(E4M3, 256, 128, 64, 2): ws+pingpong+overlap",
 )
 
 # Decoding (a few query rows per sequence, the keys split over blocks; binding/split_kv.h): 64-row
