@@ -23,6 +23,7 @@ from collections.abc import Callable, Hashable, Sequence
 
 import torch
 
+from flash_helpers.dtypes import DType, output_dtype
 from flash_helpers.problem import MaskKind, ProblemVariant, needed_variant
 from flash_helpers.reference import reference_for_call
 
@@ -51,18 +52,21 @@ def extension_is_built() -> bool:
     )
 
 
-def configs_under_test(decoding: bool = False) -> list:
+def configs_under_test(decoding: bool = False, fp8: bool = False) -> list:
     """The compiled configurations that the visible GPU runs (a Hopper configuration runs on sm_90
     alone) and that have dense variants (with ``decoding``, the decoding configurations, compiled
-    with their varlen variants alone, too), restricted to those KERNELS selects when it is set. (The
-    decoding configurations are tested through test_features' every-kernel test, the sanitizer's
-    driver and test_decode.)"""
+    with their varlen variants alone, too), of 16-bit dtypes (with ``fp8``, the e4m3 ones too),
+    restricted to those KERNELS selects when it is set. (The decoding configurations are tested
+    through test_features' every-kernel test, the sanitizer's driver and test_decode; the e4m3 ones
+    through test_fp8, the every-kernel test and the sanitizer's driver: the feature matrices are
+    16-bit.)"""
     import flash_attention
     from flash_helpers.kernel_sets import KERNELS_ENV, get_kernel_configs
 
     compiled = [
         cfg for cfg in flash_attention.compiled_configs()
-        if decoding or not all(variant.varlen for variant in flash_attention.compiled_variants(cfg))
+        if (decoding or not all(variant.varlen for variant in flash_attention.compiled_variants(cfg)))
+        and (fp8 or cfg.dtype != DType.E4M3)
     ]  # fmt: skip
     if torch.cuda.is_available():
         capability = torch.cuda.get_device_capability()
@@ -93,6 +97,9 @@ def configs_with(configs: Sequence, *variants: ProblemVariant) -> list:
 
 
 def random_tensor(shape, dtype: torch.dtype, rng: torch.Generator) -> torch.Tensor:
+    if dtype.itemsize == 1:
+        # torch draws no 8-bit floats: drawn in float32, then rounded.
+        return torch.randn(shape, generator=rng, device=rng.device).to(dtype)
     return torch.randn(shape, generator=rng, device=rng.device, dtype=dtype)
 
 
@@ -287,8 +294,9 @@ class Problem:
             for t in (k, v):
                 poison_unused_rows(t, slots_k, self.varlen.lengths_k, kwargs.get("leftpad_k"))
         if self.softcap > 0:
-            # As FlashAttention's tests do: scores reach several times softcap, where the cap bends.
-            q = q * (self.softcap / 4)
+            # As FlashAttention's tests do: scores reach several times softcap, where the cap bends
+            # (scaled in float32: torch multiplies no 8-bit floats).
+            q = (q.float() * (self.softcap / 4)).to(dtype)
         if self.causal:
             kwargs["causal"] = True
         if self.window_size != (-1, -1):
@@ -334,8 +342,17 @@ class Inputs:
         return flash_attention.forward(cfg, self.q, self.k, self.v, o, **self.kwargs, **extra)
 
     def reference(self):
-        """The FloatReference, or for a variable-length call the VarlenReference."""
+        """The FloatReference, for FP8 inputs the Fp8Reference, or for a variable-length call the
+        VarlenReference."""
         return reference_for_call(self.q, self.k, self.v, **self.kwargs)
+
+    def poisoned_output(self) -> torch.Tensor:
+        """An o for this call poisoned with NaN: q's shape, the output's dtype (q's, or for FP8
+        inputs out_dtype's)."""
+        out_dtype = self.kwargs.get("out_dtype")
+        asked = None if out_dtype is None else DType.from_torch_dtype(out_dtype)
+        dtype = output_dtype(DType.from_torch_dtype(self.q.dtype), asked).to_torch_dtype()
+        return torch.full(self.q.shape, float("nan"), dtype=dtype, device=self.q.device)
 
 
 @dataclasses.dataclass
@@ -471,11 +488,11 @@ def check_forward(cfg, inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
     into an o it allocates) and checks each the tests require: o written in full and returned,
     output and lse against the reference, exact zeros and +inf on the rows without keys, and
     bitwise-identical repeated calls. Returns (o, lse)."""
-    given = nan_like(inputs.q)
+    given = inputs.poisoned_output()
     out = inputs.forward(cfg, given)
     assert out.data_ptr() == given.data_ptr(), "forward must return the o it was given"
     assert not out.isnan().any(), "some output elements were not written"
-    out_with_lse, lse = inputs.forward(cfg, nan_like(inputs.q), return_lse=True)
+    out_with_lse, lse = inputs.forward(cfg, inputs.poisoned_output(), return_lse=True)
     allocated, lse_again = inputs.forward(cfg, return_lse=True)
 
     reference = inputs.reference()

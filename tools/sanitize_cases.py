@@ -16,8 +16,9 @@ family that splits the keys split that call in 3 (num_splits), which checks the 
 results, and then run a decode step: 3 queries per sequence whose 2 grouped heads are packed as
 rows (rows_per_query), against slots of keys of which seqused_k are used (one sequence uses none),
 split in 3, which checks the packed queries' masks and the combine. Every compiled configuration
-is run, the decoding ones (compiled with their varlen variants alone) too. Last, flash_attn_with_kvcache's
-append kernel, once per dtype (run_append).
+is run, the decoding ones (compiled with their varlen variants alone) and the e4m3 ones (FP8 inputs,
+factors of 1, a bfloat16 output) too. Last, flash_attn_with_kvcache's append kernel, once per dtype
+(run_append).
 
     python3 tools/sanitize_cases.py [--kernels SELECTION] [--no-check] [--list]
 
@@ -72,8 +73,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def selected_kernels(selection: str | None) -> list[tuple]:
-    # The compiled configurations this GPU runs, the decoding ones too, then those the selection names.
-    configs = helpers.configs_under_test(decoding=True)
+    # The compiled configurations this GPU runs, the decoding and e4m3 ones too, then those the
+    # selection names.
+    configs = helpers.configs_under_test(decoding=True, fp8=True)
     if selection:
         wanted = set(get_kernel_configs(selection))
         configs = [cfg for cfg in configs if cfg in wanted]

@@ -35,6 +35,19 @@ times float32's worst-case dot-product error at d_head 256, and far above the ty
 sums over up to 16384 keys; a missing or doubled key tile moves lse by far more. Rows that attend
 no key must be +inf exactly, and every other row finite.
 
+FP8 inputs (``Fp8Reference``: float8_e4m3fn q, k and v with their descales) are compared with
+attention in float32 on the dequantised inputs (each input's values times its descale for the
+(batch, kv head); a query head's is its kv head's), as ref32. What computing in the input dtype
+costs is not ref16 there: the kernel quantises P to e4m3 (3 mantissa bits) before P V, P scaled so
+that a row's largest probability is 2^8 (P in [0, 256]). So a second reference emulates that: P =
+exp(s - the row's true maximum) times 2^8, rounded to e4m3 and divided by 2^8, normalised by the
+unrounded row sum, its output rounded to the output dtype (bfloat16 or float16). The output may be
+off ref32 by at most twice what the emulation is off (at least half a unit in the last place of
+the largest output element, as above), plus 2e-3: the kernel's P is quantised against the running
+row maximum, rescaled as the maximum grows, rather than against the true one, and its output is
+rounded once more. Its lse is the float32 criterion's, plus 1e-3: the 8-bit products' accumulation
+in the tensor cores may be less precise than float32's.
+
 Variable-length batches (``VarlenReference``) are references of the same kind, one per sequence:
 each sequence's used query rows attend its used keys, with the masks and the ALiBi distance
 aligned to that sequence's own lengths, and each sequence meets both criteria on its own (its own
@@ -55,6 +68,11 @@ REFERENCE_CHUNK_ELEMENTS = 1 << 26
 MAX_RELATIVE_NORM_ERROR = 1e-2
 # See the module docstring: lse may be off by LSE_RTOL * (1 + the row's score magnitude).
 LSE_RTOL = 2.0**-13
+# The FP8 criterion (module docstring): the kernel's P scale, the output's absolute slack and the
+# lse's beyond the float32 allowance.
+FP8_P_SCALE = 2.0**8
+FP8_ABSOLUTE_SLACK = 2e-3
+FP8_LSE_SLACK = 1e-3
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -115,7 +133,17 @@ class _Rows:
     (float32) and the magnitudes their lse tolerances scale with."""
 
     def __init__(
-        self, q_rows, k, v, dtype, semantics: Semantics, rows: range, seqlen_q: int, with_lse=False, magnitudes=False
+        self,
+        q_rows,
+        k,
+        v,
+        dtype,
+        semantics: Semantics,
+        rows: range,
+        seqlen_q: int,
+        with_lse=False,
+        magnitudes=False,
+        e4m3_probabilities=False,
     ):
         import torch
 
@@ -141,7 +169,8 @@ class _Rows:
         self.without_keys = ~mask.any(dim=-1)  # (rows,)
         scores = scores.masked_fill(~mask, float("-inf"))
         # A row without keys is all -inf, whose softmax is NaN: it outputs 0.
-        probabilities = scores.softmax(dim=-1).masked_fill(self.without_keys[:, None], 0.0)
+        probabilities = _e4m3_probabilities(scores) if e4m3_probabilities else scores.softmax(dim=-1)
+        probabilities = probabilities.masked_fill(self.without_keys[:, None], 0.0)
         grouped = probabilities.to(dtype).reshape(batch, heads_kv, group, n_rows, seqlen_k)
         self.out = (grouped @ v5).reshape(batch, heads_q, n_rows, d_head).transpose(1, 2)
 
@@ -156,6 +185,27 @@ class _Rows:
             if bias is not None:
                 terms = terms + bias.abs()
             self.magnitude = (probabilities.float() * terms).sum(dim=-1)
+
+
+def _e4m3_probabilities(scores):
+    """The softmax as the FP8 kernels' P V operand has it: exp(s - the row's maximum) times
+    FP8_P_SCALE rounded to e4m3, over the unrounded row sum."""
+    import torch
+
+    unnormalised = (scores - scores.amax(dim=-1, keepdim=True)).exp()
+    rounded = (unnormalised * FP8_P_SCALE).to(torch.float8_e4m3fn).float() / FP8_P_SCALE
+    return rounded / unnormalised.sum(dim=-1, keepdim=True)
+
+
+def dequantize(t, descale):
+    """The float32 values of an FP8 tensor (batch, seq, heads, d_head) times its descale (batch,
+    heads_kv) (None: 1): head h of ``heads`` takes kv head h // (heads // heads_kv)'s factor, so q's
+    grouped heads share their kv head's."""
+    values = t.float()
+    if descale is None:
+        return values
+    factors = descale.float().to(t.device).repeat_interleave(t.shape[2] // descale.shape[1], dim=1)
+    return values * factors[:, None, :, None]
 
 
 def _max_abs(t):
@@ -182,23 +232,27 @@ class ReferenceComparison:
     """How far one output is from the reference, and whether that passes the criterion."""
 
     max_error: float  # max |out - ref32|
-    ref16_max_error: float  # max |ref16 - ref32|
+    ref16_max_error: float  # max |ref16 - ref32| (FP8 inputs: max |emulation - ref32|)
     relative_norm_error: float  # ||out - ref32|| / ||ref32|| (0 where both are 0)
-    rounding_floor: float  # half a unit in the last place of max |ref32| in the input dtype
+    rounding_floor: float  # half a unit in the last place of max |ref32| in the output dtype
+    absolute_slack: float = 1e-5
+    max_relative_norm_error: float | None = MAX_RELATIVE_NORM_ERROR  # None: not bounded (FP8 inputs)
 
     @property
     def tolerance(self) -> float:
-        return 2 * max(self.ref16_max_error, self.rounding_floor) + 1e-5
+        return 2 * max(self.ref16_max_error, self.rounding_floor) + self.absolute_slack
 
     @property
     def passed(self) -> bool:
         # Written so that NaN errors fail.
-        return self.max_error <= self.tolerance and self.relative_norm_error < MAX_RELATIVE_NORM_ERROR
+        bounded = self.max_relative_norm_error is None or self.relative_norm_error < self.max_relative_norm_error
+        return self.max_error <= self.tolerance and bounded
 
     def describe(self) -> str:
+        allowed = "" if self.max_relative_norm_error is None else f" (allowed {self.max_relative_norm_error:g})"
         return (
             f"max error {self.max_error:.3g} (allowed {self.tolerance:.3g}), relative norm error "
-            f"{self.relative_norm_error:.3g} (allowed {MAX_RELATIVE_NORM_ERROR:g})"
+            f"{self.relative_norm_error:.3g}{allowed}"
         )
 
 
@@ -229,9 +283,27 @@ class LseComparison:
 class FloatReference:
     """The reference of one input, computed once (chunk by chunk over query rows, so long sequences
     fit) and then compared with any number of outputs and lse. The keywords are
-    ``flash_attention.forward``'s (causal, softmax_scale, window_size, softcap, alibi_slopes)."""
+    ``flash_attention.forward``'s (causal, softmax_scale, window_size, softcap, alibi_slopes). q, k
+    and v are 16-bit (FP8 ones have Fp8Reference)."""
+
+    # The criterion's slack and bound (module docstring; Fp8Reference has its own).
+    ABSOLUTE_SLACK = 1e-5
+    MAX_RELATIVE_NORM_ERROR = MAX_RELATIVE_NORM_ERROR
+    LSE_SLACK = 0.0
 
     def __init__(self, q, k, v, **semantics):
+        import torch
+
+        if q.dtype == torch.float8_e4m3fn:
+            raise TypeError("q: float8_e4m3fn inputs have their own reference, Fp8Reference")
+        self._compute(q, k, v, q.dtype, semantics)
+
+    def _cheap_rows(self, q_rows, k, v, rows: range, seqlen_q: int):
+        """These rows computed as cheaply as the kernel may: the same math in the input dtype (ref16)."""
+        return _Rows(q_rows, k, v, q_rows.dtype, self.semantics, rows, seqlen_q).out.float()
+
+    def _compute(self, q, k, v, out_dtype, semantics: dict) -> None:
+        """ref32, lse and their tolerances, of the values q, k and v hold, for an output of out_dtype."""
         import torch
 
         batch, seqlen_q, heads_q, d_head = q.shape
@@ -257,14 +329,14 @@ class FloatReference:
             ref32 = _Rows(
                 q_rows, k32, v32, torch.float32, self.semantics, rows, seqlen_q, with_lse=True, magnitudes=True
             )
-            ref16 = _Rows(q_rows, k, v, q.dtype, self.semantics, rows, seqlen_q).out.float()
+            ref16 = self._cheap_rows(q_rows, k, v, rows, seqlen_q)
             ref16_max_error = torch.maximum(ref16_max_error, _max_abs(ref16 - ref32.out))
             self.ref32[:, rows.start : rows.stop] = ref32.out
             self.lse[:, :, rows.start : rows.stop] = ref32.lse
-            self.lse_tolerance[:, :, rows.start : rows.stop] = LSE_RTOL * (1 + ref32.magnitude)
+            self.lse_tolerance[:, :, rows.start : rows.stop] = LSE_RTOL * (1 + ref32.magnitude) + self.LSE_SLACK
             self.rows_without_keys[rows.start : rows.stop] = ref32.without_keys
         self.ref16_max_error = ref16_max_error.item()
-        self.rounding_floor = half_ulp(_max_abs(self.ref32).item(), q.dtype)
+        self.rounding_floor = half_ulp(_max_abs(self.ref32).item(), out_dtype)
         self._ref32_norm = self.ref32.double().norm().item()
 
     @property
@@ -289,6 +361,8 @@ class FloatReference:
             ref16_max_error=self.ref16_max_error,
             relative_norm_error=relative,
             rounding_floor=self.rounding_floor,
+            absolute_slack=self.ABSOLUTE_SLACK,
+            max_relative_norm_error=self.MAX_RELATIVE_NORM_ERROR,
         )
 
     def compare_lse(self, lse) -> LseComparison:
@@ -314,6 +388,33 @@ class FloatReference:
         )
 
 
+class Fp8Reference(FloatReference):
+    """The reference of FP8 inputs (module docstring): float8_e4m3fn q, k and v, dequantised by
+    q_descale, k_descale and v_descale ((batch, heads_kv) float32, None: 1), for an output of
+    out_dtype (a torch dtype, bfloat16 by default); the other keywords are FloatReference's.
+    ``ref16_max_error`` is the emulation's error: P rounded to e4m3 as the kernel rounds it."""
+
+    ABSOLUTE_SLACK = FP8_ABSOLUTE_SLACK
+    MAX_RELATIVE_NORM_ERROR = None
+    LSE_SLACK = FP8_LSE_SLACK
+
+    def __init__(self, q, k, v, *, q_descale=None, k_descale=None, v_descale=None, out_dtype=None, **semantics):
+        import torch
+
+        if not q.dtype == k.dtype == v.dtype == torch.float8_e4m3fn:
+            raise TypeError(f"q, k, v: expected float8_e4m3fn tensors, got {q.dtype}, {k.dtype}, {v.dtype}")
+        self.out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+        dequantized = (dequantize(t, descale) for t, descale in ((q, q_descale), (k, k_descale), (v, v_descale)))
+        self._compute(*dequantized, self.out_dtype, semantics)
+
+    def _cheap_rows(self, q_rows, k, v, rows: range, seqlen_q: int):
+        """The emulation: P rounded to e4m3 before P V, the output rounded to out_dtype."""
+        import torch
+
+        emulated = _Rows(q_rows, k, v, torch.float32, self.semantics, rows, seqlen_q, e4m3_probabilities=True).out
+        return emulated.to(self.out_dtype).float()
+
+
 # ----------------------------------------------------------------------------------------------
 # Variable-length batches
 
@@ -332,10 +433,15 @@ VARLEN_KEYWORDS = (
 
 def reference_for_call(q, k, v, **keywords):
     """The reference of a ``flash_attention.forward`` call from its tensors and keywords (return_lse
-    aside): a VarlenReference where any of VARLEN_KEYWORDS is given, a FloatReference otherwise."""
+    aside): a VarlenReference where any of VARLEN_KEYWORDS is given, an Fp8Reference for
+    float8_e4m3fn inputs (dense calls: their kernels run no other), a FloatReference otherwise."""
+    import torch
+
     varlen = {name: keywords.pop(name) for name in VARLEN_KEYWORDS if name in keywords}
     if any(value is not None for value in varlen.values()):
         return VarlenReference.of_call(q, k, v, **varlen, **keywords)
+    if q.dtype == torch.float8_e4m3fn:
+        return Fp8Reference(q, k, v, **keywords)
     return FloatReference(q, k, v, **keywords)
 
 

@@ -1,0 +1,369 @@
+"""FP8 inputs: float8_e4m3fn q, k and v with FlashAttention-3's descales (float32, (batch,
+heads_kv)) and a 16-bit output, on the Hopper family's E4M3 configurations (sm_90 only; dense calls
+only, forward only).
+
+The criterion (flash_helpers.reference, Fp8Reference): the kernel quantises P to e4m3 (3 mantissa
+bits) before P V, with P scaled so that a row's largest probability is 2^8 (P in [0, 256]). So the
+output is compared with attention in float32 on the dequantised inputs (ref32), with a tolerance
+derived from an emulation: a second float32 reference that rounds P * 256 to e4m3 (P = exp(s - the
+row's true maximum)) before P V, normalised by the unrounded row sum, its output rounded to the
+output dtype. We require max|ours - ref32| <= 2 * max|emulation - ref32| + 2e-3: our error may
+exceed the emulation's because the kernel quantises P against the running row maximum and rescales
+as the maximum grows, and because its output is rounded once more (the emulation's error is taken
+to be at least half a unit in the last place of the largest output element, as in the 16-bit
+criterion). lse must be within 1e-3 of ref32's beyond the float32 criterion's allowance (the 8-bit
+products accumulate in the tensor cores, possibly below float32's precision).
+
+Every call writes into a NaN-poisoned o and is repeated bitwise identically (helpers.check_forward).
+GPU tests carry the ``gpu`` marker and skip, with the reason, without a GPU, a build or an sm_90 GPU
+with E4M3 configurations; the tests of the reference need only torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: these tests need it")
+
+import helpers  # noqa: E402
+from flash_helpers.dtypes import DType  # noqa: E402
+from flash_helpers.reference import Fp8Reference, attention, dequantize, half_ulp, reference_for_call  # noqa: E402
+from flash_helpers.sm90_config import HopperForwardKernelConfig  # noqa: E402
+from helpers import Problem, check_forward  # noqa: E402
+
+BUILT = helpers.extension_is_built()
+if BUILT:
+    import flash_attention
+
+gpu = pytest.mark.gpu
+E4M3 = torch.float8_e4m3fn
+NO_E4M3_CONFIG = (
+    "no e4m3 configuration under test: a default build has them, and they run on sm_90 GPUs (H100, H200) only"
+)
+
+
+def e4m3_configs() -> list:
+    return [cfg for cfg in helpers.configs_under_test(fp8=True) if cfg.dtype == DType.E4M3] if BUILT else []
+
+
+CONFIGS = e4m3_configs()
+
+
+def fp8_cases(argnames: str, cases: list[tuple], describe):
+    return helpers.gpu_cases(argnames, cases, describe, NO_E4M3_CONFIG)
+
+
+# ----------------------------------------------------------------------------------------------
+# Inputs
+
+
+def descales(kind: str, batch: int, heads_kv: int, rng) -> dict:
+    """The call's descale keywords of one kind: none (factors of 1), ones (given, all 1, an
+    expanded scalar: strides 0), per_head (random in [0.5, 2], a factor of its own per (batch, kv
+    head)) or transposed (as per_head, stored (heads_kv, batch): other strides)."""
+    if kind == "none":
+        return {}
+    if kind == "ones":
+        one = torch.ones((), device="cuda")
+        return {name: one.expand(batch, heads_kv) for name in ("q_descale", "k_descale", "v_descale")}
+    factors = {}
+    for name in ("q_descale", "k_descale", "v_descale"):
+        if kind == "per_head":
+            factors[name] = torch.rand((batch, heads_kv), generator=rng, device="cuda") * 1.5 + 0.5
+        else:
+            factors[name] = (torch.rand((heads_kv, batch), generator=rng, device="cuda") * 1.5 + 0.5).t()
+    return factors
+
+
+DESCALE_KINDS = ("none", "ones", "per_head", "transposed")
+OUT_DTYPES = {"bf16": None, "fp16": torch.float16, "bf16_named": torch.bfloat16}
+
+
+def fp8_inputs(cfg, problem: Problem, descale_kind: str, out_dtype, rng) -> helpers.Inputs:
+    """Fresh random e4m3 inputs of ``problem`` (torch.randn rounded to e4m3), with descales of
+    ``descale_kind`` and out_dtype (None: the default, bfloat16)."""
+    inputs = problem.make(cfg, rng)
+    assert inputs.q.dtype == E4M3
+    inputs.kwargs.update(descales(descale_kind, problem.batch, problem.heads_kv, rng))
+    if out_dtype is not None:
+        inputs.kwargs["out_dtype"] = out_dtype
+    return inputs
+
+
+# ----------------------------------------------------------------------------------------------
+# Every e4m3 configuration: lengths, masks, score modifications, grouped heads, descales, output dtypes
+
+LENGTHS = [(1, 1), (1, 1000), (17, 255), (255, 17), (128, 128), (255, 1000), (1000, 1000)]
+MASKS = {
+    "none": {},
+    "causal": {"causal": True},
+    "local": {"window_size": (100, 7)},
+    "softcap": {"softcap": 30.0},
+    "alibi": {"alibi": "per_batch_head"},
+    "causal_softcap_alibi": {"causal": True, "softcap": 30.0, "alibi": "per_head"},
+}
+HEADS = [(8, 2), (4, 4)]
+
+
+def matrix_cases() -> list[tuple]:
+    cases = [
+        (cfg, Problem(seqlen_q, seqlen_k, heads_q, heads_kv, **MASKS[mask]), mask, descale_kind, out_name)
+        for cfg, (seqlen_q, seqlen_k), mask, (heads_q, heads_kv), descale_kind, out_name in itertools.product(
+            CONFIGS, LENGTHS, MASKS, HEADS, DESCALE_KINDS, OUT_DTYPES
+        )
+    ]
+    axes = lambda case: (case[0], (case[1].seqlen_q, case[1].seqlen_k), case[2], case[1].heads_q, case[3], case[4])  # noqa: E731
+    return helpers.covering_sample(cases, axes, "fp8")
+
+
+@gpu
+@fp8_cases(
+    "cfg, problem, mask, descale_kind, out_name",
+    matrix_cases(),
+    lambda cfg, problem, mask, descale_kind, out_name: f"{cfg.short_form()}-{problem.describe()}-{descale_kind}-{out_name}",
+)
+def test_every_e4m3_configuration(cfg, problem, mask, descale_kind, out_name, rng):
+    del mask  # in the problem (and the id)
+    inputs = fp8_inputs(cfg, problem, descale_kind, OUT_DTYPES[out_name], rng)
+    out, _ = check_forward(cfg, inputs)
+    assert out.dtype == (OUT_DTYPES[out_name] or torch.bfloat16)
+
+
+# ----------------------------------------------------------------------------------------------
+# The automatic choice and the entry points
+
+AUTOMATIC = [
+    # (d_head, problem keywords): the default set's head sizes, and sizes served by a larger one (96
+    # reads 128 with zero columns past it; 72 runs on copies padded to 80, a multiple of 16 bytes).
+    (64, dict(seqlen_q=300, seqlen_k=300, causal=True)),
+    (128, dict(seqlen_q=1, seqlen_k=777, heads_q=8, heads_kv=2)),
+    (128, dict(seqlen_q=513, seqlen_k=200, window_size=(50, 50))),
+    (256, dict(seqlen_q=130, seqlen_k=257, softcap=30.0)),
+    (96, dict(seqlen_q=200, seqlen_k=200)),
+    (72, dict(seqlen_q=150, seqlen_k=99, causal=True)),
+]
+
+
+def _automatic_cases() -> list[tuple]:
+    served = {cfg.d_head for cfg in CONFIGS}
+    return [(d_head, call) for d_head, call in AUTOMATIC if any(d >= d_head for d in served)] if CONFIGS else []
+
+
+@gpu
+@fp8_cases("d_head, call", _automatic_cases(), lambda d_head, call: f"d{d_head}-{Problem(**call).describe()}")
+def test_flash_attn_func_chooses_an_e4m3_configuration(d_head, call, rng):
+    problem = Problem(**call)
+    # Problem.make reads a configuration's dtype and d_head: these inputs' are (an e4m3 head size or not).
+    shape = HopperForwardKernelConfig(DType.E4M3, d_head, 128, 128, 2)
+    inputs = fp8_inputs(shape, problem, "per_head", None, rng)
+    out, lse, _ = flash_attention.flash_attn_func(inputs.q, inputs.k, inputs.v, return_attn_probs=True, **inputs.kwargs)
+    assert out.dtype == torch.bfloat16 and out.shape == inputs.q.shape
+    reference = inputs.reference()
+    assert reference.compare(out).passed, reference.compare(out).describe()
+    helpers.assert_lse_matches(lse, reference)
+    problem_keywords = ("causal", "window_size", "softcap", "alibi_slopes")
+    choice = flash_attention.choose_config(
+        inputs.q, inputs.k, **{key: value for key, value in inputs.kwargs.items() if key in problem_keywords}
+    )
+    assert choice.config.dtype == DType.E4M3 and choice.config.family == "sm90" and choice.config.d_head >= d_head
+    assert "E4M3" in choice.reason
+    named = flash_attention.forward(choice.config, inputs.q, inputs.k, inputs.v, **inputs.kwargs)
+    assert torch.equal(named, out), "flash_attn_func is not forward with the chosen configuration"
+
+
+@gpu
+@fp8_cases("cfg", [(cfg,) for cfg in CONFIGS[:1]], lambda cfg: cfg.short_form())
+def test_the_operators_take_fp8_arguments(cfg, rng):
+    """Through the torch operators (under a torch-function mode), opcheck (the fake kernel's output
+    dtype among its checks), and torch.compile without graph breaks."""
+    inputs = fp8_inputs(cfg, Problem(150, 170, 8, 2, causal=True), "per_head", torch.float16, rng)
+    q, k, v, keywords = inputs.q, inputs.k, inputs.v, inputs.kwargs
+    eager = flash_attention.forward(cfg, q, k, v, **keywords)
+    with torch.device("cuda"):
+        assert torch.equal(flash_attention.forward(cfg, q, k, v, **keywords), eager)
+        o = torch.empty_like(q, dtype=torch.float16)
+        flash_attention.forward(cfg, q, k, v, o, **keywords)
+        assert torch.equal(o, eager)
+    fp8 = {name: keywords[name] for name in ("q_descale", "k_descale", "v_descale", "out_dtype")}
+    args = (q, k, v, cfg.short_form(), True, None, [-1, 0], 0.0, None, True)
+    torch.library.opcheck(torch.ops.flash_attention.forward.default, args, fp8)
+    torch.library.opcheck(torch.ops.flash_attention.forward_out.default, (*args, torch.empty_like(o)), fp8)
+
+    torch._dynamo.reset()
+
+    def fn(q, k, v, q_descale, k_descale, v_descale):
+        return flash_attention.flash_attn_func(
+            q, k, v, causal=True, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale
+        )
+
+    descale_values = [keywords[name] for name in ("q_descale", "k_descale", "v_descale")]
+    explanation = torch._dynamo.explain(fn)(q, k, v, *descale_values)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(fn, fullgraph=True)
+    with torch.inference_mode():
+        result = compiled(q, k, v, *descale_values)
+        assert result.dtype == torch.bfloat16 and torch.equal(result, fn(q, k, v, *descale_values))
+
+
+# ----------------------------------------------------------------------------------------------
+# What e4m3 inputs do not run, and bad arguments: each raises before anything runs, naming the
+# argument
+
+
+def _tensors(rng, batch=2, seqlen=64, heads=(4, 2), d_head=128, dtype=E4M3):
+    q = helpers.random_tensor((batch, seqlen, heads[0], d_head), dtype, rng)
+    k, v = (helpers.random_tensor((batch, seqlen, heads[1], d_head), dtype, rng) for _ in range(2))
+    return q, k, v
+
+
+@gpu
+@pytest.mark.skipif(not BUILT, reason=helpers.NOT_BUILT_REASON)
+@pytest.mark.parametrize("operators", [False, True], ids=["eager", "operators"])
+def test_bad_fp8_arguments_are_named(rng, operators):
+    q, k, v = _tensors(rng)
+    half = [t.float().half() for t in (q, k, v)]
+    factors = torch.ones(2, 2, device="cuda")
+    cases = [
+        # (call's arguments, exception, message)
+        ((q, half[1], v), {}, TypeError, "k: dtype Half differs from q's Float8_e4m3fn"),
+        ((q, k, half[2]), {}, TypeError, "v: dtype Half differs from q's Float8_e4m3fn"),
+        ((half[0], k, v), {}, TypeError, "k: dtype Float8_e4m3fn differs from q's Half"),
+        ((q, k, v), {"q_descale": factors.half()}, TypeError, "q_descale: dtype must be float32, got Half"),
+        ((q, k, v), {"k_descale": torch.ones(2, 4, device="cuda")}, ValueError, r"k_descale: shape \[2, 4\] must be \(batch, heads_kv\) = \(2, 2\)"),
+        ((q, k, v), {"v_descale": torch.ones(2, device="cuda")}, ValueError, r"v_descale: shape \[2\] must be \(batch, heads_kv\)"),
+        ((q, k, v), {"q_descale": torch.ones(2, 2)}, ValueError, "q_descale: is on cpu but q is on cuda"),
+        (tuple(half), {"v_descale": factors}, ValueError, "v_descale: descales apply to float8_e4m3fn inputs only; q is float16"),
+        ((q, k, v), {"out_dtype": torch.float32}, ValueError, "out_dtype: must be float16 or bfloat16 for float8_e4m3fn inputs, got float32"),
+        (tuple(half), {"out_dtype": torch.bfloat16}, ValueError, "out_dtype: chooses the output's dtype of float8_e4m3fn inputs only"),
+        ((q, k, v), {"out_dtype": "bf16"}, TypeError, "out_dtype: expected a torch.dtype"),
+        ((q, k, v), {"k_descale": 1.0}, TypeError, "k_descale: expected a torch.Tensor"),
+        ((q, k, v), {"o": torch.empty_like(q, dtype=torch.float16)}, TypeError, r"o: dtype Half is not the output's bfloat16 \(float8_e4m3fn inputs write"),
+        ((q, k, v), {"o": torch.empty_like(q, dtype=torch.bfloat16), "out_dtype": torch.float16}, TypeError, "o: dtype BFloat16 is not the output's float16"),
+        ((q, k, v), {"o": torch.empty_like(q)}, TypeError, "o: dtype Float8_e4m3fn is not the output's bfloat16"),
+    ]
+    for tensors, keywords, error, message in cases:
+        keywords = dict(keywords)
+        o = keywords.pop("o", None)
+        with pytest.raises(error, match=message):
+            if operators:
+                with torch.device("cuda"):  # a torch-function mode: the call goes through the operators
+                    flash_attention.forward(None, *tensors, o, **keywords)
+            else:
+                flash_attention.forward(None, *tensors, o, **keywords)
+
+
+@gpu
+@pytest.mark.skipif(not BUILT, reason=helpers.NOT_BUILT_REASON)
+def test_fp8_calls_other_than_dense_ones_are_not_implemented(rng):
+    q, k, v = _tensors(rng)
+    lengths = torch.tensor([0, 30, 64], dtype=torch.int32, device="cuda")
+    packed = [t[0] for t in (q, k, v)]
+    message = "q: float8_e4m3fn inputs run dense calls only for now"
+    with pytest.raises(NotImplementedError, match=message):
+        flash_attention.flash_attn_varlen_func(*packed, lengths, lengths, 34, 34)
+    with pytest.raises(NotImplementedError, match=message):
+        with torch.device("cuda"):
+            flash_attention.flash_attn_varlen_func(*packed, lengths, lengths, 34, 34)
+    with pytest.raises(NotImplementedError, match=message):
+        flash_attention.forward(None, q, k, v, seqused_k=torch.full((2,), 9, dtype=torch.int32, device="cuda"))
+    with pytest.raises(NotImplementedError, match=f"{message}.*KV cache"):
+        flash_attention.flash_attn_with_kvcache(q[:, :1], k, v, cache_seqlens=5)
+    with pytest.raises(NotImplementedError, match=f"{message}.*append to the cache"):
+        flash_attention.flash_attn_with_kvcache(q[:, :1], k, v, k[:, :1], v[:, :1], cache_seqlens=5)
+    with pytest.raises(NotImplementedError, match="query: float8_e4m3fn inputs are not supported here"):
+        flash_attention.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)))
+    with pytest.raises(NotImplementedError, match=message):
+        flash_attention.choose_config(*packed[:2], cu_seqlens_q=lengths, cu_seqlens_k=lengths, max_seqlen_q=34,
+                                      max_seqlen_k=34)  # fmt: skip
+
+
+@gpu
+@pytest.mark.skipif(not BUILT, reason=helpers.NOT_BUILT_REASON)
+def test_fp8_is_forward_only(rng):
+    q, k, v = _tensors(rng)
+    factors = torch.ones(2, 2, device="cuda", requires_grad=True)
+    for call in (
+        lambda: flash_attention.flash_attn_func(q.clone().requires_grad_(), k, v),
+        lambda: flash_attention.flash_attn_func(q, k, v, v_descale=factors),
+    ):
+        with pytest.raises(NotImplementedError, match="no backward pass"):
+            call()
+        with pytest.raises(NotImplementedError, match="no backward pass"), torch.device("cuda"):
+            call()
+    with torch.no_grad(), pytest.raises(ValueError, match="q_descale: shape"):
+        # Past the grad check, to the call's own: nothing is detached silently.
+        flash_attention.flash_attn_func(q.clone().requires_grad_(), k, v, q_descale=factors[:1])
+
+
+@gpu
+@pytest.mark.skipif(not BUILT, reason=helpers.NOT_BUILT_REASON)
+def test_fp8_needs_an_e4m3_configuration(rng):
+    q, k, v = _tensors(rng)
+    sm80 = "(FP16, 128, 128, 64, 4): async+eager+swizzled+load_1_1_2_tiles+buffer+opt_softmax"
+    with pytest.raises((TypeError, ValueError), match="float8_e4m3fn inputs run on the Hopper family's E4M3|not compiled"):
+        flash_attention.forward(sm80, q, k, v)
+    # No kernel runs e4m3 inputs off sm_90: the automatic choice says why (meta tensors, an arch name).
+    meta = [torch.empty(t.shape, dtype=E4M3, device="meta") for t in (q, k)]
+    with pytest.raises(ValueError, match="runs float8_e4m3fn attention with d_head 128 .* on sm_80"):
+        flash_attention.choose_config(*meta, arch="sm_80")
+
+
+@pytest.mark.skipif(not BUILT, reason=helpers.NOT_BUILT_REASON)
+def test_e4m3_sm80_configurations_are_invalid():
+    with pytest.raises(ValueError, match="the SM80 family runs 16-bit inputs"):
+        flash_attention.forward("(E4M3, 128, 128, 64, 4)", *(torch.empty(1, 8, 1, 128) for _ in range(3)))
+
+
+# ----------------------------------------------------------------------------------------------
+# The reference itself (torch only)
+
+
+def _cpu_inputs(seed, batch=2, seqlen_q=37, seqlen_k=300, heads=(8, 2), d_head=64):
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn((batch, seqlen_q, heads[0], d_head), generator=generator).to(E4M3)
+    k, v = (torch.randn((batch, seqlen_k, heads[1], d_head), generator=generator).to(E4M3) for _ in range(2))
+    factors = [torch.rand((batch, heads[1]), generator=generator) * 1.5 + 0.5 for _ in range(3)]
+    return q, k, v, dict(zip(("q_descale", "k_descale", "v_descale"), factors))
+
+
+def test_dequantize_gives_each_query_head_its_kv_heads_factor(seed):
+    q, _, _, factors = _cpu_inputs(seed)
+    values = dequantize(q, factors["q_descale"])
+    for head in range(8):
+        expected = q[:, :, head].float() * factors["q_descale"][:, head // 4, None, None]
+        assert torch.equal(values[:, :, head], expected)
+    assert torch.equal(dequantize(q, None), q.float())
+
+
+def test_fp8_reference_is_attention_on_the_dequantised_inputs(seed):
+    q, k, v, factors = _cpu_inputs(seed)
+    reference = reference_for_call(q, k, v, causal=True, **factors)
+    assert isinstance(reference, Fp8Reference)
+    dequantised = [dequantize(t, factors[f"{name}_descale"]) for name, t in zip("qkv", (q, k, v))]
+    out, lse = attention(*dequantised, torch.float32, return_lse=True, causal=True)
+    assert torch.equal(reference.ref32, out) and torch.equal(reference.lse, lse)
+
+
+def test_fp8_criterion_is_set_by_the_emulation(seed):
+    q, k, v, factors = _cpu_inputs(seed)
+    reference = Fp8Reference(q, k, v, **factors, out_dtype=torch.float16)
+    # Quantising P costs far more than float32 rounding, and the output is float16.
+    assert 1e-3 < reference.ref16_max_error < 0.1
+    assert reference.rounding_floor == half_ulp(reference.ref32.abs().max().item(), torch.float16)
+    assert reference.compare(reference.ref32.half()).passed
+    comparison = reference.compare(reference.ref32 + 2.5 * reference.ref16_max_error + 2e-3)
+    assert not comparison.passed and comparison.max_relative_norm_error is None
+    assert not reference.compare(torch.full_like(reference.ref32, math.nan)).passed
+    assert reference.compare_lse(reference.lse + 1e-3).passed
+    assert not reference.compare_lse(reference.lse + 1e-2).passed
+
+
+def test_the_16_bit_reference_refuses_fp8_inputs(seed):
+    from flash_helpers.reference import FloatReference
+
+    q, k, v, _ = _cpu_inputs(seed)
+    with pytest.raises(TypeError, match="Fp8Reference"):
+        FloatReference(q, k, v)
