@@ -47,9 +47,9 @@ _SM_REGISTERS = 65536
 # What setmaxnreg gives each consumer thread, by the number of consumer warpgroups (the producer
 # keeps 24 registers per thread with two, 32 with three).
 _SETMAXNREG_CONSUMER_REGISTERS = {2: 240, 3: 160}
-# What setmaxnreg gives each of two consumer warpgroups with e4m3: the producer warpgroup's warps that
-# transpose V keep 56.
-_E4M3_CONSUMER_REGISTERS = 224
+# What setmaxnreg gives each consumer thread with e4m3, by the number of consumer warpgroups: the
+# producer warpgroup's warps that transpose V keep 56.
+_E4M3_CONSUMER_REGISTERS = {2: 224, 3: 152}
 # What the varlen kernels of two consumer warpgroups give each of them: their producer keeps 40.
 VARLEN_CONSUMER_REGISTERS = 232
 # The most registers any thread can have.
@@ -74,8 +74,6 @@ _E4M3_B_CS = (64, 128)
 # The e4m3 head sizes are multiples of this: a row of Q or K is d_head bytes, and the 8-bit tiles use
 # the 64- and 128-byte swizzles.
 _E4M3_D_HEAD_MULTIPLE = 64
-# The B_r of an e4m3 configuration: two or three consumer warpgroups.
-_E4M3_B_RS = (128, 192)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,10 +199,10 @@ class HopperForwardKernelConfig(KernelConfig):
         registers to them: 240 each with two, 160 with three. Otherwise each thread has what the
         launch bound leaves, the register file over the block's threads rounded down to a multiple
         of 8, at most the 255 a thread can have. (The varlen kernels of two consumer warpgroups give
-        them VARLEN_CONSUMER_REGISTERS; with e4m3, two consumer warpgroups get 224 each.)"""
+        them VARLEN_CONSUMER_REGISTERS; with e4m3, 224 each with two and 152 with three.)"""
         if self.warp_specialized and self.consumer_warpgroups >= 2:
-            if self.is_fp8 and self.consumer_warpgroups == 2:
-                return _E4M3_CONSUMER_REGISTERS
+            if self.is_fp8:
+                return _E4M3_CONSUMER_REGISTERS[self.consumer_warpgroups]
             return _SETMAXNREG_CONSUMER_REGISTERS[self.consumer_warpgroups]
         return min(_SM_REGISTERS // self.n_threads // 8 * 8, _MAX_THREAD_REGISTERS)
 
@@ -290,11 +288,5 @@ class HopperForwardKernelConfig(KernelConfig):
             return (
                 f"e4m3 needs d_head a multiple of {_E4M3_D_HEAD_MULTIPLE} ({heads}): a row of Q and K is d_head "
                 f"bytes, and the 8-bit tiles use the 64- and 128-byte swizzles; got d_head = {self.d_head}."
-            )
-        if self.B_r not in _E4M3_B_RS:
-            return (
-                f"e4m3 needs B_r of {' or '.join(map(str, _E4M3_B_RS))} (two or three consumer warpgroups, between "
-                "which and the producer warpgroup's transposing warps setmaxnreg divides the registers); got "
-                f"B_r = {self.B_r}."
             )
         return None

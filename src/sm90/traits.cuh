@@ -79,12 +79,12 @@ struct StaticHopperKernelConfig {
     // consumers; with one consumer warpgroup the launch bound already allows 255. A varlen kernel's
     // producer (per work tile the plan's entry, the sequence's rows and bounded tensor maps) spills
     // at 24 beside two consumer warpgroups, so it keeps 40 and they take 232.
-    // With e4m3 the producer warpgroup's other warps transpose V and keep 56.
+    // With e4m3 the producer warpgroup's other warps transpose V and keep 56 (at 32 they spill).
     static constexpr bool moves_registers = warp_specialized && consumer_warpgroups >= 2;
     template <bool VARLEN>
-    static constexpr int producer_registers = consumer_warpgroups == 2 ? (fp8 ? 56 : VARLEN ? 40 : 24) : 32;
+    static constexpr int producer_registers = fp8 ? 56 : consumer_warpgroups == 2 ? (VARLEN ? 40 : 24) : 32;
     template <bool VARLEN>
-    static constexpr int consumer_registers = consumer_warpgroups == 2 ? (fp8 ? 224 : VARLEN ? 232 : 240) : 160;
+    static constexpr int consumer_registers = consumer_warpgroups == 2 ? (fp8 ? 224 : VARLEN ? 232 : 240) : fp8 ? 152 : 160;
     // The producer warpgroup's warps after its first (whose first thread issues the loads), which
     // transpose V with e4m3.
     static constexpr int transposer_warps = WARPGROUP_THREADS / WARP_SIZE - 1;
