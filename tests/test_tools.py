@@ -654,16 +654,16 @@ def _pt_bench_rows(causal=False, gqa_ratio=1, efficient_gqa=""):
         row(1024, pt_bench.AUTO, CFG_A.short_form(), 1.25),
         row(1024, "sdpa_flash", "", 0.5),
         row(1024, "sdpa_cudnn", "", 0.25),
-        row(1024, "sdpa_efficient", "", math.nan),
+        row(1024, "sdpa_efficient", pt_bench.MISSING + "RuntimeError: No available kernel.", math.nan),
         row(1024, "peer_fa3", "", 2.0),
-        row(1024, "peer_fa4", pt_bench.PEER_MISSING + "ImportError: no flash_attn.cute", math.nan),
+        row(1024, "peer_fa4", pt_bench.MISSING + "ImportError: no flash_attn.cute", math.nan),
         row(2048, "ours", CFG_B.short_form(), 2.0),
         row(2048, pt_bench.AUTO, CFG_B.short_form(), 2.0),
         row(2048, "sdpa_flash", "", 1.0),
         row(2048, "sdpa_cudnn", "", 1.0),
         row(2048, "sdpa_efficient", efficient_gqa, 4.0),
         row(2048, "peer_fa3", "", 1.0),
-        row(2048, "peer_fa4", pt_bench.PEER_MISSING + "ImportError: no flash_attn.cute", math.nan),
+        row(2048, "peer_fa4", pt_bench.MISSING + "ImportError: no flash_attn.cute", math.nan),
     ]
 
 
@@ -676,8 +676,8 @@ def test_pt_bench_table_shows_the_best_configuration_and_the_ratios_to_flash_cud
         "ours/CUDNN", "ours/FA3", "ours/FA4", "auto/ours", "choice/ours",
     ]  # fmt: skip
     # 1.0 ms against FLASH's 0.5 ms, CUDNN's 0.25 ms and FA3's 2.0 ms; EFFICIENT could not run at
-    # 1024, FA4 nowhere (it is missing, and shown so); auto chose the best configuration, and took
-    # 1.25 ms, 0.8 of its speed, timed apart.
+    # 1024, FA4 nowhere (each is missing, and shown so with why); auto chose the best configuration,
+    # and took 1.25 ms, 0.8 of its speed, timed apart.
     assert CFG_A.short_form() in lines[4]
     assert lines[4].split()[-9:] == ["-", "68.7", "-", "0.500", "0.250", "2.000", "-", "0.800", "1.000"]
     assert CFG_B.short_form() in lines[5]
@@ -688,6 +688,7 @@ def test_pt_bench_table_shows_the_best_configuration_and_the_ratios_to_flash_cud
         "harmonic mean of ours/FA3 over 2 sequence lengths: 0.800",
         "automatic configuration chose the best at 2 of 2 lengths; choice/ours lowest 1.000; auto/ours (timed apart) "
         "lowest 0.800",
+        "SDPA EFFICIENT missing at seq 1024: RuntimeError: No available kernel.",
         "FA4 missing at every length: ImportError: no flash_attn.cute",
     ]
 
@@ -765,7 +766,7 @@ def test_pt_bench_table_of_causal_gqa_says_how_flops_and_heads_were_counted():
     # Half the FLOPs in the same time: half the TFLOP/s; the ratios are the same.
     assert rows[0].tflops == pytest.approx(_pt_bench_rows()[0].tflops / 2)
     assert lines[4].split()[-6:] == ["0.500", "0.250", "2.000", "-", "0.800", "1.000"]
-    assert lines[-2] == "SDPA EFFICIENT rejects enable_gqa: it was given k and v with each head repeated"
+    assert lines[-3] == "SDPA EFFICIENT rejects enable_gqa: it was given k and v with each head repeated"
 
 
 def test_pt_bench_plot(tmp_path):
@@ -1763,13 +1764,14 @@ STAND_IN_KERNELS = [(TUNED_128, variant) for variant in BENCHMARK_VARIANTS] + [
 class StandInExtension:
     """The compiled extension ``flash_attention`` as the tools use it, on the CPU: its kernels are the
     (configuration, variant) pairs given; forward refuses a problem whose variant is not among them,
-    as the binding does, computes attention in float32 (``_attention``) and records each call;
-    automatic configuration takes the first configuration with the variant; the timer returns
-    ``times[(configuration, causal)]`` for our calls and 0.5 ms for SDPA's."""
+    as the binding does, computes attention in float32 (``_attention``) into an output of the call's
+    dtype and records each call (and, in ``fp8_keywords``, the FP8 keywords it was given);
+    automatic configuration takes the first configuration of q's dtype with the variant; the timer
+    returns ``times[(configuration, causal)]`` for our calls and 0.5 ms for SDPA's."""
 
     def __init__(self, kernels, times, honours_causal=True):
         self.kernels, self.times, self.honours_causal = kernels, times, honours_causal
-        self.calls = []
+        self.calls, self.fp8_keywords = [], []
 
     def compiled_kernels(self):
         return list(self.kernels)
@@ -1786,20 +1788,24 @@ class StandInExtension:
         return ProblemVariant(MaskKind.CAUSAL if causal else MaskKind.NONE, masked_tails)
 
     def choose_config(self, q, k, *, causal=False):
-        config = next(cfg for cfg, variant in self.kernels if variant == self._variant(cfg, q, k, causal))
+        dtype = DType.from_torch_dtype(q.dtype)
+        config = next(
+            cfg for cfg, variant in self.kernels if cfg.dtype == dtype and variant == self._variant(cfg, q, k, causal)
+        )
         return types.SimpleNamespace(config=config)
 
-    def flash_attn_func(self, q, k, v, *, causal=False):
-        return self.forward(self.choose_config(q, k, causal=causal).config, q, k, v, causal=causal)
+    def flash_attn_func(self, q, k, v, *, causal=False, **fp8):
+        return self.forward(self.choose_config(q, k, causal=causal).config, q, k, v, causal=causal, **fp8)
 
-    def forward(self, cfg, q, k, v, o=None, *, causal=False):
+    def forward(self, cfg, q, k, v, o=None, *, causal=False, **fp8):
         cfg = parse_kernel_name_into_config(cfg) if isinstance(cfg, str) else cfg  # a short form, as the API takes
         variant = self._variant(cfg, q, k, causal)
         if (cfg, variant) not in self.kernels:
             raise ValueError(f"{cfg.short_form()} has no kernel for {variant.describe()}")
         self.calls.append((cfg, tuple(q.shape), tuple(k.shape), causal))
-        out = _attention(q, k, v, causal and self.honours_causal).to(q.dtype)
-        return out if o is None else o.copy_(out)
+        self.fp8_keywords.append(fp8)
+        o = common.make_output(q) if o is None else o
+        return o.copy_(_attention(q, k, v, causal and self.honours_causal))
 
     def time(self, fn) -> float:
         calls = len(self.calls)
@@ -2073,6 +2079,223 @@ def test_autotune_sweeps_both_masks_and_ranks_them_apart(stand_in_gpu, tmp_path,
     ]
     rows = common.read_timing_csv(tmp_path / "tune.csv")
     assert {(row.causal, row.seq_len) for row in rows} == {(c, s) for c in (False, True) for s in (128, 256)}
+
+
+# ----------------------------------------------------------------------------------------------
+# FP8 (e4m3) inputs: ours and FlashAttention-3 with descales, the others shown as missing
+
+E4M3_128 = next(
+    cfg
+    for cfg in map(parse_kernel_name_into_config, DEFAULT_BUILD_KERNELS)
+    if cfg.dtype == DType.E4M3 and cfg.d_head == 128
+)
+# A build for sm_90 with the default set's e4m3 configuration of d_head 128 beside the 16-bit ones.
+FP8_STAND_IN_KERNELS = STAND_IN_KERNELS + [(E4M3_128, variant) for variant in ALL_VARIANTS]
+DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
+
+
+def _assert_descales_of_one(keywords: dict, batch: int, heads_kv: int) -> None:
+    """``keywords`` are the three descales, each float32 ones of shape (batch, heads_kv)."""
+    torch = pytest.importorskip("torch")
+    assert sorted(keywords) == sorted(DESCALE_NAMES)
+    for descale in keywords.values():
+        assert descale.dtype == torch.float32 and descale.shape == (batch, heads_kv) and bool((descale == 1).all())
+
+
+@pytest.mark.parametrize(
+    "parse, flag",
+    [
+        (pt_bench.parse_args, "--dtypes"),
+        (autotune.parse_args, "--dtypes"),
+        (lambda argv: run_kernels.parse_args(["1024", "128", *argv]), "--dtype"),
+        (lambda argv: power_bench.parse_args(["1024", "128", *argv]), "--dtype"),
+        (ncu_bench.parse_args, "--dtype"),
+    ],
+    ids=["pt_bench", "autotune", "run_kernels", "power_bench", "ncu_bench"],
+)
+def test_tools_that_run_fp8_take_every_name_of_each_dtype(parse, flag, capsys):
+    def parsed(*names):
+        return parse([flag, *names])
+
+    many = flag == "--dtypes"
+    for names, wanted in [(["e4m3"], "e4m3"), (["FP8"], "e4m3"), (["torch.float8_e4m3fn"], "e4m3"), (["half"], "fp16")]:
+        assert getattr(parsed(*names), flag[2:]) == ([wanted] if many else wanted)
+    if many:
+        assert parsed("bfloat16", "fp8").dtypes == ["bf16", "e4m3"]
+    with pytest.raises(SystemExit) as exit_info:
+        parsed("fp32")
+    assert exit_info.value.code == 2 and "unsupported dtype 'fp32'" in capsys.readouterr().err
+
+
+def test_fp8_inputs_are_the_bf16_draws_rounded_to_e4m3_with_descales_of_one(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(common, "DEVICE", "cpu")
+    problem = common.Problem(2, 64, 96, 8, 2, 128)
+    q, k, v = common.make_inputs(problem, DType.E4M3, seed=3)
+    assert [t.dtype for t in (q, k, v)] == [torch.float8_e4m3fn] * 3
+    assert [tuple(t.shape) for t in (q, k, v)] == [(2, 64, 8, 128), (2, 96, 2, 128), (2, 96, 2, 128)]
+    drawn = common.make_inputs(problem, DType.BF16, seed=3)
+    for made, bf16 in zip((q, k, v), drawn, strict=True):
+        assert torch.equal(made.view(torch.uint8), bf16.to(torch.float8_e4m3fn).view(torch.uint8))
+    _assert_descales_of_one(common.make_descales(problem, DType.E4M3), batch=2, heads_kv=2)
+    assert common.make_descales(problem, DType.BF16) == {} == common.make_descales(problem, DType.FP16)
+    # o is written in bfloat16 for e4m3 q, in q's own dtype otherwise.
+    assert common.make_output(q).dtype == torch.bfloat16 and common.make_output(q).shape == q.shape
+    assert common.make_output(drawn[0]).dtype == torch.bfloat16
+    assert common.make_output(drawn[0].half()).dtype == torch.float16
+
+
+def test_fa3_gets_fp8_descales_by_its_keywords_and_sdpa_and_fa4_are_refused_e4m3():
+    seen = {}
+    descales = {name: f"{name} tensor" for name in DESCALE_NAMES}
+    def fa3(*args, **kwargs):
+        seen.update(args=args, kwargs=kwargs)
+
+    common.peer_call(fa3, "q", "k", "v", True, **descales)()
+    assert seen == {"args": ("q", "k", "v"), "kwargs": {"causal": True, **descales}}
+    common.peer_call(fa3, "q", "k", "v", False)()
+    assert seen["kwargs"] == {"causal": False}  # 16-bit inputs: no descales
+    for reference in common.SDPA_REFERENCES:
+        assert "SDPA takes no float8_e4m3fn inputs" in common.dtype_refusal(reference, DType.E4M3)
+    assert "FlashAttention-4's flash_attn_func takes float16 and bfloat16" in common.dtype_refusal("fa4", DType.E4M3)
+    assert common.dtype_refusal("fa3", DType.E4M3) is None
+    assert all(
+        common.dtype_refusal(name, dtype) is None
+        for name in (*common.SDPA_REFERENCES, *common.PEER_LOADERS)
+        for dtype in (DType.FP16, DType.BF16)
+    )
+
+
+def test_pt_bench_times_e4m3_beside_fa3_and_shows_sdpa_and_fa4_as_missing(stand_in_gpu, tmp_path, capsys, monkeypatch):
+    extension = stand_in_gpu(kernels=FP8_STAND_IN_KERNELS, times={(E4M3_128, False): 1.0})
+    peer_calls = {"fa3": [], "fa4": []}
+
+    def peer(name):
+        def call(q, k, v, causal, **descales):
+            peer_calls[name].append((q.dtype, descales))
+            return q
+
+        return lambda function: (call, "")
+
+    monkeypatch.setattr(pt_bench, "PEERS", {"fa3": peer("fa3"), "fa4": peer("fa4")})
+    status = pt_bench.main(["--dtypes", "fp8", "--seq-lens", "128", "--csv", str(tmp_path / "bench.csv")])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    # Ours: the e4m3 configuration alone, timed, then as automatic configuration's choice, each call
+    # with descales of 1 for (batch 16, 16 kv heads); FA3 with the same; FA4 and SDPA never called.
+    assert [cfg for cfg, *_ in extension.calls] == [E4M3_128] * 2
+    for keywords in extension.fp8_keywords:
+        _assert_descales_of_one(keywords, batch=16, heads_kv=16)
+    torch = pytest.importorskip("torch")
+    assert [dtype for dtype, _ in peer_calls["fa3"]] == [torch.float8_e4m3fn] and not peer_calls["fa4"]
+    _assert_descales_of_one(peer_calls["fa3"][0][1], batch=16, heads_kv=16)
+    assert "e4m3: no SDPA backend takes it, so our output is not checked here" in out
+    table = out.split("\n\n")[1].splitlines()
+    assert table[0] == "e4m3, d_head 128, 16 heads, no mask (TFLOP/s)"
+    assert table[1] == "FLOPs: 4 * batch * heads_q * seqlen_q * seqlen_k * d_head"
+    # Ours (and auto) took 1.0 ms, FA3 the stand-in's 0.5 ms: ours/FA3 0.5; SDPA's backends, FA4: '-'.
+    assert E4M3_128.short_form() in table[4]
+    assert table[4].split()[-13:] == ["2.1", "2.1", "-", "-", "-", "4.3", "-", "-", "-", "0.500", "-", "1.000", "1.000"]
+    assert table[5:] == [
+        "harmonic mean of ours/FA3 over 1 sequence lengths: 0.500",
+        "automatic configuration chose the best at 1 of 1 lengths; choice/ours lowest 1.000; auto/ours (timed apart) "
+        "lowest 1.000",
+        *(f"{label} missing at every length: PyTorch's SDPA takes no float8_e4m3fn inputs"
+          for label in common.SDPA_REFERENCES.values()),
+        "FA4 missing at every length: FlashAttention-4's flash_attn_func takes float16 and bfloat16 inputs alone",
+    ]  # fmt: skip
+    rows = common.read_timing_csv(tmp_path / "bench.csv")
+    assert {row.dtype for row in rows} == {"e4m3"}
+    missing = {row.implementation: row.config for row in rows if math.isnan(row.time_ms)}
+    assert sorted(missing) == ["peer_fa4", "sdpa_cudnn", "sdpa_efficient", "sdpa_flash"]
+    assert all(config.startswith(pt_bench.MISSING) for config in missing.values())
+    ours = next(row for row in rows if row.implementation == "ours")
+    assert ours.tflops == pytest.approx(common.flop_counts(128, 16, 16, 128)[0] / 1e-3 / 1e12)
+
+
+def test_run_kernels_runs_and_checks_e4m3_against_the_fp8_reference(stand_in_gpu, monkeypatch, capsys):
+    extension = stand_in_gpu(kernels=FP8_STAND_IN_KERNELS)
+    argv = ["128", "128", "--batch", "2", "--heads", "4", "--heads_kv", "2", "--dtype", "e4m3", "--causal"]
+    assert run_kernels.main([*argv, "--check", "--reference", "all"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("batch 2, seq 128, 4 heads (2 k/v heads), d_head 128, causal, e4m3: 1 configuration(s)")
+    assert [cfg for cfg, *_ in extension.calls] == [E4M3_128]
+    _assert_descales_of_one(extension.fp8_keywords[0], batch=2, heads_kv=2)
+    for label in common.SDPA_REFERENCES.values():
+        assert f"{label} cannot run e4m3: PyTorch's SDPA takes no float8_e4m3fn inputs" in err
+    assert out.splitlines()[-1].split()[-1] == "ok"  # the stand-in's float32 output meets the FP8 criterion
+
+    fa3_calls = []
+    fa3 = lambda q, k, v, causal, **descales: fa3_calls.append(descales)  # noqa: E731
+    monkeypatch.setitem(common.PEER_LOADERS, "fa3", lambda name: (fa3, ""))
+    assert run_kernels.main([*argv, "--peer", "fa3"]) == 0
+    _assert_descales_of_one(fa3_calls[0], batch=2, heads_kv=2)
+    monkeypatch.setitem(common.PEER_LOADERS, "fa4", lambda name: pytest.fail("FA4 is not loaded for e4m3"))
+    assert run_kernels.main([*argv, "--peer", "fa4"]) == 1
+    assert "fa4 cannot run e4m3: FlashAttention-4's flash_attn_func takes" in capsys.readouterr().err
+
+
+def test_power_bench_runs_e4m3_with_fa3_and_names_what_takes_none(stand_in_gpu, monkeypatch, capsys):
+    extension = stand_in_gpu(kernels=FP8_STAND_IN_KERNELS)
+    fa3_calls = []
+    fa3 = lambda q, k, v, causal, **descales: fa3_calls.append(descales)  # noqa: E731
+    monkeypatch.setitem(common.PEER_LOADERS, "fa3", lambda name: (fa3, ""))
+    monkeypatch.setitem(common.PEER_LOADERS, "fa4", lambda name: pytest.fail("FA4 is not loaded for e4m3"))
+
+    def stand_in_loop(fn, seconds, smi):
+        fn()
+        return [1.0] * 3, [power_bench.Sample(1600, 680, 60)] * 3
+
+    monkeypatch.setattr(power_bench, "run_sustained", stand_in_loop)
+    argv = ["128", "128", "--dtype", "e4m3", "--peers", "fa3", "fa4", "--constant-inputs"]
+    assert power_bench.main([*argv, "--nvidia-smi", sys.executable]) == 0
+    out, err = capsys.readouterr()
+    assert "SDPA CUDNN cannot run e4m3: PyTorch's SDPA takes no float8_e4m3fn inputs" in err
+    assert [cfg for cfg, *_ in extension.calls] == [E4M3_128] * 2  # random and constant inputs
+    assert len(fa3_calls) == 2
+    for keywords in [*extension.fp8_keywords, *fa3_calls]:
+        _assert_descales_of_one(keywords, batch=16, heads_kv=16)
+    runs = [line.rsplit(None, 7)[:2] for line in out.splitlines()[3:-1]]
+    assert runs == [[label, inputs] for inputs in ("random", "constant") for label in (E4M3_128.short_form(), "FA3")]
+    assert out.splitlines()[-1] == f"FA4: missing: {common.dtype_refusal('fa4', DType.E4M3)}"
+
+
+def test_ncu_bench_profiles_e4m3_through_run_kernels():
+    args = ncu_bench.parse_args(["--dtype", "fp8", "--peers", "fa3"])
+    command = ncu_bench.ncu_command("ncu", args, common.benchmark_problem(4096, 128), "fa3")
+    run_args = run_kernels.parse_args(command[command.index(sys.executable) + 2 :])
+    assert (run_args.dtype, run_args.peer) == ("e4m3", "fa3")
+
+
+def test_profiling_and_sass_tools_name_the_default_sets_e4m3_kernels_by_their_configuration():
+    e4m3 = [cfg for cfg in map(parse_kernel_name_into_config, DEFAULT_BUILD_KERNELS) if cfg.dtype == DType.E4M3]
+    assert e4m3 and set(e4m3) <= set(get_kernel_configs("default"))
+    symbols = sass_counts.KernelSymbols()
+    for cfg in e4m3:
+        for variant in ALL_VARIANTS:
+            assert symbols.lookup(cfg.mangled_kernel_name(variant)) == (cfg, variant)
+            assert ncu_bench.classify_kernel(cfg.demangled_kernel_name(variant)).label == cfg.short_form()
+
+
+def test_autotune_sweeps_e4m3_configurations_into_e4m3_dispatch_table_entries(stand_in_gpu, tmp_path, capsys):
+    from flash_helpers.dispatch_table import DispatchTable
+
+    extension = stand_in_gpu(kernels=FP8_STAND_IN_KERNELS)
+    sweep = ["--dtypes", "e4m3", "--d-heads", "128", "--seq-lens", "128", "--causal", "off"]
+    # The tuning set, the default selection, has no e4m3 configuration: nothing runs, and a note says so.
+    assert autotune.main([*sweep, "--csv", str(tmp_path / "tune.csv")]) == 0
+    assert "note: no selected configuration runs e4m3" in capsys.readouterr().err and extension.calls == []
+
+    table_path = tmp_path / "sm_90.json"
+    argv = [*sweep, "--kernels", "default", "--csv", str(tmp_path / "tune.csv"), "--dispatch-table", str(table_path)]
+    assert autotune.main([*argv, "--arch", "sm_90", "--gpu", "stand-in GPU"]) == 0
+    assert [cfg for cfg, *_ in extension.calls] == [E4M3_128]
+    _assert_descales_of_one(extension.fp8_keywords[0], batch=16, heads_kv=16)
+    (entry,) = DispatchTable.load(table_path).entries
+    # The dtype as automatic configuration reads it (flash_attention.dispatch: DType[entry.dtype]).
+    assert (DType[entry.dtype], entry.d_head, entry.causal, entry.ranked) == (
+        DType.E4M3, 128, False, (E4M3_128.short_form(),)
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------

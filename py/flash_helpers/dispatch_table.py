@@ -33,9 +33,9 @@ def arch_name(capability: tuple[int, int]) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class TableEntry:
-    """The ranking at one shape: dtype (``FP16``/``BF16``), head size, causal or not, and the
-    length the sweep measured (seqlen_q = seqlen_k); configurations as short forms, fastest first,
-    and each one's measured time in milliseconds, in the same order."""
+    """The ranking at one shape: dtype (a DType's name: ``FP16``, ``BF16``, ``E4M3``), head size,
+    causal or not, and the length the sweep measured (seqlen_q = seqlen_k); configurations as short
+    forms, fastest first, and each one's measured time in milliseconds, in the same order."""
 
     dtype: str
     d_head: int

@@ -27,6 +27,11 @@ reads (flash_helpers.dispatch_table): every configuration's place and time at ev
 tables are py/flash_attention/dispatch_tables/<arch>.json, e.g. for the H200:
 
     python tools/benchmark/autotune.py --kernels default --dispatch-table py/flash_attention/dispatch_tables/sm_90.json
+
+--dtypes e4m3 times E4M3 configurations (the tuning set has none: select them with --kernels, e.g.
+default) on FP8 inputs with descales of 1, as pt_bench.py does. Their rankings become E4M3 entries
+of --dispatch-table, which automatic configuration reads as it reads the 16-bit ones; the shipped
+tables have none, so it takes the E4M3 configurations by rule.
 """
 
 from __future__ import annotations
@@ -102,9 +107,9 @@ class GroupRanking:
 
 
 def _group_order(dtype: str, d_head: int, causal: bool) -> tuple[int, int, bool]:
-    """Groups in the order people read them: the dtypes' usual order (fp16 first), then by d_head,
-    unmasked before causal."""
-    known = common.DTYPE_NAMES
+    """Groups in the order people read them: the dtypes' usual order (fp16 first, e4m3 last), then by
+    d_head, unmasked before causal."""
+    known = common.DTYPE_NAMES + common.FP8_DTYPE_NAMES
     return (known.index(dtype) if dtype in known else len(known), d_head, causal)
 
 
@@ -245,6 +250,8 @@ def sweep(args: argparse.Namespace, configs, csv_writer: common.TimingCsvWriter)
         fitting = [cfg for cfg in configs if common.fits(cfg, dtype, problem, variants)]
         if fitting:
             shapes.append((dtype_name, dtype, problem, fitting))
+    for dtype_name in sorted(set(args.dtypes) - {shape[0] for shape in shapes}):
+        print(f"note: no selected configuration runs {dtype_name} at these head sizes and lengths", file=sys.stderr)
 
     rows = []
     with common.Progress(args.rounds * sum(len(shape[-1]) for shape in shapes), "autotuning") as progress:
@@ -252,9 +259,11 @@ def sweep(args: argparse.Namespace, configs, csv_writer: common.TimingCsvWriter)
             where = f", round {round_index + 1} of {args.rounds}" if args.rounds > 1 else ""
             progress.set_description(f"{dtype_name} {problem.describe()}{where}")
             q, k, v = common.make_inputs(problem, dtype)
-            o = q.new_empty(q.shape)
+            descales = common.make_descales(problem, dtype)
+            o = common.make_output(q)
             for cfg in common.timing_order(fitting, round_index, (dtype_name, problem)):
-                time_ms = timer(functools.partial(flash_attention.forward, cfg, q, k, v, o, causal=problem.causal))
+                call = functools.partial(flash_attention.forward, cfg, q, k, v, o, causal=problem.causal, **descales)
+                time_ms = timer(call)
                 row = common.timing_row(dtype_name, problem, "ours", cfg.short_form(), time_ms)
                 csv_writer.write(row)
                 rows.append(row)
@@ -264,9 +273,7 @@ def sweep(args: argparse.Namespace, configs, csv_writer: common.TimingCsvWriter)
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--dtypes", nargs="+", choices=common.DTYPE_NAMES, default=list(common.DTYPE_NAMES), help="(default: both)"
-    )
+    common.add_dtype_argument(parser, default=list(common.DTYPE_NAMES))
     parser.add_argument(
         "--d-heads", nargs="+", type=int, choices=common.D_HEADS, default=list(common.D_HEADS), help="(default: all)"
     )

@@ -33,7 +33,7 @@ if str(REPO_ROOT / "py") not in sys.path:
 
 from flash_helpers import sm80_config, sm90_config  # noqa: E402
 from flash_helpers.dispatch_table import arch_name  # noqa: E402
-from flash_helpers.dtypes import DTYPES, DType  # noqa: E402
+from flash_helpers.dtypes import DTYPES, FP8_DTYPES, DType, output_dtype  # noqa: E402
 from flash_helpers.kernel_config import KernelConfig  # noqa: E402
 from flash_helpers.build_env import BUILD_KERNELS_ENV  # noqa: E402
 from flash_helpers.kernel_sets import KERNELS_ENV, get_kernel_configs  # noqa: E402
@@ -44,8 +44,17 @@ from flash_helpers.problem import needed_variant as problem_variant_for  # noqa:
 # Benchmark shapes
 
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
-# The dtypes as the command lines and CSV files spell them.
-DTYPE_NAMES = tuple(dtype.name.lower() for dtype in DTYPES)
+
+
+def dtype_name(dtype: DType) -> str:
+    """A dtype as the command lines and CSV files spell it: fp16, bf16, e4m3."""
+    return dtype.name.lower()
+
+
+# The 16-bit dtypes, which the tools measure unless told otherwise, and the FP8 ones (the Hopper
+# family's alone), which they measure on request.
+DTYPE_NAMES = tuple(map(dtype_name, DTYPES))
+FP8_DTYPE_NAMES = tuple(map(dtype_name, FP8_DTYPES))
 # The head sizes of every kernel family.
 D_HEADS = tuple(sorted(set(sm80_config.D_HEADS) | set(sm90_config.D_HEADS)))
 # The model width heads * d_head of every benchmark shape.
@@ -89,8 +98,39 @@ def next_aligned_length(seq_len: int) -> int:
 
 
 def dtype_from_name(name: str) -> DType:
-    """The DType of a command-line or CSV dtype name (fp16, bf16)."""
+    """The DType of a command-line or CSV dtype name (fp16, bf16, e4m3)."""
     return DType.from_string(name)
+
+
+def add_dtype_argument(
+    parser: argparse.ArgumentParser, default: str | list[str], fp8_refusal: str | None = None
+) -> None:
+    """--dtypes (a list ``default``: one or more) or --dtype (one): any name DType.from_string reads
+    (fp16, half, bfloat16, e4m3, fp8, ...), kept as the tools spell it (``dtype_name``). A tool that
+    cannot run FP8 inputs says why in ``fp8_refusal``: asking it for them is then a usage error that
+    gives the reason."""
+    names = DTYPE_NAMES if fp8_refusal else DTYPE_NAMES + FP8_DTYPE_NAMES
+
+    def parse(text: str) -> str:
+        try:
+            dtype = DType.from_string(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        if fp8_refusal and dtype in FP8_DTYPES:
+            raise argparse.ArgumentTypeError(f"{text}: {fp8_refusal}")
+        return dtype_name(dtype)
+
+    many = isinstance(default, list)
+    defaults = " ".join(default) if many else default
+    refused = f"; not e4m3: {fp8_refusal}" if fp8_refusal else ""
+    parser.add_argument(
+        "--dtypes" if many else "--dtype",
+        nargs="+" if many else None,
+        type=parse,
+        default=default,
+        metavar="DTYPE",
+        help=f"{', '.join(names)} or another of their names (half, bfloat16, ...) (default: {defaults}){refused}",
+    )
 
 
 def positive_int(text: str) -> int:
@@ -324,9 +364,10 @@ def load_fa4(function: str):
 PEER_LOADERS = {"fa3": load_fa3, "fa4": load_fa4}
 
 
-def peer_call(function, q, k, v, causal: bool) -> Callable[[], object]:
-    """A call of a peer's flash_attn_func as the tools run it (its lse, where returned, is dropped)."""
-    return lambda: function(q, k, v, causal=causal)
+def peer_call(function, q, k, v, causal: bool, **descales) -> Callable[[], object]:
+    """A call of a peer's flash_attn_func as the tools run it (its lse, where returned, is dropped);
+    FP8 inputs' ``descales`` (``make_descales``) go by FlashAttention-3's keywords, which are ours."""
+    return lambda: function(q, k, v, causal=causal, **descales)
 
 
 def add_peers_argument(parser: argparse.ArgumentParser, what: str) -> None:
@@ -368,7 +409,9 @@ DEVICE = "cuda"
 
 def make_inputs(problem: Problem, dtype: DType, seed: int | None = None):
     """Random q (batch, seqlen_q, heads_q, d_head), k and v (batch, seqlen_k, heads_kv, d_head) on the
-    current GPU (never zeros: every kernel must do its real work)."""
+    current GPU (never zeros: every kernel must do its real work). FP8 inputs are the same normal
+    values drawn in their output's dtype (bfloat16) and rounded to e4m3; ``make_descales`` gives
+    their dequantisation factors."""
     import torch
 
     generator = torch.Generator(device=DEVICE)
@@ -378,10 +421,30 @@ def make_inputs(problem: Problem, dtype: DType, seed: int | None = None):
         generator.manual_seed(seed)
     q_shape = (problem.batch, problem.seqlen_q, problem.heads_q, problem.d_head)
     kv_shape = (problem.batch, problem.seqlen_k, problem.heads_kv, problem.d_head)
+    drawn = output_dtype(DType(dtype)).to_torch_dtype()
     return tuple(
-        torch.randn(shape, dtype=DType(dtype).to_torch_dtype(), device=DEVICE, generator=generator)
+        torch.randn(shape, dtype=drawn, device=DEVICE, generator=generator).to(DType(dtype).to_torch_dtype())
         for shape in (q_shape, kv_shape, kv_shape)
     )
+
+
+def make_descales(problem: Problem, dtype: DType) -> dict:
+    """The keywords that inputs of ``dtype`` add to a call of ours or of FlashAttention-3 (the same
+    names): for FP8 inputs q_descale, k_descale and v_descale of 1, float32 (batch, heads_kv), given
+    so that each call dequantises as a real one does; none for 16-bit inputs."""
+    if DType(dtype) not in FP8_DTYPES:
+        return {}
+    import torch
+
+    return {
+        name: torch.ones((problem.batch, problem.heads_kv), dtype=torch.float32, device=DEVICE)
+        for name in ("q_descale", "k_descale", "v_descale")
+    }
+
+
+def make_output(q):
+    """An o for a call on q: q's shape, in the dtype the call writes (q's own; bfloat16 for FP8 q)."""
+    return q.new_empty(q.shape, dtype=output_dtype(DType.from_torch_dtype(q.dtype)).to_torch_dtype())
 
 
 # Warm-up and measurement budget of the CUDA-event fallback, like do_bench's defaults.
@@ -489,6 +552,19 @@ def timing_order(items: list, round_index: int, shape: object) -> list:
 
 # Reference name (as the command lines spell it) -> column label.
 SDPA_REFERENCES = {"flash": "SDPA FLASH", "cudnn": "SDPA CUDNN", "efficient": "SDPA EFFICIENT"}
+
+# Why an implementation the tools compare with ours takes no FP8 inputs, by its name (a
+# SDPA_REFERENCES or PEER_LOADERS key); FlashAttention-3 takes them, with the descales ours takes.
+_WITHOUT_FP8 = {
+    **{reference: "PyTorch's SDPA takes no float8_e4m3fn inputs" for reference in SDPA_REFERENCES},
+    "fa4": "FlashAttention-4's flash_attn_func takes float16 and bfloat16 inputs alone",
+}
+
+
+def dtype_refusal(implementation: str, dtype: DType) -> str | None:
+    """Why ``implementation`` (a SDPA_REFERENCES or PEER_LOADERS key) cannot run inputs of ``dtype``,
+    or None where it can: the tools show it as missing with this reason instead of calling it."""
+    return _WITHOUT_FP8.get(implementation) if DType(dtype) in FP8_DTYPES else None
 
 
 def sdpa_backend(reference: str):

@@ -19,12 +19,13 @@ mask, half of the unmasked problem's, as FlashAttention counts. Then, for each k
 that is not a multiple of 128 and at the next multiple (both among --seq_lens), how many more
 cycles per attention FLOP it takes at the former.
 
---peers fa3 fa4 profiles each peer's flash_attn_func on the same shapes (bfloat16 for FA3's
+--peers fa3 fa4 profiles each peer's flash_attn_func on the same shapes (bfloat16 or e4m3 for FA3's
 fa3-fwd build), each in an ncu run of its own (run_kernels.py --peer): every kernel of that run
 but PyTorch's own (the inputs' fills) is the peer's, named "FA3" where it launches one kernel and
 "FA3: <kernel>" per kernel where it launches several. A peer that is missing or cannot run a
 shape is reported and makes the exit status 1; the peers' wheels are installed apart, as
-decode_bench.py says.
+decode_bench.py says. --dtype e4m3 profiles FP8 inputs as run_kernels.py runs them: descales of 1
+given to ours and to FA3, no SDPA backend (none takes e4m3), and FA4's run refused (nor does it).
 
 --clock-control none leaves the GPU at its normal clocks, so durations are comparable with the
 benchmark's. Needs Nsight Compute (ncu) and a GPU.
@@ -442,7 +443,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="configurations to profile: short forms separated by ';', or a set name (prog, progall, tune, all, "
         "'B_r,B_c'); default: the KERNELS environment variable, else every compiled configuration",
     )
-    parser.add_argument("--dtype", choices=common.DTYPE_NAMES, default="fp16", help="(default: fp16)")
+    common.add_dtype_argument(parser, default="fp16")
     parser.add_argument(
         "--reference",
         choices=("none", *common.SDPA_REFERENCES, "all"),

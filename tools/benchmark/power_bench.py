@@ -17,6 +17,8 @@ whose elements are all equal: the same instructions, with operands that never to
 clock and power show how far the random inputs' power holds the kernel back. --peers fa3 fa4 runs
 the peers' flash_attn_func the same way (a missing peer is named under the table, with why);
 --shape llama70b takes pt_bench's grouped-query shape (batch 2, 64 query heads over 8 of 128).
+--dtype e4m3 runs FP8 inputs with descales of 1 given to ours and to FA3 alike, as pt_bench.py
+does; the SDPA backends and FA4 take no e4m3 and are reported as missing.
 
 Needs a GPU and nvidia-smi.
 """
@@ -147,7 +149,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="configurations to run: short forms separated by ';', or a set name; default: the KERNELS "
         "environment variable, else every compiled configuration",
     )
-    parser.add_argument("--dtype", choices=common.DTYPE_NAMES, default="fp16", help="(default: fp16)")
+    common.add_dtype_argument(parser, default="fp16")
     parser.add_argument("--causal", action="store_true", help="with the causal mask (bottom-right aligned)")
     parser.add_argument(
         "--reference",
@@ -209,21 +211,27 @@ def main(argv: list[str] | None = None) -> int:
         print(error, file=sys.stderr)
         return 1
     configs = common.fitting_configs(selected, dtype, problem)
-    if not configs and args.reference == "none" and not args.peers:
+    reference = args.reference
+    if reference != "none" and (refusal := common.dtype_refusal(reference, dtype)):
+        print(f"{common.SDPA_REFERENCES[reference]} cannot run {args.dtype}: {refusal}", file=sys.stderr)
+        reference = "none"
+    if not configs and reference == "none" and not args.peers:
         print(
-            "nothing to run: no selected configuration fits this shape, --reference is none and no --peers",
+            "nothing to run: no selected configuration fits this shape, no SDPA reference runs and no --peers",
             file=sys.stderr,
         )
         return 1
     peers, missing = {}, {}
     for peer in args.peers:
-        function, why = common.PEER_LOADERS[peer]("flash_attn_func")
+        refusal = common.dtype_refusal(peer, dtype)
+        function, why = (None, refusal) if refusal else common.PEER_LOADERS[peer]("flash_attn_func")
         if function is None:
             missing[peer.upper()] = why
         else:
             peers[peer.upper()] = function
     flop, _ = problem.flop_counts()
     q, k, v = common.make_inputs(problem, dtype, seed=0)
+    descales = common.make_descales(problem, dtype)
     inputs = {"random": (q, k, v)}
     if args.constant_inputs:
         inputs["constant"] = tuple(torch.full_like(t, 0.01) for t in (q, k, v))
@@ -232,23 +240,23 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for name, (q_in, k_in, v_in) in inputs.items():
         for cfg in configs:
-            o = torch.empty_like(q_in)
+            o = common.make_output(q_in)
 
             def ours(cfg=cfg, q_in=q_in, k_in=k_in, v_in=v_in, o=o):
-                flash_attention.forward(cfg, q_in, k_in, v_in, o, causal=args.causal)
+                flash_attention.forward(cfg, q_in, k_in, v_in, o, causal=args.causal, **descales)
 
             runs.append(summarize(cfg.short_form(), name, flop, *run_sustained(ours, args.seconds, smi)))
-        if args.reference != "none":
+        if reference != "none":
             try:
-                call = common.sdpa_call(args.reference, q_in, k_in, v_in, args.causal)
+                call = common.sdpa_call(reference, q_in, k_in, v_in, args.causal)
             except RuntimeError as error:
-                print(f"{common.SDPA_REFERENCES[args.reference]} cannot run this shape: {error}", file=sys.stderr)
+                print(f"{common.SDPA_REFERENCES[reference]} cannot run this shape: {error}", file=sys.stderr)
                 continue
-            with common.use_sdpa_reference(args.reference):
+            with common.use_sdpa_reference(reference):
                 timings, samples = run_sustained(call.run, args.seconds, smi)
-            runs.append(summarize(common.SDPA_REFERENCES[args.reference], name, flop, timings, samples))
+            runs.append(summarize(common.SDPA_REFERENCES[reference], name, flop, timings, samples))
         for label, function in peers.items():
-            call = common.peer_call(function, q_in, k_in, v_in, args.causal)
+            call = common.peer_call(function, q_in, k_in, v_in, args.causal, **descales)
             try:
                 runs.append(summarize(label, name, flop, *run_sustained(call, args.seconds, smi)))
             except Exception as error:  # a peer's own checks raise what they like

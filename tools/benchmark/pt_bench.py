@@ -11,9 +11,8 @@ times every selected compiled configuration that has the kernel variant the prob
 length fits a configuration compiled with masked tails), then automatic configuration ("auto":
 flash_attn_func, the configuration chosen per call from the dispatch table), then SDPA with each
 backend and each peer's flash_attn_func (FA3: the fa3-fwd package's fa3_fwd_interface, which runs
-bfloat16 alone; FA4: the flash-attn-4 package's flash_attn.cute, its SM90 path on Hopper), on the
-same inputs in the same run. A peer that cannot be imported or cannot run a shape is shown as '-',
-and the table says why; the peers' wheels are installed apart, as decode_bench.py says. Time is
+bfloat16 and e4m3; FA4: the flash-attn-4 package's flash_attn.cute, its SM90 path on Hopper), on the
+same inputs in the same run; the peers' wheels are installed apart, as decode_bench.py says. Time is
 the median of triton.testing.do_bench (of CUDA-event timings if triton is missing); TFLOP/s =
 4 * batch * heads_q * seq^2 * d_head / time, half of that with the causal mask, as FlashAttention
 counts. With --rounds R every shape is measured R times, round
@@ -29,17 +28,23 @@ implementation at the steady clock its own power draw leaves, as in a training o
 Prints one table per (dtype, d_head, mask) with the best configuration per seq and its ratios to
 the FLASH and CUDNN backends and to each peer, then the harmonic means of those ratios, for each
 length that is not a multiple of 128 (with its next multiple among the lengths) how much more time
-per FLOP ours takes there than at the multiple, where a peer was missing and why, and auto's ratio
-to the best
+per FLOP ours takes there than at the multiple, where a backend or peer was missing and why, and
+auto's ratio to the best
 configuration: "auto/ours" compares its own timing with the best's (run-to-run noise and the
 call's overhead included), "choice/ours" the chosen configuration's timing among ours with the
-best's (auto is not counted as a configuration). A backend that cannot run a
-shape is shown as '-'; with GQA, a backend that rejects enable_gqa is given k and v with repeated
-heads, and the table says so. The best configuration's output is checked against the FLASH
-backend's once per shape; a mismatch is reported and makes the exit status 1. A head size without
-configurations of its own (--d-heads takes any multiple of 8 up to 256, e.g. 80) is timed through
-automatic configuration alone, which serves it with a larger compiled head size; its TFLOP/s count
-the call's head size, the useful work.
+best's (auto is not counted as a configuration). A backend or peer that cannot be imported or
+cannot run a shape is shown as '-', and a line under the table says why; with GQA, a backend that
+rejects enable_gqa is given k and v with repeated heads, and the table says so. The best
+configuration's output is checked against the FLASH backend's once per shape; a mismatch is
+reported and makes the exit status 1. A head size without configurations of its own (--d-heads
+takes any multiple of 8 up to 256, e.g. 80) is timed through automatic configuration alone, which
+serves it with a larger compiled head size; its TFLOP/s count the call's head size, the useful work.
+
+--dtypes e4m3 times FP8 inputs: random normal values (drawn in bfloat16) rounded to float8_e4m3fn,
+with descales of 1 ((batch, heads_kv) float32) given to ours and to FA3 alike, by FlashAttention-3's
+keywords (our output is bfloat16, as FA3's); the FLOPs are counted as for 16-bit inputs. The SDPA backends and
+FA4 take no e4m3: they are shown as missing, and our output goes unchecked here (run_kernels.py
+--dtype e4m3 --check checks it against the FP8 reference).
 """
 
 from __future__ import annotations
@@ -62,8 +67,8 @@ CHECK_REFERENCE = "flash"
 AUTO = "auto"
 # The peers timed, in table order, with their flash_attn_func's loader.
 PEERS = common.PEER_LOADERS
-# A peer's rows where it could not run: the config field says why, after this prefix.
-PEER_MISSING = "missing: "
+# The rows of a backend or peer where it could not run: the config field says why, after this prefix.
+MISSING = "missing: "
 
 
 @dataclasses.dataclass
@@ -97,9 +102,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="head sizes, multiples of 8 up to 256; one without configurations of its own (e.g. 80) times "
         "automatic configuration alone, which runs it on a larger compiled head size (default: 128)",
     )
-    parser.add_argument(
-        "--dtypes", nargs="+", choices=common.DTYPE_NAMES, default=list(common.DTYPE_NAMES), help="(default: both)"
-    )
+    common.add_dtype_argument(parser, default=list(common.DTYPE_NAMES))
     parser.add_argument(
         "--seq-lens",
         nargs="+",
@@ -178,6 +181,22 @@ def peer_implementation(peer: str) -> str:
     return f"peer_{peer}"
 
 
+def compared_implementation(name: str) -> str:
+    """The rows' implementation of a REFERENCES or PEERS name."""
+    return peer_implementation(name) if name in PEERS else implementation_name(name)
+
+
+def compared_label(name: str) -> str:
+    """The tables' label of a REFERENCES or PEERS name: SDPA FLASH, ..., FA3, FA4."""
+    return name.upper() if name in PEERS else common.SDPA_REFERENCES[name]
+
+
+def first_line(error: Exception) -> str:
+    """Why a backend or peer could not run, for a table's line: the error's type and first line."""
+    text = str(error)
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 def load_peers() -> dict:
     """Each peer's flash_attn_func, or None, with why it is missing."""
     return {peer: load("flash_attn_func") for peer, load in PEERS.items()}
@@ -191,9 +210,11 @@ def benchmark_shape(
     order) and a correctness failure, if any."""
     import flash_attention
 
-    q, k, v = common.make_inputs(problem, common.dtype_from_name(dtype_name))
-    o = q.new_empty(q.shape)
-    forward = functools.partial(flash_attention.forward, causal=problem.causal)
+    dtype = common.dtype_from_name(dtype_name)
+    q, k, v = common.make_inputs(problem, dtype)
+    descales = common.make_descales(problem, dtype)
+    o = common.make_output(q)
+    forward = functools.partial(flash_attention.forward, causal=problem.causal, **descales)
 
     def row(implementation: str, config: str, time_ms: float) -> common.TimingRow:
         return common.timing_row(dtype_name, problem, implementation, config, time_ms)
@@ -203,20 +224,22 @@ def benchmark_shape(
     peers = peers or {}
     # What to time: our configurations, then AUTO, then each SDPA reference and each peer by name.
     for item in common.timing_order([*configs, AUTO, *REFERENCES, *PEERS], round_index, (dtype_name, problem)):
-        if item in PEERS:
+        if item in (*REFERENCES, *PEERS) and (refusal := common.dtype_refusal(item, dtype)):
+            rows.append(row(compared_implementation(item), MISSING + refusal, math.nan))
+        elif item in PEERS:
             function, missing = peers.get(item, (None, "not loaded"))
             if function is not None:
                 try:
-                    call = common.peer_call(function, q, k, v, problem.causal)
+                    call = common.peer_call(function, q, k, v, problem.causal, **descales)
                     rows.append(row(peer_implementation(item), "", timer(call)))
                 except Exception as error:  # the peers raise their own types for what they do not run
-                    missing = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                    missing = first_line(error)
                     progress.write(f"{item.upper()} cannot run {dtype_name}, {problem.describe()}: {missing}")
             if missing:
-                rows.append(row(peer_implementation(item), PEER_MISSING + missing, math.nan))
+                rows.append(row(peer_implementation(item), MISSING + missing, math.nan))
         elif item == AUTO:
             choice = flash_attention.choose_config(q, k, causal=problem.causal)
-            auto = functools.partial(flash_attention.flash_attn_func, q, k, v, causal=problem.causal)
+            auto = functools.partial(flash_attention.flash_attn_func, q, k, v, causal=problem.causal, **descales)
             rows.append(row(AUTO, choice.config.short_form(), timer(auto)))
         elif item in REFERENCES:
             try:
@@ -226,7 +249,7 @@ def benchmark_shape(
             except RuntimeError as error:
                 label = common.SDPA_REFERENCES[item]
                 progress.write(f"{label} cannot run {dtype_name}, {problem.describe()}: {error}")
-                rows.append(row(implementation_name(item), "", math.nan))
+                rows.append(row(implementation_name(item), MISSING + first_line(error), math.nan))
             else:
                 if item == CHECK_REFERENCE:
                     check_output = call.output
@@ -271,22 +294,22 @@ def peer_tflops(rows: list[common.TimingRow], peer: str) -> float:
     return next((r.tflops for r in rows if r.implementation == peer_implementation(peer)), math.nan)
 
 
-def peer_missing_lines(rows: list[common.TimingRow]) -> list[str]:
-    """Per peer that did not run at some length of the table: where and why."""
+def missing_lines(rows: list[common.TimingRow]) -> list[str]:
+    """Per SDPA backend and peer that did not run at some length of the table: where and why."""
     lines = []
     seq_lens = sorted({r.seq_len for r in rows})
-    for peer in PEERS:
+    for name in (*REFERENCES, *PEERS):
         missing = {}
         for seq_len in seq_lens:
-            at_seq = [r for r in rows if r.seq_len == seq_len and r.implementation == peer_implementation(peer)]
+            at_seq = [r for r in rows if r.seq_len == seq_len and r.implementation == compared_implementation(name)]
             if not at_seq:
                 missing.setdefault("not timed", []).append(seq_len)
             elif not math.isfinite(at_seq[0].tflops):
-                reason = at_seq[0].config.removeprefix(PEER_MISSING) or "no time"
+                reason = at_seq[0].config.removeprefix(MISSING) or "no time"
                 missing.setdefault(reason, []).append(seq_len)
         for reason, at in missing.items():
             where = "every length" if at == seq_lens else "seq " + ", ".join(map(str, at))
-            lines.append(f"{peer.upper()} missing at {where}: {reason}")
+            lines.append(f"{compared_label(name)} missing at {where}: {reason}")
     return lines
 
 
@@ -373,7 +396,7 @@ def format_group_table(rows: list[common.TimingRow]) -> str:
         if any(r.implementation == implementation_name(reference) and r.config == common.GQA_REPEATED for r in rows):
             label = common.SDPA_REFERENCES[reference]
             lines.append(f"{label} rejects enable_gqa: it was given k and v with each head repeated")
-    lines += peer_missing_lines(rows)
+    lines += missing_lines(rows)
     return "\n".join(lines)
 
 
@@ -436,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     peers = load_peers()
     for peer, (function, missing) in peers.items():
         print(f"{peer.upper()}: {function.__module__ if function else 'missing: ' + missing}")
+    if set(args.dtypes) & set(common.FP8_DTYPE_NAMES):
+        print("e4m3: no SDPA backend takes it, so our output is not checked here (run_kernels.py --check does)")
 
     all_rows, failures = [], []
     plan = []  # per group: the configurations that fit each of its problems

@@ -19,8 +19,12 @@ run the shape is reported and the exit status is 1.
 
 --check also compares each configuration's output with a float32 reference with the same mask
 (the tests' criterion: max|out - ref32| <= 2 * max|ref16 - ref32| + 1e-5 and relative norm error
-< 1e-2), prints the errors and exits with status 1 on any mismatch. Leave it off under a profiler:
-the reference launches many kernels of its own.
+< 1e-2; for e4m3 inputs tests/test_fp8.py's), prints the errors and exits with status 1 on any
+mismatch. Leave it off under a profiler: the reference launches many kernels of its own.
+
+--dtype e4m3 runs FP8 inputs (random normal values rounded to float8_e4m3fn) with descales of 1
+((batch, heads_kv) float32), given to ours and to FA3 alike. The SDPA backends and FA4 take no
+e4m3: a --reference is reported and left out, and --peer fa4 is refused (exit status 1).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import argparse
 import sys
 
 import bench_common as common
-from flash_helpers.reference import FloatReference
+from flash_helpers.reference import FloatReference, Fp8Reference
 
 REFERENCE_CHOICES = ("none", *common.SDPA_REFERENCES, "all")
 
@@ -54,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, help="batch size (default: the benchmark shape's)")
     parser.add_argument("--heads", type=int, help="query heads (default: the benchmark shape's)")
     parser.add_argument("--heads_kv", type=int, help="key/value heads, dividing --heads (default: --heads)")
-    parser.add_argument("--dtype", choices=common.DTYPE_NAMES, default="fp16", help="(default: fp16)")
+    common.add_dtype_argument(parser, default="fp16")
     parser.add_argument("--causal", action="store_true", help="with the causal mask (bottom-right aligned)")
     parser.add_argument(
         "--reference",
@@ -99,13 +103,18 @@ def run_peer(peer: str, problem: common.Problem, args: argparse.Namespace) -> in
     """Runs the peer's flash_attn_func n_runs times on the problem's random inputs."""
     import torch
 
+    dtype = common.dtype_from_name(args.dtype)
+    refusal = common.dtype_refusal(peer, dtype)
+    if refusal:
+        print(f"{peer} cannot run {args.dtype}: {refusal}", file=sys.stderr)
+        return 1
     function, missing = common.PEER_LOADERS[peer]("flash_attn_func")
     if function is None:
         print(f"{peer} is missing: {missing}", file=sys.stderr)
         return 1
-    q, k, v = common.make_inputs(problem, common.dtype_from_name(args.dtype), seed=args.seed)
+    q, k, v = common.make_inputs(problem, dtype, seed=args.seed)
     print(f"{problem.describe()}, {args.dtype}: {peer} ({function.__module__})")
-    call = common.peer_call(function, q, k, v, args.causal)
+    call = common.peer_call(function, q, k, v, args.causal, **common.make_descales(problem, dtype))
     try:
         for _ in range(args.n_runs):
             call()
@@ -140,26 +149,36 @@ def main(argv: list[str] | None = None) -> int:
         print(error, file=sys.stderr)
         return 1
     configs = common.fitting_configs(selected, dtype, problem)
-    references = chosen_references(args.reference)
+    references = []
+    for name in chosen_references(args.reference):
+        refusal = common.dtype_refusal(name, dtype)
+        if refusal:
+            print(f"{common.SDPA_REFERENCES[name]} cannot run {args.dtype}: {refusal}", file=sys.stderr)
+        else:
+            references.append(name)
     skipped = len(selected) - len(configs)
     print(
         f"{problem.describe()}, {args.dtype}: {len(configs)} configuration(s), {skipped} skipped "
         "(other dtype or d_head, or no kernel for this mask and length)"
     )
     if not configs and not references:
-        print("nothing to run: no selected configuration fits this shape and --reference is none", file=sys.stderr)
+        print("nothing to run: no selected configuration fits this shape and no SDPA reference runs", file=sys.stderr)
         return 1
 
     q, k, v = common.make_inputs(problem, dtype, seed=args.seed)
-    reference = FloatReference(q, k, v, causal=args.causal) if args.check and configs else None
-    o = torch.empty_like(q)
+    descales = common.make_descales(problem, dtype)
+    reference = None
+    if args.check and configs:
+        reference_type = Fp8Reference if dtype in common.FP8_DTYPES else FloatReference
+        reference = reference_type(q, k, v, causal=args.causal, **descales)
+    o = common.make_output(q)
     comparisons = {}
     for cfg in configs:
         if reference is not None:
             # Poisoned with NaN so that any element the kernel fails to write shows in the check.
             o.fill_(float("nan"))
         for _ in range(args.n_runs):
-            flash_attention.forward(cfg, q, k, v, o, causal=args.causal)
+            flash_attention.forward(cfg, q, k, v, o, causal=args.causal, **descales)
         print(f"ran {args.n_runs}x {cfg.short_form()}")
         if reference is not None:
             comparisons[cfg.short_form()] = reference.compare(o)
