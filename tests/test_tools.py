@@ -23,8 +23,10 @@ sys.path[:0] = [str(BENCHMARK_DIR), str(ANALYSIS_DIR)]
 
 import autotune  # noqa: E402
 import bench_common as common  # noqa: E402
+import call_bench  # noqa: E402
 import decode_bench  # noqa: E402
 import generate_bench  # noqa: E402
+import model_bench  # noqa: E402
 import ncu_bench  # noqa: E402
 import progression  # noqa: E402
 import power_bench  # noqa: E402
@@ -2125,6 +2127,24 @@ def test_tools_that_run_fp8_take_every_name_of_each_dtype(parse, flag, capsys):
     with pytest.raises(SystemExit) as exit_info:
         parsed("fp32")
     assert exit_info.value.code == 2 and "unsupported dtype 'fp32'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "parse, flag, reason",
+    [
+        (varlen_bench.parse_args, "--dtypes", "flash_attn_varlen_func raises NotImplementedError"),
+        (decode_bench.parse_args, "--dtypes", "flash_attn_with_kvcache raises NotImplementedError"),
+        (model_bench.parse_args, "--dtypes", "the models compute in a 16-bit dtype"),
+        (call_bench.parse_args, "--dtype", "PyTorch's SDPA, which it times beside flash_attn_func, take no e4m3"),
+        (progression.parse_args, "--dtype", "the steps of previous_kernels/ are 16-bit kernels"),
+    ],
+    ids=["varlen_bench", "decode_bench", "model_bench", "call_bench", "progression"],
+)
+def test_tools_that_cannot_run_fp8_refuse_it_with_the_reason(parse, flag, reason, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse([flag, "fp8"])
+    assert exit_info.value.code == 2 and f"argument {flag}: fp8: " in (err := capsys.readouterr().err) and reason in err
+    assert getattr(parse([flag, "half"]), flag[2:]) == (["fp16"] if flag == "--dtypes" else "fp16")
 
 
 def test_fp8_inputs_are_the_bf16_draws_rounded_to_e4m3_with_descales_of_one(monkeypatch):

@@ -51,7 +51,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="B,S,H,D",
         help="batch, seq, heads, d_head (default: %s)" % ",".join(map(str, DEFAULT_SHAPE)),
     )
-    parser.add_argument("--dtype", choices=common.DTYPE_NAMES, default="bf16", help="(default: %(default)s)")
+    common.add_dtype_argument(
+        parser,
+        default="bf16",
+        fp8_refusal="the SDPA-shaped entry point and PyTorch's SDPA, which it times beside flash_attn_func, take no "
+        "e4m3 inputs",
+    )
     parser.add_argument("--causal", action="store_true", help="with the causal mask")
     parser.add_argument(
         "--calls", type=common.positive_int, default=2000, help="calls per host or graph timing (default: %(default)s)"

@@ -276,8 +276,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="MODEL",
         help=f"the models to time ({', '.join(WORKLOADS)}), or all (default: {' '.join(DEFAULT_WORKLOADS)})",
     )
-    parser.add_argument(
-        "--dtypes", nargs="+", choices=common.DTYPE_NAMES, default=list(common.DTYPE_NAMES), help="(default: both)"
+    common.add_dtype_argument(
+        parser,
+        default=list(common.DTYPE_NAMES),
+        fp8_refusal="the models compute in a 16-bit dtype, and their attention passes no e4m3 q, k, v or descales",
     )
     parser.add_argument(
         "--rep-ms",

@@ -46,8 +46,6 @@ sys.path.insert(0, str(SNAPSHOTS_DIR))
 import build_snapshot as snapshots  # noqa: E402
 
 D_HEAD = 128
-# The dtypes every step is measured in, as the command line and the CSV file spell them.
-DTYPE_NAMES = ("fp16", "bf16")
 HEADLINE_SEQ_LEN = 4096
 REFERENCE = "flash"
 # Compiler output lines shown for a tree that fails to build.
@@ -135,7 +133,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--seq-lens", "--seq_lens", dest="seq_lens", nargs="+", type=int, default=list(common.SEQ_LENS), metavar="SEQ"
     )
-    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="fp16")
+    common.add_dtype_argument(parser, default="fp16", fp8_refusal="the steps of previous_kernels/ are 16-bit kernels")
     parser.add_argument("--rep-ms", type=float, default=common.DEFAULT_REP_MS, help="how long each timing repeats")
     parser.add_argument("--csv", metavar="PATH", help="also write every timing to PATH")
     parser.add_argument("--plot", metavar="PATH", help="also draw TFLOP/s by step to the PNG file PATH")

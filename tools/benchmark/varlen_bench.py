@@ -393,8 +393,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=list(D_HEADS),
         help="head sizes, each with 2048 / d_head heads (default: 128 64)",
     )
-    parser.add_argument(
-        "--dtypes", nargs="+", choices=common.DTYPE_NAMES, default=["bf16", "fp16"], help="(default: bf16 fp16)"
+    common.add_dtype_argument(
+        parser,
+        default=["bf16", "fp16"],
+        fp8_refusal="FP8 inputs run dense calls only: flash_attn_varlen_func raises NotImplementedError for them",
     )
     common.add_causal_argument(parser, default="both")
     parser.add_argument("--total-tokens", type=common.positive_int, default=65536, help="(default: %(default)s)")
