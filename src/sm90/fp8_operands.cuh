@@ -83,12 +83,16 @@ struct VTransposer {
         const int column = 4 * (lane % lanes_per_row); // of the lane's four, in its column block
         const int sub_group = lane / lanes_per_row;
         const int rotation = lane / 2 % 4;
-        // byte_permute selectors: the lane's i-th store is of column (i + rotation) % 4.
-        uint32_t selector[4];
+        // The lane's i-th store is of column (i + rotation) % 4. Two keys' words interleave into the
+        // lane's first two columns' bytes and its last two's (pair_selector[0] and [1]: a column c0
+        // of both, then a column c1 of both), so that two such pairs give each column's word in one
+        // more permute.
+        uint32_t pair_selector[2];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const uint32_t byte = (i + rotation) % 4;
-            selector[i] = byte | (byte + 4) << 4;
+        for (int half = 0; half < 2; ++half) {
+            const uint32_t c0 = (2 * half + rotation) % 4;
+            const uint32_t c1 = (2 * half + 1 + rotation) % 4;
+            pair_selector[half] = c0 | (c0 + 4) << 4 | c1 << 8 | (c1 + 4) << 12;
         }
         for (int n = 0;; ++n) {
             const int stage = n % Kernel::stages;
@@ -106,24 +110,35 @@ struct VTransposer {
             for (int unit = warp; unit < units; unit += Kernel::transposer_warps) {
                 const int group = unit % unit_groups * groups_per_unit + sub_group;
                 const int block = unit / unit_groups;
+                // The unit's rows start on a swizzle atom (8 rows), so its row 16 group + k is swizzled
+                // as row k is: the per-row part of each address is the same in every unit.
+                const uint8_t *const rows = V + block * Kernel::KV_col_block_bytes + 16 * group * Swizzle::bytes;
                 uint32_t keys[16];
 #pragma unroll
-                for (int k = 0; k < 16; ++k) {
-                    const int row = 16 * group + k;
-                    keys[k] = *reinterpret_cast<const uint32_t *>(
-                        V + block * Kernel::KV_col_block_bytes + row * Swizzle::bytes +
-                        Swizzle::chunk_in_row(row, column / COPY_BYTES) * COPY_BYTES + column % COPY_BYTES);
-                }
+                for (int k = 0; k < 16; ++k)
+                    keys[k] = *reinterpret_cast<const uint32_t *>(rows + load_offset(k, column));
+                // Slot word w holds keys 2w, 2w + 1, 2w + 8 and 2w + 9: pairs[w][half][0] the first two's
+                // bytes of the half's two columns, pairs[w][half][1] the last two's.
+                uint32_t pairs[4][2][2];
+#pragma unroll
+                for (int w = 0; w < 4; ++w)
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        pairs[w][half][0] = byte_permute(keys[2 * w], keys[2 * w + 1], pair_selector[half]);
+                        pairs[w][half][1] = byte_permute(keys[2 * w + 8], keys[2 * w + 9], pair_selector[half]);
+                    }
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    // Slot word w holds keys 2w, 2w + 1, 2w + 8 and 2w + 9.
+                    // Column i % 2 of the half's two: the pairs' low or high 16 bits.
+                    const uint32_t take = i % 2 == 0 ? 0x5410 : 0x7632;
                     uint32_t chunk[4];
 #pragma unroll
                     for (int w = 0; w < 4; ++w)
-                        chunk[w] = byte_permute(byte_permute(keys[2 * w], keys[2 * w + 1], selector[i]),
-                                                byte_permute(keys[2 * w + 8], keys[2 * w + 9], selector[i]), 0x5410);
-                    const int row = block * Swizzle::cols + column + (i + rotation) % 4;
-                    *reinterpret_cast<uint4 *>(Vt + row * Vt_Swizzle::bytes + Vt_Swizzle::chunk_in_row(row, group) * COPY_BYTES) =
+                        chunk[w] = byte_permute(pairs[w][i / 2][0], pairs[w][i / 2][1], take);
+                    // The column block's rows start on a swizzle atom too.
+                    const int row = column + (i + rotation) % 4;
+                    *reinterpret_cast<uint4 *>(Vt + block * Swizzle::cols * Vt_Swizzle::bytes + row * Vt_Swizzle::bytes +
+                                               Vt_Swizzle::chunk_in_row(row, group) * COPY_BYTES) =
                         make_uint4(chunk[0], chunk[1], chunk[2], chunk[3]);
                 }
             }
@@ -137,6 +152,10 @@ struct VTransposer {
     }
 
   private:
+    // Where the lane's 4 bytes at `column` of row k (0 .. 15) of a unit's rows lie.
+    __device__ __forceinline__ static int load_offset(int k, int column) {
+        return k * Swizzle::bytes + Swizzle::chunk_in_row(k, column / COPY_BYTES) * COPY_BYTES + column % COPY_BYTES;
+    }
     // Bytes of a (low) and b (high), 0 .. 7, picked by the selector's four nibbles.
     __device__ __forceinline__ static uint32_t byte_permute(uint32_t a, uint32_t b, uint32_t selector) {
         uint32_t picked;
