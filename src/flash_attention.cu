@@ -36,7 +36,8 @@ namespace {
 py::object optional(bool present, py::object value) { return present ? std::move(value) : py::none(); }
 
 py::tuple variant_to_python(const ProblemVariant &variant) {
-    return py::make_tuple(static_cast<int>(variant.mask), variant.masked_tails, variant.score_mods, variant.varlen);
+    return py::make_tuple(static_cast<int>(variant.mask), variant.masked_tails, variant.score_mods, variant.varlen,
+                          variant.kv_e4m3);
 }
 
 // The Python function: (o, lse or None, runtime_ms or None).
@@ -327,16 +328,18 @@ at::Tensor forward_out_autograd(const at::Tensor &q, const at::Tensor &k, const 
         const std::optional<at::Tensor> &v, const at::Tensor &cache_seqlens,                                           \
         const std::optional<at::Tensor> &cache_batch_idx, const std::optional<at::Tensor> &block_table,              \
         const std::optional<at::Tensor> &rotary_cos, const std::optional<at::Tensor> &rotary_sin,                    \
-        bool rotary_interleaved, bool q_per_token
+        bool rotary_interleaved, bool q_per_token, const std::optional<at::Tensor> &k_descale,                       \
+        const std::optional<at::Tensor> &v_descale
 #define FLASH_APPEND_ARGUMENTS                                                                                        \
     q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin, rotary_interleaved, \
-        q_per_token
+        q_per_token, k_descale, v_descale
 
 at::Tensor append_operator(FLASH_APPEND_PARAMETERS) { return append_to_cache(FLASH_APPEND_ARGUMENTS); }
 
 at::Tensor append_autograd(FLASH_APPEND_PARAMETERS) {
     const bool needs_grad = q.requires_grad() || (k && k->requires_grad()) || (v && v->requires_grad()) ||
-                            k_cache.requires_grad() || v_cache.requires_grad();
+                            k_cache.requires_grad() || v_cache.requires_grad() ||
+                            (k_descale && k_descale->requires_grad()) || (v_descale && v_descale->requires_grad());
     TORCH_CHECK_NOT_IMPLEMENTED(!(at::GradMode::is_enabled() && needs_grad), MISSING_BACKWARD);
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("flash_attention::append_to_cache", "")
@@ -372,7 +375,7 @@ TORCH_LIBRARY(flash_attention, m) {
           "float softcap, Tensor? alibi_slopes, bool return_lse, Tensor(a!) o, " FLASH_SEQUENCE_SCHEMA ") -> Tensor");
     m.def("append_to_cache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor cache_seqlens, "
           "Tensor? cache_batch_idx, Tensor? block_table, Tensor? rotary_cos, Tensor? rotary_sin, bool rotary_interleaved, "
-          "bool q_per_token) -> Tensor");
+          "bool q_per_token, Tensor? k_descale=None, Tensor? v_descale=None) -> Tensor");
 }
 #undef FLASH_SEQUENCE_SCHEMA
 
@@ -435,14 +438,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "o is out_dtype (torch.float16 or torch.bfloat16; None: bfloat16); 16-bit inputs take neither.");
     m.def("append_to_cache", &binding::append_to_cache, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("k"),
           py::arg("v"), py::arg("cache_seqlens"), py::arg("cache_batch_idx"), py::arg("block_table"), py::arg("rotary_cos"),
-          py::arg("rotary_sin"), py::arg("rotary_interleaved"), py::arg("q_per_token"),
+          py::arg("rotary_sin"), py::arg("rotary_interleaved"), py::arg("q_per_token"), py::arg("k_descale") = py::none(),
+          py::arg("v_descale") = py::none(),
           "append_to_cache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, "
-          "rotary_sin, rotary_interleaved, q_per_token) -> q rotated, or an empty tensor without rotary\n\n"
+          "rotary_sin, rotary_interleaved, q_per_token, k_descale=None, v_descale=None) -> q rotated, or an empty "
+          "tensor without rotary\n\n"
           "flash_attn_with_kvcache's writes before its attention, in one kernel launch on the current stream: k and v "
           "(batch, seqlen_new, heads_kv, d) written into the caches at rows cache_seqlens[b] + i (through "
           "cache_batch_idx or block_table where given), k rotated at those positions by rotary_cos and rotary_sin "
           "((seqlen_ro, rotary_dim / 2), float32 or q's dtype), and q rotated into a new tensor at cache_seqlens[b] "
-          "+ i (q_per_token) or cache_seqlens[b]. Positions, table entries and indices are clamped into the cache.");
+          "+ i (q_per_token) or cache_seqlens[b]. Positions, table entries and indices are clamped into the cache. "
+          "The caches hold q's dtype, or both float8_e4m3fn: k and v (rotated) are then stored divided by k_descale "
+          "and v_descale (float32, (batch, heads_kv); None: 1), rounded to the nearest even e4m3 value and "
+          "saturated at +-448.");
     m.def("choose", &binding::choose_kernel, py::arg("q"), py::arg("k"), py::arg("causal"), py::arg("window_size"),
           py::arg("softcap"), py::arg("alibi_slopes"), py::arg("capability"), py::arg("smem_per_block"),
           py::arg("cu_seqlens_q") = py::none(), py::arg("cu_seqlens_k") = py::none(), py::arg("max_seqlen_q") = py::none(),

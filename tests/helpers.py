@@ -239,6 +239,8 @@ class Problem:
     # A variable-length batch: seqlen_q and seqlen_k are then the lengths its mask kind is decided at
     # (Varlen.seqlen) and batch its number of sequences; varlen_problem fills them in.
     varlen: Varlen | None = None
+    # k and v an FP8 cache: float8_e4m3fn beside 16-bit q, with per-(batch, kv head) descales.
+    kv_e4m3: bool = False
 
     def __post_init__(self):
         if self.varlen is not None:
@@ -263,20 +265,26 @@ class Problem:
             parts.append(f"alibi_{self.alibi}")
         if self.softmax_scale is not None:
             parts.append(f"scale{self.softmax_scale:g}")
+        if self.kv_e4m3:
+            parts.append("kv_e4m3")
         return "-".join(parts)
 
     def variant(self, cfg) -> ProblemVariant:
         """The problem variant the binding looks up for this call."""
         score_mods = self.softcap > 0 or self.alibi is not None
         return needed_variant(
-            cfg, self.seqlen_q, self.seqlen_k, self.causal, self.window_size, score_mods, varlen=self.varlen is not None
-        )
+            cfg, self.seqlen_q, self.seqlen_k, self.causal, self.window_size, score_mods, varlen=self.varlen is not None,
+            kv_e4m3=self.kv_e4m3,
+        )  # fmt: skip
 
     def make(self, cfg, rng: torch.Generator) -> Inputs:
         """Fresh random inputs for ``cfg``'s dtype and d_head: (batch, seqlen, heads, d_head) tensors,
         or for a variable-length batch its layout's tensors and keywords, the rows no sequence uses
-        holding NaN (a kernel that lets them into a result shows, even times a zero probability)."""
+        holding NaN (a kernel that lets them into a result shows, even times a zero probability).
+        An FP8 cache's k and v are those values rounded to e4m3, with descales that differ per
+        (sequence, kv head)."""
         dtype = cfg.dtype.to_torch_dtype()
+        kv_dtype = torch.float32 if self.kv_e4m3 else dtype
         kwargs = {}
         if self.varlen is None:
             q_rows, k_rows = (self.batch, self.seqlen_q), (self.batch, self.seqlen_k)
@@ -288,11 +296,16 @@ class Problem:
             q_rows = (sum(slots_q),) if packed else (self.batch, self.seqlen_q)
             k_rows = (sum(slots_k),) if packed else (self.batch, self.seqlen_k)
         q = random_tensor((*q_rows, self.heads_q, cfg.d_head), dtype, rng)
-        k, v = (random_tensor((*k_rows, self.heads_kv, cfg.d_head), dtype, rng) for _ in range(2))
+        k, v = (random_tensor((*k_rows, self.heads_kv, cfg.d_head), kv_dtype, rng) for _ in range(2))
         if self.varlen is not None:
             poison_unused_rows(q, slots_q, self.varlen.lengths_q, kwargs.get("leftpad_q"))
             for t in (k, v):
                 poison_unused_rows(t, slots_k, self.varlen.lengths_k, kwargs.get("leftpad_k"))
+        if self.kv_e4m3:
+            # (NaN stays NaN in e4m3.) The descales scale the stored values whatever they are.
+            k, v = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+            for name in ("k_descale", "v_descale"):
+                kwargs[name] = torch.rand((self.batch, self.heads_kv), generator=rng, device=rng.device) * 1.5 + 0.5
         if self.softcap > 0:
             # As FlashAttention's tests do: scores reach several times softcap, where the cap bends
             # (scaled in float32: torch multiplies no 8-bit floats).
@@ -407,13 +420,14 @@ class PagedCache:
 
 
 def variant_id(variant: ProblemVariant) -> str:
-    """A test id: ``causal-masked_tails-score_mods``, ``none``, ``local-masked_tails-score_mods-varlen``, ..."""
+    """A test id: ``causal-masked_tails-score_mods``, ``none``, ``local-masked_tails-score_mods-varlen-kv_e4m3``, ..."""
     flags = [
         name
         for name, on in (
             ("masked_tails", variant.masked_tails),
             ("score_mods", variant.score_mods),
             ("varlen", variant.varlen),
+            ("kv_e4m3", variant.kv_e4m3),
         )
         if on
     ]
@@ -449,6 +463,7 @@ def problem_for_variant(cfg, variant: ProblemVariant, batch: int = 2, heads: tup
         window_size=(block // 2 + 3, 7) if variant.mask == MaskKind.LOCAL else (-1, -1),
         softcap=30.0 if variant.score_mods else 0.0,
         alibi="per_batch_head" if variant.score_mods else None,
+        kv_e4m3=variant.kv_e4m3,
     )
     if variant.varlen:
         lengths = Varlen((0, 1, long, short, block // 2 + 3), (short, 1, short, long, 0))

@@ -1,5 +1,6 @@
 """CPU tests of the generator of kernel instantiations and of the kernel registry header."""
 
+import dataclasses
 import os
 import pathlib
 import subprocess
@@ -18,6 +19,7 @@ from flash_helpers.problem import (
     BENCHMARK_LENGTH_UNIT,
     BENCHMARK_TAIL_VARIANTS,
     BENCHMARK_VARIANTS,
+    KV_E4M3_VARIANTS,
     VARLEN_VARIANTS,
 )
 from flash_helpers.sm80_config import FlashForwardKernelConfig
@@ -118,7 +120,7 @@ def test_default_configurations_get_every_variant_and_others_the_benchmark_ones(
     varlen = {parse_kernel_name_into_config(text) for text in VARLEN_KERNELS}
     decode = {parse_kernel_name_into_config(text) for text in DECODE_KERNELS}
     assert varlen | decode <= set(default) and not varlen & decode
-    assert all(variants_to_build(cfg) == VARLEN_VARIANTS for cfg in decode)
+    assert all(variants_to_build(cfg) == VARLEN_VARIANTS + KV_E4M3_VARIANTS for cfg in decode)
     assert all(
         variants_to_build(cfg) == ALL_VARIANTS + (VARLEN_VARIANTS if cfg in varlen else ()) for cfg in default if cfg not in decode
     )
@@ -129,6 +131,11 @@ def test_default_configurations_get_every_variant_and_others_the_benchmark_ones(
     assert len(set(ALL_VARIANTS)) == 9 and set(BENCHMARK_VARIANTS) <= set(ALL_VARIANTS)
     assert all(variant.masked_tails for variant in ALL_VARIANTS if variant.score_mods)
     assert len(set(VARLEN_VARIANTS)) == 6 and all(variant.masked_tails for variant in VARLEN_VARIANTS)
+    # An FP8 cache's variants are the varlen ones with e4m3 k and v, compiled for the SM80 family's
+    # decoding configurations alone.
+    assert [dataclasses.replace(variant, kv_e4m3=False) for variant in KV_E4M3_VARIANTS] == list(VARLEN_VARIANTS)
+    assert all(variant.kv_e4m3 for variant in KV_E4M3_VARIANTS) and all(cfg.family == "sm80" for cfg in decode)
+    assert not any(variant.kv_e4m3 for cfg in default if cfg not in decode for variant in variants_to_build(cfg))
 
 
 def test_set_name_is_a_well_formed_cpp_string(tmp_path):
@@ -228,7 +235,7 @@ def test_hopper_units_instantiate_the_sm90_launcher(tmp_path):
     assert lines[4] == "namespace flash::sm90 {" and lines[-1] == "} // namespace flash::sm90"
     assert lines[5] == (
         "template ForwardLauncher launcher<HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true, false, false, false}, "
-        "ProblemVariant{MaskKind::NONE, false, false, false}>();"
+        "ProblemVariant{MaskKind::NONE, false, false, false, false}>();"
     )
     entries = [line for line in family_map(header_path(tmp_path).read_text(), "sm90") if line.startswith("    {{")]
     assert [parse_kernel_name_into_config(line) for line in entries] == [

@@ -636,12 +636,12 @@ def test_mangled_kernel_name_matches_the_compiler():
     """Device symbols read off a cubin nvcc 13 compiled (cuobjdump): every field spelled out."""
     assert FlashForwardKernelConfig(DType.BF16, 64, 128, 32, 8).mangled_kernel_name() == (
         "_ZN5flash4sm8020flash_forward_kernelINS0_25StaticForwardKernelConfigIXtlNS0_24FlashForwardKernelConfigE"
-        "LNS_5DTypeE15ELi64ELi128ELi32ELi8ELb0ELb0ELb0ELi0ELi0ELi0ELb0ELb0EEEEELNS_8MaskKindE0ELb0ELb0ELb0EEEvNS_13ForwardParamsE"
+        "LNS_5DTypeE15ELi64ELi128ELi32ELi8ELb0ELb0ELb0ELi0ELi0ELi0ELb0ELb0EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS_13ForwardParamsE"
     )
     cfg = FlashForwardKernelConfig(DType.FP16, 128, 64, 64, 4, async_copy=True, Q_mma_load_K_tiles=2, K_mma_load_K_tiles=2)
     assert cfg.mangled_kernel_name() == (
         "_ZN5flash4sm8020flash_forward_kernelINS0_25StaticForwardKernelConfigIXtlNS0_24FlashForwardKernelConfigE"
-        "LNS_5DTypeE5ELi128ELi64ELi64ELi4ELb1ELb0ELb0ELi2ELi2ELi0ELb0ELb0EEEEELNS_8MaskKindE0ELb0ELb0ELb0EEEvNS_13ForwardParamsE"
+        "LNS_5DTypeE5ELi128ELi64ELi64ELi4ELb1ELb0ELb0ELi2ELi2ELi0ELb0ELb0EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS_13ForwardParamsE"
     )
 
 
@@ -649,7 +649,7 @@ def test_demangled_kernel_name_is_the_demangled_device_symbol():
     """c++filt of the first symbol above."""
     assert FlashForwardKernelConfig(DType.BF16, 64, 128, 32, 8).demangled_kernel_name() == (
         "void flash::sm80::flash_forward_kernel<flash::sm80::StaticForwardKernelConfig<flash::sm80::FlashForwardKernelConfig"
-        "{(flash::DType)15, 64, 128, 32, 8, false, false, false, 0, 0, 0, false, false}>, (flash::MaskKind)0, false, false, false>"
+        "{(flash::DType)15, 64, 128, 32, 8, false, false, false, 0, 0, 0, false, false}>, (flash::MaskKind)0, false, false, false, false>"
         "(flash::ForwardParams)"
     )
 
@@ -703,10 +703,10 @@ def test_hopper_demangled_kernel_name():
     assert SM90_FULL.demangled_kernel_name() == (
         "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
         "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true, false, false, false}>, "
-        "(flash::MaskKind)0, false, false, false>(flash::sm90::KernelParams)"
+        "(flash::MaskKind)0, false, false, false, false>(flash::sm90::KernelParams)"
     )
     causal_tails = ProblemVariant(MaskKind.CAUSAL, masked_tails=True)
-    suffix = ", (flash::MaskKind)1, true, false, false>(flash::sm90::KernelParams)"
+    suffix = ", (flash::MaskKind)1, true, false, false, false>(flash::sm90::KernelParams)"
     assert SM90_FULL.demangled_kernel_name(causal_tails).endswith(suffix)
 
 
@@ -714,11 +714,11 @@ def test_hopper_mangled_kernel_name():
     """Both symbols as read off an sm_90a cubin nvcc 13 compiled (readelf -s)."""
     assert SM90_FULL.mangled_kernel_name() == (
         "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
-        "LNS_5DTypeE5ELi128ELi128ELi128ELi2ELb1ELb1ELb1ELb0ELb0ELb0EEEEELNS_8MaskKindE0ELb0ELb0ELb0EEEvNS0_12KernelParamsE"
+        "LNS_5DTypeE5ELi128ELi128ELi128ELi2ELb1ELb1ELb1ELb0ELb0ELb0EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS0_12KernelParamsE"
     )
     assert Hopper(BF16, 64, 192, 80, 4, True).mangled_kernel_name(ProblemVariant(MaskKind.LOCAL, True, True)) == (
         "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
-        "LNS_5DTypeE15ELi64ELi192ELi80ELi4ELb1ELb0ELb0ELb0ELb0ELb0EEEEELNS_8MaskKindE2ELb1ELb1ELb0EEEvNS0_12KernelParamsE"
+        "LNS_5DTypeE15ELi64ELi192ELi80ELi4ELb1ELb0ELb0ELb0ELb0ELb0EEEEELNS_8MaskKindE2ELb1ELb1ELb0ELb0EEEvNS0_12KernelParamsE"
     )
 
 
@@ -741,7 +741,7 @@ def test_hopper_file_stem_example_and_uniqueness():
         "HopperForwardKernelConfig{5, (int)128, 128, 128, 2, (bool)1, 1, true}",
         "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
         "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true, false, false, false}>, "
-        "(flash::MaskKind)1, true, false, false>(flash::sm90::KernelParams)",
+        "(flash::MaskKind)1, true, false, false, false>(flash::sm90::KernelParams)",
     ],
 )
 def test_parse_hopper_spellings(text):
@@ -773,7 +773,7 @@ def test_hopper_Q_in_registers_flag():
 
 def test_hopper_multicast_flag():
     cfg = dataclasses.replace(SM90_FULL, persistent=True, multicast=True)
-    assert cfg.mangled_kernel_name().endswith("ELb1ELb1ELb1ELb1ELb0ELb1EEEEELNS_8MaskKindE0ELb0ELb0ELb0EEEvNS0_12KernelParamsE")
+    assert cfg.mangled_kernel_name().endswith("ELb1ELb1ELb1ELb1ELb0ELb1EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS0_12KernelParamsE")
     # Neither the shared memory nor the registers change: each block holds whole tiles.
     plain = dataclasses.replace(cfg, multicast=False)
     assert cfg.smem_bytes() == plain.smem_bytes() and cfg.register_estimate() == plain.register_estimate()
@@ -1072,12 +1072,12 @@ def test_e4m3_names():
     assert E4M3_FULL.demangled_kernel_name() == (
         "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
         "flash::sm90::HopperForwardKernelConfig{(flash::DType)24, 128, 128, 128, 2, true, true, true, false, false, false}>, "
-        "(flash::MaskKind)0, false, false, false>(flash::sm90::KernelParams)"
+        "(flash::MaskKind)0, false, false, false, false>(flash::sm90::KernelParams)"
     )
     # The enum's value, 24, spelled as the mangling spells FP16's 5 and BF16's 15 (test_hopper_mangled_kernel_name).
     assert E4M3_FULL.mangled_kernel_name() == (
         "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
-        "LNS_5DTypeE24ELi128ELi128ELi128ELi2ELb1ELb1ELb1ELb0ELb0ELb0EEEEELNS_8MaskKindE0ELb0ELb0ELb0EEEvNS0_12KernelParamsE"
+        "LNS_5DTypeE24ELi128ELi128ELi128ELi2ELb1ELb1ELb1ELb0ELb0ELb0EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS0_12KernelParamsE"
     )
     assert parse_kernel_name_into_config("HopperForwardKernelConfig{24, 128, 128, 128, 2, 1, 1, 1}") == E4M3_FULL
 

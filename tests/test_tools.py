@@ -44,6 +44,7 @@ from flash_helpers.problem import (  # noqa: E402
     ALL_VARIANTS,
     BENCHMARK_LENGTH_UNIT,
     BENCHMARK_VARIANTS,
+    KV_E4M3_VARIANTS,
     MaskKind,
     ProblemVariant,
     VARLEN_VARIANTS,
@@ -222,6 +223,19 @@ def test_decode_bench_reads_shapes_and_tabulates_bandwidth_and_ratios():
     named = decode_bench.named(SM90_128)
     lines = decode_bench.format_table([dataclasses.replace(rows[0], implementation=named)], [decode_bench.OURS, named])
     assert lines.splitlines()[0].startswith(f"| dtype | q | batch x keys | ours GB/s | {named} GB/s |")
+
+
+def test_decode_bench_takes_an_e4m3_cache_with_16_bit_queries(capsys):
+    assert decode_bench.parse_args([]).kv_dtype == "same"
+    args = decode_bench.parse_args(["--kv-dtype", "e4m3", "--dtypes", "bf16", "half"])
+    assert (args.kv_dtype, args.dtypes) == ("e4m3", ["bf16", "fp16"])
+    with pytest.raises(SystemExit) as exit_info:
+        decode_bench.parse_args(["--kv-dtype", "fp16"])
+    assert exit_info.value.code == 2 and "invalid choice: 'fp16'" in capsys.readouterr().err
+    # The queries stay 16-bit: e4m3 among --dtypes is refused, with the option that makes the cache FP8.
+    with pytest.raises(SystemExit) as exit_info:
+        decode_bench.parse_args(["--kv-dtype", "e4m3", "--dtypes", "bf16", "e4m3"])
+    assert exit_info.value.code == 2 and "an e4m3 cache is --kv-dtype e4m3" in capsys.readouterr().err
 
 
 def test_varlen_bench_takes_the_ragged_lengths_given_or_draws_them():
@@ -1417,17 +1431,17 @@ def test_sass_functions_map_to_their_configurations_and_variants():
 
 def test_sass_symbols_of_every_variant_with_trailing_zero_fields_left_out():
     """Host compilers leave the configuration's trailing zero fields out of a symbol; nvcc keeps them.
-    Either way each of the fifteen variants maps back to its configuration."""
+    Either way each of the twenty-one variants maps back to its configuration."""
     cfg = parse_kernel_name_into_config("(FP16, 128, 128, 64, 4): async")  # every field after async_copy is 0
     symbols = sass_counts.KernelSymbols([CFG_A, cfg])
-    for variant in ALL_VARIANTS + VARLEN_VARIANTS:
+    for variant in ALL_VARIANTS + VARLEN_VARIANTS + KV_E4M3_VARIANTS:
         nvcc = cfg.mangled_kernel_name(variant)
         config_end = nvcc.index("EEEELNS_8MaskKindE")
         host = nvcc[:config_end].removesuffix("Lb0ELi0ELi0ELi0ELb0ELb0E") + nvcc[config_end:]
         assert host != nvcc
         assert symbols.lookup(nvcc) == symbols.lookup(host) == (cfg, variant)
         assert symbols.lookup(CFG_A.mangled_kernel_name(variant)) == (CFG_A, variant)
-    assert len(sass_counts.VARIANTS_BY_NAME) == 15 and "local+tails+mods+varlen" in sass_counts.VARIANTS_BY_NAME
+    assert len(sass_counts.VARIANTS_BY_NAME) == 21 and "local+tails+mods+varlen+kv_e4m3" in sass_counts.VARIANTS_BY_NAME
     assert symbols.lookup("_Z12other_kernelPf") is None
 
 
@@ -1519,7 +1533,7 @@ SASS_SM90_KERNELS = [(SM90_128, ProblemVariant()), (SM90_128, CAUSAL_TAILS), (SM
 # The first symbol as nvcc 13 writes it for sm_90a (read off a cubin); the others written by the class.
 SASS_SM90_SYMBOLS = [
     "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
-    "LNS_5DTypeE5ELi128ELi128ELi128ELi2ELb1ELb1ELb1EEEEELNS_8MaskKindE0ELb0ELb0ELb0EEEvNS0_12KernelParamsE",
+    "LNS_5DTypeE5ELi128ELi128ELi128ELi2ELb1ELb1ELb1EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS0_12KernelParamsE",
     *(cfg.mangled_kernel_name(variant) for cfg, variant in SASS_SM90_KERNELS[1:]),
 ]
 # An sm_80 and sm_90a build: the SM80 kernels for both, the Hopper ones for sm_90a, where the SM80
@@ -2133,7 +2147,7 @@ def test_tools_that_run_fp8_take_every_name_of_each_dtype(parse, flag, capsys):
     "parse, flag, reason",
     [
         (varlen_bench.parse_args, "--dtypes", "flash_attn_varlen_func raises NotImplementedError"),
-        (decode_bench.parse_args, "--dtypes", "flash_attn_with_kvcache raises NotImplementedError"),
+        (decode_bench.parse_args, "--dtypes", "the queries are 16-bit (flash_attn_with_kvcache takes no FP8 q)"),
         (model_bench.parse_args, "--dtypes", "the models compute in a 16-bit dtype"),
         (call_bench.parse_args, "--dtype", "PyTorch's SDPA, which it times beside flash_attn_func, take no e4m3"),
         (progression.parse_args, "--dtype", "the steps of previous_kernels/ are 16-bit kernels"),

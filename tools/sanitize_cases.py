@@ -16,8 +16,9 @@ family that splits the keys split that call in 3 (num_splits), which checks the 
 results, and then run a decode step: 3 queries per sequence whose 2 grouped heads are packed as
 rows (rows_per_query), against slots of keys of which seqused_k are used (one sequence uses none),
 split in 3, which checks the packed queries' masks and the combine. Every compiled configuration
-is run, the decoding ones (compiled with their varlen variants alone) and the e4m3 ones (FP8 inputs,
-factors of 1, a bfloat16 output) too. Last, flash_attn_with_kvcache's append kernel, once per dtype
+is run, the decoding ones (compiled with their varlen variants alone, and those of an FP8 cache:
+e4m3 k and v with descales beside 16-bit q) and the e4m3 ones (FP8 inputs, factors of 1, a bfloat16
+output) too. Last, flash_attn_with_kvcache's append kernel, once per dtype
 (run_append).
 
     python3 tools/sanitize_cases.py [--kernels SELECTION] [--no-check] [--list]
@@ -150,6 +151,10 @@ def decode_step(cfg, inputs: helpers.Inputs, rng) -> helpers.Inputs:
     k, v = (helpers.random_tensor((len(DECODE_KEYS), DECODE_SLOT, HEADS[1], cfg.d_head), dtype, rng) for _ in range(2))
     kwargs = {key: inputs.kwargs[key] for key in ("causal", "window_size", "softcap") if key in inputs.kwargs}
     kwargs["seqused_k"] = torch.tensor(DECODE_KEYS, dtype=torch.int32)
+    if inputs.k.dtype == torch.float8_e4m3fn:  # an FP8 cache's kernel: its keys and values e4m3 too
+        k, v = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+        for name in ("k_descale", "v_descale"):
+            kwargs[name] = torch.rand((len(DECODE_KEYS), HEADS[1]), generator=rng) + 0.5
     step = on_gpu(helpers.Inputs(q_wide, k, v, kwargs))
     return dataclasses.replace(step, q=step.q[:, :, : HEADS[0]])
 

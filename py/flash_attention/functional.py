@@ -130,7 +130,11 @@ def forward(
     out_dtype, torch.bfloat16 (the default) or torch.float16, and so must a given o be; lse is
     float32 as always. Forward only: an input (or descale) that requires grad raises with grad mode
     on. The descales and out_dtype are refused with 16-bit inputs (out_dtype may only repeat q's
-    dtype).
+    dtype), but for an FP8 cache: k and v of torch.float8_e4m3fn beside float16 or bfloat16 q,
+    dequantised by k_descale and v_descale as above (q_descale refused), run on the SM80 family's
+    decoding configurations (d_head up to 128: 64 and 128 in a default build), which widen each
+    e4m3 tile to q's type in shared memory; whole or split, dense, per sequence or paged; o has q's
+    dtype.
     """
     if cfg is not None and not isinstance(cfg, (str, *FAMILIES.values())):
         raise TypeError(
@@ -327,6 +331,10 @@ def flash_attn_varlen_func(
     *,
     seqused_q=None,
     seqused_k=None,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
+    out_dtype=None,
 ):
     """FlashAttention-2's flash_attn_varlen_func (with FlashAttention-3's seqused_q and seqused_k):
     a batch of sequences of different lengths, packed, the configuration chosen automatically.
@@ -344,8 +352,10 @@ def flash_attn_varlen_func(
     return_attn_probs (o, softmax_lse, None), softmax_lse float32 (heads_q, total_q). Rows outside
     [cu_seqlens_q[0], cu_seqlens_q[-1]) are not written; with seqused, every row no sequence uses
     is 0. The contents of cu_seqlens and seqused are not read: FLASH_ATTENTION_CHECK_SEQLENS=1
-    checks them on every call (forward's docstring has the rules). float8_e4m3fn inputs are not
-    supported yet (NotImplementedError): their kernels run dense calls only.
+    checks them on every call (forward's docstring has the rules). k and v of float8_e4m3fn beside
+    16-bit q are an FP8 cache, dequantised by k_descale and v_descale (float32, (batch, heads_kv);
+    None: 1) as flash_attn_func's are; float8_e4m3fn q is not supported here yet
+    (NotImplementedError): its kernels run dense calls only.
     """
     sequences = sequence_arguments(
         cu_seqlens_q=cu_seqlens_q,
@@ -356,9 +366,10 @@ def flash_attn_varlen_func(
         seqused_k=seqused_k,
         block_table=block_table,
     )
+    fp8 = fp8_arguments(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype)
     return _flash_attn(
         q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
-        sequences,
+        sequences, fp8,
     )
 
 

@@ -9,6 +9,10 @@ as the lengths grow (cache_seqlens a tensor). The attention is the varlen kernel
 block_table (a paged cache), split over the keys where the heuristic finds the GPU would otherwise
 idle (num_splits=0), and with up to 16 queries per sequence and grouped heads, on each query's
 heads of a group packed into one block.
+
+The cache may be float8_e4m3fn (a quantised cache, as serving engines keep one) while the queries
+stay 16-bit: the append quantises the new keys and values as it writes them, and the attention
+dequantises them by k_descale and v_descale, FlashAttention-3's factors.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from . import _C, sequence_checks
+from .fp8 import fp8_arguments
 from .functional import _attention, _plain_eager
 from .ops import check_no_grad
 
@@ -42,6 +47,9 @@ def flash_attn_with_kvcache(
     alibi_slopes=None,
     num_splits=0,
     return_softmax_lse=False,
+    *,
+    k_descale=None,
+    v_descale=None,
 ):
     """FlashAttention-2's flash_attn_with_kvcache.
 
@@ -72,8 +80,17 @@ def flash_attn_with_kvcache(
     softmax_scale, causal, window_size, softcap and alibi_slopes are flash_attn_func's, aligned to
     each sequence's last key. num_splits: blocks sharing each query block's keys, 0 for the
     heuristic's count. Returns o (batch, seqlen_q, heads_q, d), and with return_softmax_lse also
-    lse (batch, heads_q, seqlen_q). float8_e4m3fn inputs are not supported yet (NotImplementedError):
-    their kernels run dense calls only.
+    lse (batch, heads_q, seqlen_q).
+
+    k_cache and v_cache hold q's dtype (float16 or bfloat16), or both float8_e4m3fn (a quantised
+    cache) with q, k and v still 16-bit. k_descale and v_descale (float32, (batch, heads_kv), any
+    strides, on q's device; None stands for factors of 1) are then their dequantisation factors, as
+    FlashAttention-3's: the key attended is the stored value times k_descale[b, h]. New keys (rotated
+    first, in float32) and values are stored as value / descale[b, h] computed in float32, rounded to
+    the nearest even e4m3 value, finite values saturating at +-448 (NaN stays NaN). Such a cache's
+    d_head and its strides but the last are multiples of 16 elements, its data 16-byte aligned: the
+    kernels read its rows in 16-byte chunks. The output is q's dtype. float8_e4m3fn queries are not
+    supported (their kernels run dense calls only).
 
     """
     if block_table is not None and (cache_batch_idx is not None or cache_leftpad is not None):
@@ -84,7 +101,11 @@ def flash_attn_with_kvcache(
             raise ValueError(f"{name}: expected a 4-D tensor (batch, seq, heads, d)")
     appends = k is not None or v is not None or rotary_cos is not None or rotary_sin is not None
     if appends:
-        for name, tensor in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        optional_tensors = (
+            ("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("k_descale", k_descale),
+            ("v_descale", v_descale),
+        )  # fmt: skip
+        for name, tensor in optional_tensors:
             if tensor is not None and not isinstance(tensor, torch.Tensor):
                 raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(tensor).__name__}")
     batch = q.shape[0]
@@ -104,10 +125,13 @@ def flash_attn_with_kvcache(
         per_token = causal or tuple(window_size) != (-1, -1)
         arguments = (
             q, k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-            bool(rotary_interleaved), per_token,
+            bool(rotary_interleaved), per_token, k_descale, v_descale,
         )  # fmt: skip
-        if _plain_eager((q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_batch_idx, block_table, seqlens)):
-            check_no_grad(q, k_cache, v_cache, k, v)
+        tensors = (
+            q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_batch_idx, block_table, seqlens, k_descale, v_descale,
+        )  # fmt: skip
+        if _plain_eager(tensors):
+            check_no_grad(q, k_cache, v_cache, k, v, k_descale, v_descale)
             rotated = _C.append_to_cache(*arguments)
             torch.autograd.graph.increment_version((k_cache, v_cache))  # as the operator marks them written
         else:
@@ -129,9 +153,11 @@ def flash_attn_with_kvcache(
         sequences["kv_batch_idx"] = cache_batch_idx
     if block_table is not None:
         sequences["block_table"] = block_table
+    # An e4m3 cache's factors, those given (None where none is: a 16-bit cache passes none on).
+    fp8 = fp8_arguments(k_descale=k_descale, v_descale=v_descale)
     return _attention(
         None, q, k_cache, v_cache, None, causal, softmax_scale, window_size, softcap, alibi_slopes, return_softmax_lse,
-        sequences=sequences, num_splits=num_splits,
+        sequences=sequences, num_splits=num_splits, fp8=fp8,
     )
 
 

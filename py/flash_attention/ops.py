@@ -14,7 +14,8 @@ implementations, for tracing, and the plain call that skips them):
                                           FP8 ones...) -> lse  (writes o in place)
     torch.ops.flash_attention.append_to_cache(q, k_cache, v_cache, k, v, cache_seqlens,
                                               cache_batch_idx, block_table, rotary_cos, rotary_sin,
-                                              rotary_interleaved, q_per_token) -> q rotated
+                                              rotary_interleaved, q_per_token, k_descale=None,
+                                              v_descale=None) -> q rotated
                                               (writes k_cache and v_cache in place)
 
 ``config`` is a configuration's short form, or "" to let the automatic choice (``choose_config``'s)
@@ -29,7 +30,8 @@ out_dtype=None``, float8_e4m3fn inputs' dequantisation factors and output dtype
 
 append_to_cache is flash_attn_with_kvcache's first step (flash_attention.kvcache): k and v
 appended to the caches at cache_seqlens, k and q rotated where rotary_cos is given; without it the
-result is an empty tensor.
+result is an empty tensor. float8_e4m3fn caches store k and v quantised by k_descale and v_descale
+(float32, (batch, heads_kv)); q stays 16-bit.
 
 There is no backward pass yet. Calling forward with an input that requires grad (q, k, v,
 alibi_slopes or a descale) while grad mode is on raises, rather than return an output detached from
@@ -103,7 +105,7 @@ def _forward_out_fake(
 @torch.library.register_fake("flash_attention::append_to_cache")
 def _append_to_cache_fake(
     q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-    rotary_interleaved, q_per_token,
+    rotary_interleaved, q_per_token, k_descale=None, v_descale=None,
 ):
     return q.new_empty(q.shape if rotary_cos is not None else (0,))
 

@@ -20,8 +20,9 @@ class DType(enum.IntEnum):
 
     FP16 = 5
     BF16 = 15
-    # torch.float8_e4m3fn: inputs of the Hopper family alone, with dequantisation factors (descales),
-    # whose output is 16-bit (output_dtype).
+    # torch.float8_e4m3fn: q, k and v of the Hopper family, or an FP8 cache's k and v beside 16-bit q
+    # (the SM80 family's decoding configurations), with dequantisation factors (descales); the
+    # output is 16-bit (output_dtype).
     E4M3 = 24
 
     @property

@@ -21,6 +21,7 @@ from flash_helpers.problem import (
     BENCHMARK_LENGTH_UNIT,
     BENCHMARK_TAIL_VARIANTS,
     BENCHMARK_VARIANTS,
+    KV_E4M3_VARIANTS,
     VARLEN_VARIANTS,
     ProblemVariant,
 )
@@ -108,12 +109,13 @@ def _parse_valid_config(text: str) -> KernelConfig:
 def variants_to_build(cfg: KernelConfig) -> tuple[ProblemVariant, ...]:
     """The problem variants compiled for ``cfg``: every dense variant for the default set's
     configurations (what a plain install serves), and the varlen variants for those of
-    VARLEN_KERNELS, and those alone for DECODE_KERNELS; the benchmark shapes' for the others (what
+    VARLEN_KERNELS, and those alone, with their FP8-cache versions, for DECODE_KERNELS; the
+    benchmark shapes' for the others (what
     tuning and the progression measure),
     so large sets stay quick to build; with their masked-tail versions where the configuration's
     blocks do not divide the benchmark lengths (B_r 192, B_c 176, ...)."""
     if cfg in _decode_configs():
-        return VARLEN_VARIANTS
+        return VARLEN_VARIANTS + KV_E4M3_VARIANTS
     if cfg in _varlen_configs():
         return ALL_VARIANTS + VARLEN_VARIANTS
     if cfg in _default_configs():

@@ -14,6 +14,7 @@ __all__ = [
     "BENCHMARK_LENGTH_UNIT",
     "BENCHMARK_TAIL_VARIANTS",
     "BENCHMARK_VARIANTS",
+    "KV_E4M3_VARIANTS",
     "MaskKind",
     "ProblemVariant",
     "VARLEN_VARIANTS",
@@ -36,17 +37,19 @@ class MaskKind(enum.IntEnum):
 class ProblemVariant:
     """Half of a kernel's registry key: the mask kind, whether the last query block and key/value
     tile may be partial (sequence lengths that are not multiples of the block sizes), whether
-    the scores may be modified (softcap, ALiBi), and whether each sequence of the batch has lengths
-    of its own (varlen: cu_seqlens, seqused or leftpad)."""
+    the scores may be modified (softcap, ALiBi), whether each sequence of the batch has lengths
+    of its own (varlen: cu_seqlens, seqused or leftpad), and whether K and V are an FP8 cache (e4m3
+    values with dequantisation factors, beside 16-bit queries; varlen only)."""
 
     mask: MaskKind = MaskKind.NONE
     masked_tails: bool = False
     score_mods: bool = False
     varlen: bool = False
+    kv_e4m3: bool = False
 
-    def flags(self) -> tuple[bool, bool, bool]:
+    def flags(self) -> tuple[bool, bool, bool, bool]:
         """The boolean fields, in the order of the C++ struct and the kernels' template arguments."""
-        return (self.masked_tails, self.score_mods, self.varlen)
+        return (self.masked_tails, self.score_mods, self.varlen, self.kv_e4m3)
 
     def to_cpp_struct(self) -> str:
         """The C++ aggregate initializer, as the generator writes it."""
@@ -56,7 +59,12 @@ class ProblemVariant:
     def describe(self) -> str:
         """How people say it: ``causal, masked tails``, ``no mask``, ..."""
         parts = [{MaskKind.NONE: "no mask", MaskKind.CAUSAL: "causal", MaskKind.LOCAL: "local"}[self.mask]]
-        named = (("masked tails", self.masked_tails), ("softcap/ALiBi", self.score_mods), ("varlen", self.varlen))
+        named = (
+            ("masked tails", self.masked_tails),
+            ("softcap/ALiBi", self.score_mods),
+            ("varlen", self.varlen),
+            ("e4m3 KV cache", self.kv_e4m3),
+        )
         parts += [name for name, on in named if on]
         return ", ".join(parts)
 
@@ -73,6 +81,9 @@ ALL_VARIANTS = tuple(
 # The variants of a batch whose sequences have lengths of their own: any lengths (masked tails),
 # with and without score modifications.
 VARLEN_VARIANTS = tuple(ProblemVariant(mask, True, score_mods, True) for mask in MaskKind for score_mods in (False, True))
+# The same with K and V an FP8 cache (16-bit queries): what the SM80 family's decoding
+# configurations are compiled with besides.
+KV_E4M3_VARIANTS = tuple(dataclasses.replace(variant, kv_e4m3=True) for variant in VARLEN_VARIANTS)
 # The variants the benchmark shapes need: unmasked and causal attention over whole blocks.
 BENCHMARK_VARIANTS = (ProblemVariant(MaskKind.NONE), ProblemVariant(MaskKind.CAUSAL))
 # The same over lengths that leave partial blocks: what the benchmark shapes need of a configuration
@@ -91,6 +102,7 @@ def needed_variant(
     score_mods: bool = False,
     varlen: bool = False,
     d_head: int | None = None,
+    kv_e4m3: bool = False,
 ) -> ProblemVariant:
     """The problem variant the binding runs ``cfg`` with for this problem (its rule, in Python, so
     tests and tools can pick the configurations that have it; the GPU tests check the two agree).
@@ -100,10 +112,11 @@ def needed_variant(
     otherwise. Masked tails where a length is not a multiple of the family's blocks or the call's
     ``d_head`` (default: ``cfg``'s) needs them (``cfg.needs_masked_tails``), and always with score
     mods (softcap or ALiBi), which are compiled with masked tails only. A varlen problem (seqlen_q and seqlen_k are then the largest sequence's)
-    needs one of VARLEN_VARIANTS."""
+    needs one of VARLEN_VARIANTS; an FP8 cache (``kv_e4m3``: e4m3 k and v, 16-bit q) one of
+    KV_E4M3_VARIANTS, whether the call has per-sequence lengths or not."""
     mask = mask_kind(seqlen_q, seqlen_k, causal, window_size)
-    if varlen:
-        return ProblemVariant(mask, True, score_mods, True)
+    if varlen or kv_e4m3:
+        return ProblemVariant(mask, True, score_mods, True, kv_e4m3)
     masked_tails = score_mods or cfg.needs_masked_tails(seqlen_q, seqlen_k, d_head)
     return ProblemVariant(mask, masked_tails, score_mods)
 

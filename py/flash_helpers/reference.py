@@ -50,6 +50,13 @@ products' sums in the tensor cores keep fewer bits than float32's, so the scores
 the lse follows, is coarser (measured on the H200: rows off by up to about 2^-12 (1 + E_i), where
 float32's criterion allows 2^-13 (1 + E_i)); FP8_LSE_RTOL = 2^-10 allows four times that.
 
+An FP8 cache (``Fp8CacheReference``: float8_e4m3fn k and v with k_descale and v_descale beside 16-bit
+q) is compared as 16-bit inputs are: ref32 is attention in float32 on q and the dequantised cache,
+ref16 the same math in q's dtype on the dequantised cache rounded to it (what a 16-bit cache of
+those values would hold). The kernels widen the e4m3 values exactly, multiply k's factor into the
+softmax scale and v's into the output: with factors that are powers of two their computation is
+that of the 16-bit cache but for float32 rounding order, and otherwise no coarser.
+
 Variable-length batches (``VarlenReference``) are references of the same kind, one per sequence:
 each sequence's used query rows attend its used keys, with the masks and the ALiBi distance
 aligned to that sequence's own lengths, and each sequence meets both criteria on its own (its own
@@ -420,6 +427,36 @@ class Fp8Reference(FloatReference):
         return emulated.to(self.out_dtype).float()
 
 
+class Fp8CacheReference(FloatReference):
+    """The reference of an FP8 cache (module docstring): 16-bit q against float8_e4m3fn k and v,
+    dequantised by k_descale and v_descale ((batch, heads_kv) float32, None: 1); the other keywords
+    are FloatReference's."""
+
+    def __init__(self, q, k, v, *, k_descale=None, v_descale=None, **semantics):
+        import torch
+
+        if q.dtype == torch.float8_e4m3fn or not k.dtype == v.dtype == torch.float8_e4m3fn:
+            raise TypeError(f"q, k, v: expected 16-bit q and float8_e4m3fn k and v, got {q.dtype}, {k.dtype}, {v.dtype}")
+        self._compute(q, dequantize(k, k_descale), dequantize(v, v_descale), q.dtype, semantics)
+
+    def _cheap_rows(self, q_rows, k, v, rows: range, seqlen_q: int):
+        """The same math in q's dtype, on the dequantised cache rounded to it."""
+        dtype = q_rows.dtype
+        return _Rows(q_rows, k.to(dtype), v.to(dtype), dtype, self.semantics, rows, seqlen_q).out.float()
+
+
+def _dense_reference(q, k, v, **keywords):
+    """The reference class of dense tensors of these dtypes: Fp8Reference for float8_e4m3fn q,
+    Fp8CacheReference for float8_e4m3fn k and v beside 16-bit q, FloatReference otherwise."""
+    import torch
+
+    if q.dtype == torch.float8_e4m3fn:
+        return Fp8Reference(q, k, v, **keywords)
+    if k.dtype == torch.float8_e4m3fn:
+        return Fp8CacheReference(q, k, v, **keywords)
+    return FloatReference(q, k, v, **keywords)
+
+
 # ----------------------------------------------------------------------------------------------
 # Variable-length batches
 
@@ -438,16 +475,13 @@ VARLEN_KEYWORDS = (
 
 def reference_for_call(q, k, v, **keywords):
     """The reference of a ``flash_attention.forward`` call from its tensors and keywords (return_lse
-    aside): a VarlenReference where any of VARLEN_KEYWORDS is given, an Fp8Reference for
-    float8_e4m3fn inputs (dense calls: their kernels run no other), a FloatReference otherwise."""
-    import torch
-
+    aside): a VarlenReference where any of VARLEN_KEYWORDS is given, otherwise by the inputs'
+    dtypes an Fp8Reference (float8_e4m3fn inputs), an Fp8CacheReference (an FP8 cache beside
+    16-bit q) or a FloatReference."""
     varlen = {name: keywords.pop(name) for name in VARLEN_KEYWORDS if name in keywords}
     if any(value is not None for value in varlen.values()):
         return VarlenReference.of_call(q, k, v, **varlen, **keywords)
-    if q.dtype == torch.float8_e4m3fn:
-        return Fp8Reference(q, k, v, **keywords)
-    return FloatReference(q, k, v, **keywords)
+    return _dense_reference(q, k, v, **keywords)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -519,8 +553,9 @@ class SequenceComparisons:
 
 
 class VarlenReference:
-    """The reference of a variable-length call: one FloatReference per sequence, on its used query
-    rows against its used key rows, with per-(batch, head) ALiBi slopes taking the sequence's row.
+    """The reference of a variable-length call: one FloatReference per sequence (an
+    Fp8CacheReference for an FP8 cache), on its used query rows against its used key rows, with
+    per-(batch, head) ALiBi slopes and descales taking the sequence's row.
 
     ``q``, ``k`` and ``v`` are packed, (total_q, heads_q, d_head) and (total_k, heads_kv, d_head);
     ``sequences`` say where each sequence lies; ``ref32`` and ``lse`` are the sequences' references
@@ -536,6 +571,7 @@ class VarlenReference:
         import torch
 
         slopes = semantics.pop("alibi_slopes", None)
+        descales = {name: semantics.pop(name) for name in ("k_descale", "v_descale") if semantics.get(name) is not None}
         self.sequences = list(sequences)
         self.zero_outside = zero_outside
         self._padded_shape = padded_shape
@@ -550,8 +586,9 @@ class VarlenReference:
         for rows in self.sequences:
             row_slopes = slopes[rows.index] if slopes is not None and slopes.dim() == 2 else slopes
             queries, keys = slice(rows.q.start, rows.q.stop), slice(rows.k.start, rows.k.stop)
-            reference = FloatReference(
-                q[None, queries], k[None, keys], v[None, keys], alibi_slopes=row_slopes, **semantics
+            row_descales = {name: descale[rows.index : rows.index + 1] for name, descale in descales.items()}
+            reference = _dense_reference(
+                q[None, queries], k[None, keys], v[None, keys], alibi_slopes=row_slopes, **row_descales, **semantics
             )
             self._references.append(reference)
             self.ref32[queries] = reference.ref32[0]

@@ -117,7 +117,7 @@ runnable(const AnyConfig &config, const ForwardParams &params, const Problem &pr
         using Family = decltype(family);
         if (!Family::runs_on(gpu.capability) || (leave_slow_pages && reads_pages_slowly<Family>(params)))
             return std::nullopt;
-        const ProblemVariant variant = Family::variant_for(cfg, params, problem.mask, problem.score_mods, problem.varlen);
+        const ProblemVariant variant = Family::variant_for(cfg, params, problem, problem.varlen);
         const ForwardLauncher *launcher = Family::find(cfg, variant);
         if (launcher == nullptr || launcher->smem_bytes > gpu.smem_per_block)
             return std::nullopt;

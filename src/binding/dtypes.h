@@ -21,6 +21,12 @@ inline bool is_input_dtype(at::ScalarType type) {
 
 inline bool is_e4m3(const at::Tensor &t) { return t.scalar_type() == at::kFloat8_e4m3fn; }
 
+// Whether k and v have dtypes a call of q's runs: q's, or an FP8 cache's e4m3 beside 16-bit q.
+inline bool kv_dtypes_agree(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v) {
+    const bool fp8_cache = !is_e4m3(q) && is_e4m3(k) && is_e4m3(v);
+    return fp8_cache || (k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type());
+}
+
 // The DType of an input type (is_input_dtype), or of a tensor of one.
 inline DType dtype_of(at::ScalarType type) { return static_cast<DType>(type); }
 inline DType dtype_of(const at::Tensor &t) { return dtype_of(t.scalar_type()); }

@@ -10,6 +10,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include "binding/problem.h"
 #include "common/forward_params.h"
 #include "common/launcher.h"
 #include "common/problem_variant.h"
@@ -63,14 +64,14 @@ struct Family : Info {
     // The problem variant this configuration runs a problem with: masked tails where a length is
     // not a multiple of its blocks or, in a family that pads the head with them, the call's d_head
     // is below the configuration's; always with score modifications (compiled with masked tails
-    // only); per-sequence lengths with masked tails.
-    static ProblemVariant variant_for(const Config &c, const ForwardParams &params, MaskKind mask, bool score_mods,
-                                      bool varlen) {
-        if (varlen)
-            return ProblemVariant{mask, true, score_mods, true};
+    // only); per-sequence lengths with masked tails, where the problem has them or `varlen` asks
+    // (a split), and always for an FP8 cache (compiled as varlen variants only).
+    static ProblemVariant variant_for(const Config &c, const ForwardParams &params, const Problem &problem, bool varlen) {
+        if (varlen || problem.kv_e4m3)
+            return ProblemVariant{problem.mask, true, problem.score_mods, true, problem.kv_e4m3};
         const bool tails = params.seqlen_q % c.B_r != 0 || params.seqlen_k % c.B_c != 0 ||
                            (Info::pads_head_with_masked_tails && params.d_head < c.d_head);
-        return ProblemVariant{mask, score_mods || tails, score_mods, false};
+        return ProblemVariant{problem.mask, problem.score_mods || tails, problem.score_mods, false};
     }
 
     // The launcher compiled for (c, variant), or null.

@@ -34,11 +34,12 @@ namespace flash::binding {
 
 inline std::string describe(const ProblemVariant &variant) {
     const char *masks[] = {"no mask", "a causal mask", "a local window"};
+    const std::string cache = variant.kv_e4m3 ? ", an e4m3 KV cache" : "";
     if (variant.varlen)
-        return std::string(masks[static_cast<int>(variant.mask)]) + ", sequences of lengths of their own (varlen)";
+        return std::string(masks[static_cast<int>(variant.mask)]) + ", sequences of lengths of their own (varlen)" + cache;
     return std::string(masks[static_cast<int>(variant.mask)]) +
            (variant.masked_tails ? ", lengths that are not multiples of the block sizes" : "") +
-           (variant.score_mods ? ", softcap or ALiBi" : "");
+           (variant.score_mods ? ", softcap or ALiBi" : "") + cache;
 }
 
 inline std::string arch_of(int capability) { return "sm_" + std::to_string(capability); }
@@ -81,12 +82,12 @@ inline const ForwardLauncher &named_kernel(const AnyConfig &config, const at::Te
                                            const Problem &problem, const Gpu &gpu) {
     const ForwardLauncher &launcher = visit_config(config, [&](auto family, const auto &cfg) -> const ForwardLauncher & {
         using Family = decltype(family);
-        const ProblemVariant variant = Family::variant_for(cfg, params, problem.mask, problem.score_mods, problem.varlen);
+        const ProblemVariant variant = Family::variant_for(cfg, params, problem, problem.varlen);
         const ForwardLauncher *found = Family::find(cfg, variant);
         // A varlen kernel runs a dense call too: a configuration compiled with its varlen variants
         // alone (a decoding one) runs dense calls on them.
         if (found == nullptr && !problem.varlen)
-            found = Family::find(cfg, Family::variant_for(cfg, params, problem.mask, problem.score_mods, true));
+            found = Family::find(cfg, Family::variant_for(cfg, params, problem, true));
         const std::string build = " in this build (kernel set '" + std::string(compiled_kernel_set) + "'); " + rebuild_hint;
         if (found == nullptr && Family::is_compiled(cfg))
             throw py::value_error("kernel_cfg: " + Family::describe(cfg) + " has no kernel for this problem (" +
@@ -111,7 +112,7 @@ inline std::string no_kernel_message(DType dtype, const ForwardParams &params, c
     });
     std::string text = "q: no configuration compiled into this build (kernel set '" + std::string(compiled_kernel_set) +
                        "') runs " + torch_name(dtype) + " attention with d_head " + std::to_string(params.d_head) + " and " +
-                       describe(ProblemVariant{problem.mask, false, problem.score_mods, problem.varlen}) + " on " +
+                       describe(ProblemVariant{problem.mask, false, problem.score_mods, problem.varlen, problem.kv_e4m3}) + " on " +
                        arch_of(gpu.capability) +
                        " (" + std::to_string(gpu.smem_per_block) + " bytes of shared memory per block)";
     return any_family_runs ? text + reasons + "; " + rebuild_hint : text + reasons;
@@ -158,8 +159,7 @@ inline Problem checked_problem(const at::Tensor &q, const at::Tensor &k, const a
     check_tensor(q, "q", on_device);
     check_tensor(k, "k", on_device);
     check_tensor(v, "v", on_device);
-    check_device_and_dtype(k, "k", q);
-    check_device_and_dtype(v, "v", q);
+    check_kv_dtypes(q, k, v);
     check_shapes(q, k, v, sequences.kv_batches_indexed());
     return decode_problem(args, sequences, q, k, on_device, params);
 }
@@ -214,7 +214,8 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     HeadPadding padding(q);
     if (!problem_args.softmax_scale && padding.call_d_head > 0)
         problem_args.softmax_scale = 1.0f / std::sqrt(static_cast<float>(padding.call_d_head));
-    const int64_t copy_elements = elements_per_copy(q);
+    // (Of an FP8 cache's e4m3 k and v where they are wider than q's.)
+    const int64_t copy_elements = std::max(elements_per_copy(q), elements_per_copy(k));
     if (padding.call_d_head % copy_elements != 0)
         padding.pad(q, k, v, (padding.call_d_head + copy_elements - 1) / copy_elements * copy_elements);
     ForwardParams params{};
@@ -225,8 +226,10 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
     if (o_given)
         check_output_dtype(*o_given, o_dtype, q);
     const at::TensorOptions o_options = q.options().dtype(o_dtype);
+    params.q_dtype = dtype_of(q);
+    params.kv_dtype = dtype_of(k);
     params.o_dtype = dtype_of(o_dtype);
-    set_descales(fp8, q, params);
+    set_descales(fp8, q, k, v, params);
     const Gpu gpu = gpu_of(q);
     if (named)
         check_named_config(*named, q, params);
@@ -246,7 +249,7 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
                 auto choice = split_with<Family>(cfg, params, problem, num_splits, multiprocessor_count());
                 if (num_splits > 1 && !choice && Family::splits_keys && params.seqlen_k > cfg.B_c)
                     throw py::value_error("num_splits: " + Family::describe(cfg) + " has no varlen kernel for this problem (" +
-                                          describe(Family::variant_for(cfg, params, problem.mask, problem.score_mods, true)) +
+                                          describe(Family::variant_for(cfg, params, problem, true)) +
                                           "), which splits run on in this build (kernel set '" +
                                           std::string(compiled_kernel_set) + "'); " + rebuild_hint);
                 // One split: the call runs whole, on the configuration's kernel for its own variant.

@@ -1,10 +1,13 @@
-// FP8 (e4m3) inputs: the dtype of the output a call writes (every call's: q's for 16-bit inputs,
-// the 16-bit type out_dtype names for e4m3 ones, bfloat16 by default as in FlashAttention-3), the
-// inputs' dequantisation factors (FlashAttention-3's q_descale, k_descale and v_descale: float32, one
-// per (batch, kv head), any strides), and the calls e4m3 inputs do not run yet. Only the Hopper
-// family has e4m3 configurations, so the automatic choice, the decoding configuration (of the SM80
-// family) and grouped-query packing (binding/grouped_query_packing.h) never take an e4m3 call: it
-// runs on a Hopper kernel as it comes.
+// FP8 (e4m3) inputs and caches: the dtypes q, k and v may have together (one input type, or an FP8
+// cache: e4m3 k and v beside 16-bit q), the dtype of the output a call writes (every call's: q's
+// for 16-bit q, the 16-bit type out_dtype names for e4m3 q, bfloat16 by default as in
+// FlashAttention-3), the inputs' dequantisation factors (FlashAttention-3's q_descale, k_descale
+// and v_descale: float32, one per (batch, kv head), any strides), and the calls e4m3 q does not run
+// yet. Only the Hopper family has configurations of e4m3 q, so the automatic choice, the decoding
+// configuration (of the SM80 family) and grouped-query packing (binding/grouped_query_packing.h)
+// never take such a call: it runs on a Hopper kernel as it comes. An FP8 cache runs on the SM80
+// family's decoding configurations, which widen its tiles to q's type (a problem variant of their
+// own, ProblemVariant::kv_e4m3), packed and split as a 16-bit cache is.
 #pragma once
 
 #include <optional>
@@ -16,6 +19,7 @@
 #include "binding/arguments.h"
 #include "binding/dtypes.h"
 #include "binding/sequences.h"
+#include "binding/tensor_checks.h"
 #include "common/forward_params.h"
 
 namespace flash::binding {
@@ -72,16 +76,35 @@ inline void check_e4m3_runs(const at::Tensor &q, const SequenceArguments &sequen
                            "paged)");
 }
 
-// One input's factors (name: q_descale, k_descale or v_descale), checked against q (on its device)
-// and the problem's batch and heads_kv (params).
-inline Descale descale_of(const std::optional<at::Tensor> &given, const char *name, const at::Tensor &q,
-                          const ForwardParams &params) {
+// k's and v's dtypes against q's (kv_dtypes_agree), and their devices; TypeError naming the one
+// that breaks the rule.
+inline void check_kv_dtypes(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v) {
+    check_same_device(k, "k", q);
+    check_same_device(v, "v", q);
+    if (kv_dtypes_agree(q, k, v))
+        return;
+    if (!is_e4m3(q) && is_e4m3(k) != is_e4m3(v)) {
+        const at::Tensor &other = is_e4m3(k) ? v : k;
+        throw py::type_error(std::string(is_e4m3(k) ? "v" : "k") + ": dtype " + torch_name(other.scalar_type()) +
+                             "; an FP8 cache has float8_e4m3fn keys and values both (beside float16 or bfloat16 q)");
+    }
+    const at::Tensor &odd = k.scalar_type() != q.scalar_type() ? k : v;
+    const std::string rule = is_e4m3(q) ? "; float8_e4m3fn q takes float8_e4m3fn k and v"
+                                        : "; k and v have q's dtype, or are both float8_e4m3fn (an FP8 cache)";
+    throw py::type_error(std::string(&odd == &k ? "k" : "v") + ": dtype " + dtype_str(odd) + " differs from q's " +
+                         dtype_str(q) + rule);
+}
+
+// One input's factors (name: q_descale, k_descale or v_descale, of `input`), checked against q (on
+// its device) and the problem's batch and heads_kv (params).
+inline Descale descale_of(const std::optional<at::Tensor> &given, const char *name, const at::Tensor &input,
+                          const at::Tensor &q, const ForwardParams &params) {
     if (!given)
         return Descale{nullptr, 0, 0};
     const at::Tensor &t = *given;
-    if (!is_e4m3(q))
-        throw py::value_error(std::string(name) + ": descales apply to float8_e4m3fn inputs only; q is " +
-                              torch_name(q.scalar_type()));
+    if (!is_e4m3(input))
+        throw py::value_error(std::string(name) + ": descales apply to float8_e4m3fn inputs only; " + name[0] + " is " +
+                              torch_name(input.scalar_type()));
     if (t.scalar_type() != at::kFloat)
         throw py::type_error(std::string(name) + ": dtype must be float32, got " + dtype_str(t));
     if (t.device() != q.device())
@@ -93,10 +116,11 @@ inline Descale descale_of(const std::optional<at::Tensor> &given, const char *na
 }
 
 // params.descales from the arguments (factors of 1 where none is given).
-inline void set_descales(const Fp8Arguments &args, const at::Tensor &q, ForwardParams &params) {
-    params.descales = Descales{descale_of(args.q_descale, "q_descale", q, params),
-                               descale_of(args.k_descale, "k_descale", q, params),
-                               descale_of(args.v_descale, "v_descale", q, params)};
+inline void set_descales(const Fp8Arguments &args, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                         ForwardParams &params) {
+    params.descales = Descales{descale_of(args.q_descale, "q_descale", q, q, params),
+                               descale_of(args.k_descale, "k_descale", k, q, params),
+                               descale_of(args.v_descale, "v_descale", v, q, params)};
 }
 
 } // namespace flash::binding

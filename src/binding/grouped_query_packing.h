@@ -13,7 +13,8 @@
 // No ALiBi: a slope per query head would tell the rows of a query apart. A single query aligned to
 // the last key sees every key through a causal mask or a right window, so those run as no mask.
 // Calls with per-sequence query rows (cu_seqlens_q, seqused_q, leftpad_q) are not packed, nor are
-// e4m3 calls, which run on the Hopper family's kernels as they come (binding/fp8.h).
+// e4m3 calls, which run on the Hopper family's kernels as they come (binding/fp8.h); an FP8 cache's
+// (16-bit q) are.
 #pragma once
 
 #include <cstdint>
@@ -43,8 +44,8 @@ struct GroupedQueryPacking {
         const bool shapes = q.dim() == 4 && k.dim() == 4 && k.sizes() == v.sizes() &&
                             (q.size(0) == k.size(0) || sequences.kv_batches_indexed()) && q.size(1) >= 1 &&
                             q.size(1) <= MAX_PACKED_QUERIES && q.size(3) == k.size(3) && k.size(2) > 0 &&
-                            q.size(2) > k.size(2) && q.size(2) % k.size(2) == 0 && q.scalar_type() == k.scalar_type() &&
-                            q.scalar_type() == v.scalar_type() && q.device() == k.device() && q.device() == v.device();
+                            q.size(2) > k.size(2) && q.size(2) % k.size(2) == 0 && kv_dtypes_agree(q, k, v) &&
+                            q.device() == k.device() && q.device() == v.device();
         const bool query_rows_shared = !sequences.packed() && !sequences.seqused_q && !sequences.leftpad_q;
         const bool o_fits = !o_given || o_given->sizes() == q.sizes();
         if (shapes && o_fits && query_rows_shared && !args.alibi_slopes && !is_e4m3(q)) {

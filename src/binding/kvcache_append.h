@@ -1,6 +1,8 @@
 // flash_attn_with_kvcache's writes before the attention (kvcache/append.h): its tensors checked,
 // decoded into AppendParams and launched on the current stream. What the Python function and the
-// torch operator flash_attention::append_to_cache both run.
+// torch operator flash_attention::append_to_cache both run. The caches hold q's 16-bit dtype, or
+// both float8_e4m3fn with their dequantisation factors k_descale and v_descale (FlashAttention-3's,
+// as the attention that reads them takes them).
 #pragma once
 
 #include <cstdint>
@@ -15,43 +17,96 @@
 #include "binding/dtypes.h"
 #include "binding/fp8.h"
 #include "binding/sequences.h"
+#include "binding/tensor_checks.h"
+#include "common/common.h"
 #include "common/forward_params.h"
 #include "kvcache/append.h"
 
 namespace flash::binding {
 
-// A (batch, seq, heads, d_head) tensor of q's dtype and device whose last dimension is contiguous.
-inline void check_rows_tensor(const at::Tensor &t, const char *name, const at::Tensor &q) {
+// A (batch, seq, heads, d_head) tensor of q's dtype and device whose last dimension is contiguous; a
+// cache's dtype may be float8_e4m3fn instead (`cache`).
+inline void check_rows_tensor(const at::Tensor &t, const char *name, const at::Tensor &q, bool cache = false) {
     if (t.dim() != 4)
         throw py::value_error(std::string(name) + ": expected 4 dimensions (batch, seq, heads, d_head), got " + shape_str(t));
-    if (t.scalar_type() != q.scalar_type() || t.device() != q.device())
+    if ((t.scalar_type() != q.scalar_type() && !(cache && is_e4m3(t))) || t.device() != q.device())
         throw py::value_error(std::string(name) + ": " + dtype_str(t) + " on " + t.device().str() + ", q is " + dtype_str(q) +
-                              " on " + q.device().str());
+                              " on " + q.device().str() + (cache ? " (a cache holds q's dtype or float8_e4m3fn)" : ""));
     if (t.size(3) > 1 && t.stride(3) != 1)
         throw py::value_error(std::string(name) + ": the last dimension (d_head) must be contiguous");
+}
+
+// An e4m3 cache as the attention kernels read it, in 16-byte chunks (16 elements): d_head, the
+// strides of the dimensions that have more than one element (as for every input, tensor_checks.h)
+// and the data pointer are multiples of a chunk.
+inline void check_e4m3_cache_layout(const at::Tensor &cache, const char *name) {
+    const int64_t chunk = elements_per_copy(cache);
+    const std::string rule = std::string(name) + ": a float8_e4m3fn cache's rows are read in 16-byte chunks, so ";
+    if (cache.size(3) % chunk != 0)
+        throw py::value_error(rule + "d_head must be a multiple of " + std::to_string(chunk) + ", got " +
+                              std::to_string(cache.size(3)));
+    for (int dim = 0; dim < 3; ++dim)
+        if (cache.size(dim) > 1 && cache.stride(dim) % chunk != 0)
+            throw py::value_error(rule + "its batch, seq and head strides must be multiples of " + std::to_string(chunk) +
+                                  " elements, got strides " + std::to_string(cache.stride(0)) + ", " +
+                                  std::to_string(cache.stride(1)) + ", " + std::to_string(cache.stride(2)));
+    if (reinterpret_cast<uintptr_t>(cache.data_ptr()) % COPY_BYTES != 0)
+        throw py::value_error(rule + "its data pointer must be 16-byte aligned");
+}
+
+// The factors of an e4m3 cache (name: k_descale or v_descale; cache_name the cache's): float32
+// (batch, heads_kv) on q's device, any strides; none stands for factors of 1.
+inline Descale cache_descale(const std::optional<at::Tensor> &given, const char *name, const at::Tensor &cache,
+                             const char *cache_name, const at::Tensor &q, int64_t batch) {
+    if (!given)
+        return Descale{nullptr, 0, 0};
+    const at::Tensor &t = *given;
+    if (!is_e4m3(cache))
+        throw py::value_error(std::string(name) + ": applies to float8_e4m3fn caches only; " + cache_name + " is " +
+                              torch_name(cache.scalar_type()));
+    if (t.scalar_type() != at::kFloat)
+        throw py::type_error(std::string(name) + ": dtype must be float32, got " + dtype_str(t));
+    if (t.device() != q.device())
+        throw py::value_error(std::string(name) + ": is on " + t.device().str() + " but q is on " + q.device().str());
+    if (t.dim() != 2 || t.size(0) != batch || t.size(1) != cache.size(2))
+        throw py::value_error(std::string(name) + ": shape " + shape_str(t) + " must be (batch, heads_kv) = (" +
+                              std::to_string(batch) + ", " + std::to_string(cache.size(2)) + ")");
+    return Descale{t.data_ptr<float>(), t.stride(0), t.stride(1)};
 }
 
 inline TensorStrides row_strides(const at::Tensor &t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
 // Appends k and v (where given) to the caches at each sequence's `seqlens` and rotates them and q by
-// rotary_cos and rotary_sin (where given). Returns the rotated q (contiguous, a new tensor), or an
-// empty tensor without rotary.
+// rotary_cos and rotary_sin (where given); into e4m3 caches quantised by k_descale and v_descale.
+// Returns the rotated q (contiguous, a new tensor), or an empty tensor without rotary.
 inline at::Tensor append_to_cache(const at::Tensor &q, const at::Tensor &k_cache, const at::Tensor &v_cache,
                                   const std::optional<at::Tensor> &k, const std::optional<at::Tensor> &v,
                                   const at::Tensor &seqlens, const std::optional<at::Tensor> &batch_idx,
                                   const std::optional<at::Tensor> &block_table, const std::optional<at::Tensor> &rotary_cos,
-                                  const std::optional<at::Tensor> &rotary_sin, bool interleaved, bool q_per_token) {
+                                  const std::optional<at::Tensor> &rotary_sin, bool interleaved, bool q_per_token,
+                                  const std::optional<at::Tensor> &k_descale, const std::optional<at::Tensor> &v_descale) {
+    const bool quantized = is_e4m3(k_cache);
+    if (is_e4m3(q) && (quantized || is_e4m3(v_cache)))
+        throw py::type_error("q: a float8_e4m3fn cache takes float16 or bfloat16 queries (and new keys and values of "
+                             "their dtype, quantised as they are appended), got " + torch_name(q.scalar_type()));
     check_e4m3_runs(q, "flash_attn_with_kvcache's append to the cache");
     if (q.scalar_type() != at::kHalf && q.scalar_type() != at::kBFloat16)
         throw py::type_error("q: dtype must be float16 or bfloat16, got " + dtype_str(q));
     check_rows_tensor(q, "q", q);
-    check_rows_tensor(k_cache, "k_cache", q);
-    check_rows_tensor(v_cache, "v_cache", q);
+    check_rows_tensor(k_cache, "k_cache", q, true);
+    check_rows_tensor(v_cache, "v_cache", q, true);
+    if (is_e4m3(v_cache) != quantized)
+        throw py::type_error("k_cache, v_cache: both float8_e4m3fn or neither, got " + torch_name(k_cache.scalar_type()) +
+                             " and " + torch_name(v_cache.scalar_type()));
     if (v_cache.sizes() != k_cache.sizes())
         throw py::value_error("v_cache: shape " + shape_str(v_cache) + " differs from k_cache's " + shape_str(k_cache));
     const int64_t batch = q.size(0), d_head = q.size(3);
     if (k_cache.size(3) != d_head)
         throw py::value_error("k_cache: d_head " + std::to_string(k_cache.size(3)) + " differs from q's " + std::to_string(d_head));
+    if (quantized) {
+        check_e4m3_cache_layout(k_cache, "k_cache");
+        check_e4m3_cache_layout(v_cache, "v_cache");
+    }
     check_sequence_tensor(seqlens, "cache_seqlens", batch, q, true);
     check_sequence_tensor(batch_idx, "cache_batch_idx", batch, q, true);
     if (block_table)
@@ -76,6 +131,8 @@ inline at::Tensor append_to_cache(const at::Tensor &q, const at::Tensor &k_cache
     params.batch_idx = batch_idx ? batch_idx->data_ptr<int>() : nullptr;
     params.block_table = block_table ? block_table->data_ptr<int>() : nullptr;
     params.block_table_stride = block_table ? block_table->stride(0) : 0;
+    params.k_descale = cache_descale(k_descale, "k_descale", k_cache, "k_cache", q, batch);
+    params.v_descale = cache_descale(v_descale, "v_descale", v_cache, "v_cache", q, batch);
     if (k) {
         check_rows_tensor(*k, "k", q);
         check_rows_tensor(*v, "v", q);
@@ -123,7 +180,7 @@ inline at::Tensor append_to_cache(const at::Tensor &q, const at::Tensor &k_cache
     if (!q.is_cuda())
         throw py::value_error("q: expected a CUDA tensor, got a tensor on " + q.device().str());
     const c10::cuda::CUDAGuard guard(q.device());
-    flash::append_to_cache(dtype_of(q), params,
+    flash::append_to_cache(dtype_of(q), dtype_of(k_cache), params,
                            at::cuda::getCurrentCUDAStream(q.device().index()).stream());
     return q_out;
 }

@@ -10,6 +10,7 @@
 #include <torch/extension.h>
 
 #include "binding/arguments.h"
+#include "binding/dtypes.h"
 #include "binding/sequences.h"
 #include "common/forward_params.h"
 #include "common/problem_variant.h"
@@ -52,12 +53,14 @@ inline ProblemArguments problem_arguments(bool causal, py::handle softmax_scale,
     return problem_arguments(causal, scale, window, cap, slopes);
 }
 
-// What a call asks for beyond its tensors: the mask kind, whether the scores are modified and
-// whether each sequence has lengths of its own; the rest is in the parameter block.
+// What a call asks for beyond its tensors: the mask kind, whether the scores are modified, whether
+// each sequence has lengths of its own, and whether k and v are an FP8 cache (e4m3 beside 16-bit
+// q); the rest is in the parameter block.
 struct Problem {
     MaskKind mask;
     bool score_mods;
     bool varlen; // paged caches (PagedKV) among them
+    bool kv_e4m3;
 };
 
 // The mask kind of effective window sides (set_window's).
@@ -115,7 +118,8 @@ inline Problem decode_problem(const ProblemArguments &args, const SequenceArgume
         params.mask.alibi_slopes = q.is_cuda() ? slopes.data_ptr<float>() : nullptr;
         params.mask.alibi_batch_stride = per_batch ? slopes.stride(0) : 0;
     }
-    return Problem{mask_kind(params.mask), args.softcap > 0.0f || args.alibi_slopes.has_value(), sequences.any()};
+    return Problem{mask_kind(params.mask), args.softcap > 0.0f || args.alibi_slopes.has_value(), sequences.any(),
+                   !is_e4m3(q) && is_e4m3(k)};
 }
 
 } // namespace flash::binding

@@ -119,7 +119,7 @@ std::optional<SplitChoice> split_with(const Config &cfg, const ForwardParams &pa
     if constexpr (!Family::splits_keys) {
         return std::nullopt;
     } else {
-        const ProblemVariant variant = Family::variant_for(cfg, params, problem.mask, problem.score_mods, true);
+        const ProblemVariant variant = Family::variant_for(cfg, params, problem, true);
         const ForwardLauncher *launcher = Family::find(cfg, variant);
         if (launcher == nullptr)
             return std::nullopt;

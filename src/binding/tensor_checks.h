@@ -57,17 +57,11 @@ inline void check_output_dtype(const at::Tensor &o, at::ScalarType o_dtype, cons
     throw py::type_error("o: dtype " + dtype_str(o) + " is not the output's " + torch_name(o_dtype) + " (" + rule + ")");
 }
 
-// The rules tying one tensor to q: device and dtype.
+// The rule tying one tensor to q: its device (k's and v's dtypes: fp8.h's check_kv_dtypes).
 inline void check_same_device(const at::Tensor &t, const char *name, const at::Tensor &q) {
     if (t.device() != q.device())
         throw py::value_error(std::string(name) + ": is on " + t.device().str() + " but q is on " + q.device().str() +
                               "; all tensors must be on one device");
-}
-
-inline void check_device_and_dtype(const at::Tensor &t, const char *name, const at::Tensor &q) {
-    check_same_device(t, name, q);
-    if (t.scalar_type() != q.scalar_type())
-        throw py::type_error(std::string(name) + ": dtype " + dtype_str(t) + " differs from q's " + dtype_str(q));
 }
 
 // k and v: (batch, seqlen_k, heads_kv, d_head) with q's batch (unless an index picks each

@@ -135,7 +135,10 @@ struct ForwardParams {
     int rows_per_query = 1;
     float softmax_scale; // multiplies Q K^T before the softmax
     MaskParams mask;
-    // The dtype of o: q's, or for FP8 inputs the 16-bit type the call asks for.
+    // The dtypes of q, of k and v (q's, or E4M3 for an FP8 cache beside 16-bit q) and of o (q's, or
+    // for FP8 inputs the 16-bit type the call asks for).
+    DType q_dtype;
+    DType kv_dtype;
     DType o_dtype;
     Descales descales;
     SequenceLayout sequences; // read by the varlen variant only

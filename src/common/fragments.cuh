@@ -35,6 +35,16 @@ struct Accumulators {
                 for (int i = 0; i < 4; ++i)
                     r[m][n][i] = 0.0f;
     }
+
+    __device__ __forceinline__ void scale(float factor) {
+#pragma unroll
+        for (int m = 0; m < M_tiles; ++m)
+#pragma unroll
+            for (int n = 0; n < N_tiles; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    r[m][n][i] *= factor;
+    }
 };
 
 // The accumulator layout of two neighbouring 16x8 tiles is the A layout of one 16x16 slice, so

@@ -24,6 +24,11 @@ struct ProblemVariant {
     // Each sequence of the batch has lengths of its own (ForwardParams::sequences): cu_seqlens,
     // seqused or leftpad. Compiled with masked tails.
     bool varlen;
+    // K and V are an FP8 cache: e4m3 values with per-(batch, kv head) dequantisation factors, read
+    // beside 16-bit queries (ForwardParams::descales k and v). Compiled with varlen only, for the
+    // SM80 family's decoding configurations, which widen each tile to the queries' type on its way
+    // into shared memory.
+    bool kv_e4m3 = false;
 
     constexpr auto operator<=>(const ProblemVariant &) const = default;
 };

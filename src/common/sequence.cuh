@@ -111,10 +111,10 @@ struct Sequence<true> {
         : params(call), batch(batch_), q_rows(rows.q), k_rows(rows.k) {
         params.seqlen_q = q_rows.length;
         params.seqlen_k = k_rows.length;
-        params.q = moved(call.q, q_rows.start * call.q_strides.seq);
-        params.o = const_cast<void *>(moved(call.o, q_rows.start * call.o_strides.seq));
-        params.k = moved(call.k, k_rows.start * call.k_strides.seq);
-        params.v = moved(call.v, k_rows.start * call.v_strides.seq);
+        params.q = moved(call.q, q_rows.start * call.q_strides.seq, element_bytes(call.q_dtype));
+        params.o = const_cast<void *>(moved(call.o, q_rows.start * call.o_strides.seq, element_bytes(call.o_dtype)));
+        params.k = moved(call.k, k_rows.start * call.k_strides.seq, element_bytes(call.kv_dtype));
+        params.v = moved(call.v, k_rows.start * call.v_strides.seq, element_bytes(call.kv_dtype));
         if (call.lse != nullptr)
             params.lse = call.lse + q_rows.start;
         if (call.split.num_splits > 1) {
@@ -135,8 +135,8 @@ struct Sequence<true> {
     }
 
   private:
-    __device__ __forceinline__ static const void *moved(const void *pointer, int64_t elements) {
-        return static_cast<const uint8_t *>(pointer) + elements * ELEMENT_BYTES;
+    __device__ __forceinline__ static const void *moved(const void *pointer, int64_t elements, int bytes_per_element) {
+        return static_cast<const uint8_t *>(pointer) + elements * bytes_per_element;
     }
 };
 

@@ -3,10 +3,14 @@
 // heads and column pairs. Row i of sequence b writes new key and value row i into
 // the cache (rotating the key), and rotates query row i; a step's rows are few, so a launch is the
 // whole cost and one launch does both. The rotation is computed in float32 with separately rounded
-// products (no fused multiply-add), as the same arithmetic on tensors is, and rounded once.
+// products (no fused multiply-add), as the same arithmetic on tensors is, and rounded once: to the
+// 16-bit type, or for an e4m3 cache divided by the head's factor and rounded to e4m3, with no 16-bit
+// rounding between.
 #include <algorithm>
+#include <type_traits>
 
 #include "common/cuda_utils.cuh"
+#include "common/e4m3.cuh"
 #include "common/type_utils.cuh"
 #include "kvcache/append.h"
 
@@ -24,12 +28,36 @@ __device__ __forceinline__ T *row_of(Base *base, const TensorStrides &strides, i
     return static_cast<T *>(base) + entry * strides.batch + row * strides.seq;
 }
 
-// Row `src` (heads of d_head columns, `src_head` apart) into row `dst`, the first rotary_dim
-// columns of each head rotated by the angle of table row `angle` (-1: none). A unit is a pair of
-// columns: a rotated pair, or two columns copied.
-template <typename value_t, typename rotary_t>
-__device__ void rotate_row(const AppendParams &p, const value_t *src, int64_t src_head, value_t *dst, int64_t dst_head,
-                           int heads, int angle) {
+// A float32 value as an element of out_t: rounded to the 16-bit type; or for an e4m3 cache divided by
+// the head's factor and rounded to the nearest even e4m3 value, finite values saturating at +-448
+// and NaN staying NaN (cvt.rn.satfinite.e4m3x2.f32 from sm_89 on, the header's emulation before).
+template <typename out_t>
+__device__ __forceinline__ out_t stored(float x, float descale) {
+    if constexpr (std::is_same_v<out_t, __nv_fp8_e4m3>) {
+        out_t e4m3;
+        e4m3.__x = __nv_cvt_float_to_fp8(__fdiv_rn(x, descale), __NV_SATFINITE, __NV_E4M3);
+        return e4m3;
+    } else {
+        return from_float<out_t>(x);
+    }
+}
+
+// A column that is not rotated: copied as it is into a row of its own type, quantised into e4m3.
+template <typename out_t, typename value_t>
+__device__ __forceinline__ out_t copied(value_t x, float descale) {
+    if constexpr (std::is_same_v<out_t, value_t>)
+        return x;
+    else
+        return stored<out_t>(to_float(x), descale);
+}
+
+// Row `src` (heads of d_head columns, `src_head` apart) of sequence b into row `dst`, the first
+// rotary_dim columns of each head rotated by the angle of table row `angle` (-1: none). A unit is a
+// pair of columns: a rotated pair, or two columns copied. An e4m3 row's head h is quantised by
+// descale's factor of (b, h).
+template <typename value_t, typename rotary_t, typename out_t>
+__device__ void rotate_row(const AppendParams &p, const value_t *src, int64_t src_head, out_t *dst, int64_t dst_head,
+                           int heads, int angle, int b, const Descale &descale) {
     const int half = angle >= 0 ? p.rotary_dim / 2 : 0;
     const int copied_pairs = (p.d_head - 2 * half + 1) / 2;
     const int units = half + copied_pairs;
@@ -39,24 +67,25 @@ __device__ void rotate_row(const AppendParams &p, const value_t *src, int64_t sr
         const int head = unit / units;
         const int j = unit % units;
         const value_t *from = src + head * src_head;
-        value_t *to = dst + head * dst_head;
+        out_t *to = dst + head * dst_head;
+        const float factor = std::is_same_v<out_t, __nv_fp8_e4m3> ? descale_at(descale, b, head) : 1.0f;
         if (j < half) {
             const int first = p.interleaved ? 2 * j : j;
             const int second = p.interleaved ? 2 * j + 1 : j + half;
             const float x1 = to_float(from[first]), x2 = to_float(from[second]);
             const float c = to_float(cos[j]), s = to_float(sin[j]);
-            to[first] = from_float<value_t>(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)));
-            to[second] = from_float<value_t>(__fadd_rn(__fmul_rn(x1, s), __fmul_rn(x2, c)));
+            to[first] = stored<out_t>(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)), factor);
+            to[second] = stored<out_t>(__fadd_rn(__fmul_rn(x1, s), __fmul_rn(x2, c)), factor);
         } else {
             const int column = 2 * half + 2 * (j - half);
-            to[column] = from[column];
+            to[column] = copied<out_t>(from[column], factor);
             if (column + 1 < p.d_head)
-                to[column + 1] = from[column + 1];
+                to[column + 1] = copied<out_t>(from[column + 1], factor);
         }
     }
 }
 
-template <typename value_t, typename rotary_t>
+template <typename value_t, typename rotary_t, typename cache_t>
 __global__ void __launch_bounds__(APPEND_THREADS) append_forward_kernel(const __grid_constant__ AppendParams p) {
     // One dimension for both: a long prefill's rows or a large batch may each pass the grid's y limit.
     const int rows = max(p.new_rows, p.q_rows);
@@ -73,39 +102,49 @@ __global__ void __launch_bounds__(APPEND_THREADS) append_forward_kernel(const __
         } else if (p.batch_idx != nullptr) {
             entry = clamp_index(p.batch_idx[b], p.entries);
         }
-        rotate_row<value_t, rotary_t>(p, row_of<const value_t>(p.k_new, p.k_new_strides, b, row), p.k_new_strides.head,
-                                      row_of<value_t>(p.k_cache, p.k_cache_strides, entry, entry_row),
-                                      p.k_cache_strides.head, p.heads_kv, angle_at(start + row));
-        rotate_row<value_t, rotary_t>(p, row_of<const value_t>(p.v_new, p.v_new_strides, b, row), p.v_new_strides.head,
-                                      row_of<value_t>(p.v_cache, p.v_cache_strides, entry, entry_row),
-                                      p.v_cache_strides.head, p.heads_kv, -1);
+        rotate_row<value_t, rotary_t, cache_t>(p, row_of<const value_t>(p.k_new, p.k_new_strides, b, row),
+                                               p.k_new_strides.head,
+                                               row_of<cache_t>(p.k_cache, p.k_cache_strides, entry, entry_row),
+                                               p.k_cache_strides.head, p.heads_kv, angle_at(start + row), b, p.k_descale);
+        rotate_row<value_t, rotary_t, cache_t>(p, row_of<const value_t>(p.v_new, p.v_new_strides, b, row),
+                                               p.v_new_strides.head,
+                                               row_of<cache_t>(p.v_cache, p.v_cache_strides, entry, entry_row),
+                                               p.v_cache_strides.head, p.heads_kv, -1, b, p.v_descale);
     }
     if (row < p.q_rows) {
         const value_t *q = row_of<const value_t>(p.q, p.q_strides, b, row);
         value_t *q_out = static_cast<value_t *>(p.q_out) + (static_cast<int64_t>(b) * p.q_rows + row) * p.heads_q * p.d_head;
-        rotate_row<value_t, rotary_t>(p, q, p.q_strides.head, q_out, p.d_head, p.heads_q,
-                                      angle_at(start + (p.q_per_token ? row : 0)));
+        rotate_row<value_t, rotary_t, value_t>(p, q, p.q_strides.head, q_out, p.d_head, p.heads_q,
+                                               angle_at(start + (p.q_per_token ? row : 0)), b, Descale{});
     }
 }
 
-template <typename value_t>
+template <typename value_t, typename cache_t>
 void launch(const AppendParams &params, cudaStream_t stream) {
     const dim3 grid(std::max(params.new_rows, params.q_rows) * params.batch);
     if (params.rotary_float)
-        append_forward_kernel<value_t, float><<<grid, APPEND_THREADS, 0, stream>>>(params);
+        append_forward_kernel<value_t, float, cache_t><<<grid, APPEND_THREADS, 0, stream>>>(params);
     else
-        append_forward_kernel<value_t, value_t><<<grid, APPEND_THREADS, 0, stream>>>(params);
+        append_forward_kernel<value_t, value_t, cache_t><<<grid, APPEND_THREADS, 0, stream>>>(params);
+}
+
+template <typename value_t>
+void launch(DType cache_dtype, const AppendParams &params, cudaStream_t stream) {
+    if (cache_dtype == DType::E4M3)
+        launch<value_t, element_t<DType::E4M3>>(params, stream);
+    else
+        launch<value_t, value_t>(params, stream);
 }
 
 } // namespace
 
-void append_to_cache(DType dtype, const AppendParams &params, cudaStream_t stream) {
+void append_to_cache(DType dtype, DType cache_dtype, const AppendParams &params, cudaStream_t stream) {
     if (params.batch == 0 || std::max(params.new_rows, params.q_rows) == 0)
         return;
     if (dtype == DType::FP16)
-        launch<element_t<DType::FP16>>(params, stream);
+        launch<element_t<DType::FP16>>(cache_dtype, params, stream);
     else
-        launch<element_t<DType::BF16>>(params, stream);
+        launch<element_t<DType::BF16>>(cache_dtype, params, stream);
     check_cuda(cudaGetLastError(), "KV cache append launch");
 }
 

@@ -1,7 +1,9 @@
 // A decode step's writes before its attention (flash_attn_with_kvcache's k, v and rotary
 // arguments): the new keys, rotated, and the new values appended to each sequence's cache in place,
 // and the queries rotated, in one kernel launch (a step's work here is a few rows; separate tensor
-// operations would cost a launch and microseconds of host time each).
+// operations would cost a launch and microseconds of host time each). The cache holds the tensors'
+// 16-bit type, or e4m3 (a quantised cache, read by attention with 16-bit queries): the new rows are
+// then quantised as they are written.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +43,12 @@ struct AppendParams {
     const int *batch_idx;   // null, or (batch,): the entry sequence b writes
     const int *block_table; // null, or (batch, pages per sequence)
     int64_t block_table_stride;
+    // An e4m3 cache's dequantisation factors per (batch, kv head), the batch being the sequence's
+    // (not its cache entry's): a stored value is the new value (a key rotated first) divided by its
+    // factor in float32, rounded to the nearest even e4m3 value, finite values saturating at +-448.
+    // Read only where the cache is e4m3.
+    Descale k_descale;
+    Descale v_descale;
 
     // Queries (batch, q_rows, heads_q, d_head) rotated into q_out (contiguous); q_rows 0: none. With
     // q_per_token query i is at position seqlens[b] + i, else every query at seqlens[b].
@@ -64,6 +72,7 @@ struct AppendParams {
     bool interleaved;
 };
 
-void append_to_cache(DType dtype, const AppendParams &params, cudaStream_t stream);
+// dtype: q's and the new rows' (16-bit); cache_dtype: the caches', dtype or E4M3.
+void append_to_cache(DType dtype, DType cache_dtype, const AppendParams &params, cudaStream_t stream);
 
 } // namespace flash

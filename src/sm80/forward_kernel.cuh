@@ -60,11 +60,17 @@ struct QKChunkFragments {
 // VARLEN each sequence has lengths of its own (Sequence): the grid covers the longest, and the
 // blocks past a shorter one's rows have nothing to do; it also splits the keys when the call asks
 // (SplitKV): the grid's x then counts num_splits runs of query blocks, and each block walks its
-// split's tiles and writes partial results. The variant's fields are separate template
-// arguments: nvcc's host stubs cannot spell a class-type template argument whose fields are all zero.
-template <typename Kernel, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS, bool VARLEN>
+// split's tiles and writes partial results. With KV_E4M3 (varlen only) K and V are an FP8 cache:
+// each tile is widened to q's type in shared memory once it has landed (KVTileCopies::widen), k's
+// dequantisation factor multiplies the softmax scale and v's the output. The variant's fields are
+// separate template arguments: nvcc's host stubs cannot spell a class-type template argument whose
+// fields are all zero.
+template <typename Kernel, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS, bool VARLEN, bool KV_E4M3>
 __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const __grid_constant__ ForwardParams call) {
+    static_assert(!KV_E4M3 || VARLEN, "an FP8 cache is read by the varlen variants");
     using value_t = typename Kernel::value_t;
+    using KVCopies = KVTileCopies<Kernel, MASKED_TAILS, VARLEN, KV_E4M3>;
+    using stored_t = typename KVCopies::stored_t;
     constexpr bool async_copy = Kernel::async_copy;
     constexpr bool eager = Kernel::eager_load_blocks;
     constexpr int n_threads = Kernel::n_threads;
@@ -114,11 +120,11 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     if constexpr (VARLEN)
         if (const PagedKV &paged = params.sequences.paged; paged.block_table != nullptr)
             page_table = page_table_row(paged, batch);
-    const KVTileCopies<Kernel, MASKED_TAILS, VARLEN> KV_copies{
+    const KVCopies KV_copies{
         params,
         Q_smem.data + Kernel::Q_tile::size,
-        tensor_rows<const value_t>(params.k, params.k_strides, kv_batch, kv_head, 0),
-        tensor_rows<const value_t>(params.v, params.v_strides, kv_batch, kv_head, 0),
+        tensor_rows<const stored_t>(params.k, params.k_strides, kv_batch, kv_head, 0),
+        tensor_rows<const stored_t>(params.v, params.v_strides, kv_batch, kv_head, 0),
         B_c * params.k_strides.seq,
         B_c * params.v_strides.seq,
         page_table};
@@ -127,7 +133,8 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     softmax.init();
     typename Kernel::O_accumulators O_acc;
     O_acc.zero();
-    const ScoreModsOf<SCORE_MODS> score_mods(params, batch, head);
+    const ScoreModsOf<SCORE_MODS> score_mods(
+        params, batch, head, KV_E4M3 ? params.softmax_scale * descale_at(params.descales.k, batch, kv_head) : params.softmax_scale);
     // What the softmax multiplies the scores by: the softmax scale, or softcap once capped.
     const float score_scale = score_mods.post_scale;
 
@@ -193,7 +200,15 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
             } else {
                 __syncthreads(); // every warp is done with the previous K and V tiles
                 KV_copies.copy(KV_block, 0, copies_whole);
-                wait_for_copies<Kernel, 1>(); // K_j (and Q) have landed; V_j may still be in flight
+                // K_j (and Q) have landed; V_j may still be in flight, unless both are widened now.
+                wait_for_copies<Kernel, KV_E4M3 ? 0 : 1>();
+            }
+            if constexpr (KV_E4M3) {
+                // Each thread widens the chunks its own copies brought (landed once it has waited),
+                // into a stage no warp reads any more; the barrier makes them visible to the
+                // products, and frees the staged tiles for the copies issued after it.
+                KV_copies.widen(stage);
+                __syncthreads();
             }
 
             typename Kernel::S_accumulators S_acc;
@@ -222,7 +237,7 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
                 accumulators_to_A<value_t>(P_frags, S_acc);
             }
 
-            if constexpr (!eager)
+            if constexpr (!eager && !KV_E4M3)
                 wait_for_copies<Kernel, 0>(); // V_j has landed
             if (warp_has_rows) {
                 using V_fragments = typename Kernel::V_fragments;
@@ -263,6 +278,8 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
             });
     }
 
+    if constexpr (KV_E4M3)
+        O_acc.scale(descale_at(params.descales.v, batch, kv_head));
     if (num_splits > 1) {
         float *lse = params.split.lse_partial + split * params.split.lse_split_stride;
         finish_softmax(softmax, O_acc, score_scale, lse, params, batch, head, Q_first_row, warp_first_row, Q_rows);

@@ -1,24 +1,42 @@
 // The SM80 family's K and V tiles in shared memory (per stage, after Q) and the copies that fill
-// them from one (batch, kv_head)'s rows, or with VARLEN from a paged cache's pages.
+// them from one (batch, kv_head)'s rows, or with VARLEN from a paged cache's pages. With KV_E4M3 the
+// rows are an FP8 cache's e4m3 values: each tile arrives in a staging tile of its own (after every
+// stage's K and V) and is widened to q's type in shared memory (widen), so that the products read
+// it as they read a 16-bit tile.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
+#include "common/e4m3.cuh"
 #include "common/forward_params.h"
 #include "common/sequence.cuh"
 #include "sm80/load_store.cuh"
 
 namespace flash::sm80 {
 
-template <typename Kernel, bool MASKED_TAILS, bool VARLEN>
+template <typename Kernel, bool MASKED_TAILS, bool VARLEN, bool KV_E4M3>
 struct KVTileCopies {
     using value_t = typename Kernel::value_t;
     using KV_tile = typename Kernel::KV_tile;
+    // What global memory holds: K and V of q's type, or an FP8 cache's bytes.
+    using stored_t = std::conditional_t<KV_E4M3, uint8_t, value_t>;
+    // An e4m3 tile as it arrives: B_c rows of d_head bytes, moved as 16-bit words (the copies'
+    // elements), laid out as a 16-bit tile of half the columns.
+    using Staged_tile = SmemTile<uint16_t, Kernel::B_c, Kernel::d_head / 2, Kernel::swizzled>;
+    using Arriving_tile = std::conditional_t<KV_E4M3, Staged_tile, KV_tile>;
+    using copied_t = typename Arriving_tile::value_t;
+    static constexpr int copied_per_stored = sizeof(copied_t) / sizeof(stored_t);
+
+    // The block's shared memory: the traits' (Q, then each stage's K and V), then with KV_E4M3 each
+    // stage's staged K and V.
+    static constexpr int staging_bytes = KV_E4M3 ? Kernel::KV_stages * 2 * Staged_tile::size * 2 : 0;
+    static constexpr int smem_bytes = Kernel::smem_bytes + staging_bytes;
 
     const ForwardParams &params;
     value_t *KV_smem; // the first stage's K tile
-    const value_t *K; // the first key's row (paged: row 0 of page 0, at the head)
-    const value_t *V;
+    const stored_t *K; // the first key's row (paged: row 0 of page 0, at the head)
+    const stored_t *V;
     int64_t K_tile_stride;
     int64_t V_tile_stride;
     // VARLEN: the sequence's row of a paged cache's block table (PagedKV), or null for keys in
@@ -29,7 +47,7 @@ struct KVTileCopies {
     // PagedKV::ROWS_MULTIPLE keys (which never straddles two pages), and a thread's consecutive
     // steps of fewer rows share their group's page. Per group: the page (page_at: clamped into the
     // pool) and the group's first row in it.
-    using Plan = TileCopyPlan<Kernel::n_threads, KV_tile>;
+    using Plan = TileCopyPlan<Kernel::n_threads, Arriving_tile>;
     static constexpr int KEY_GROUP = PagedKV::ROWS_MULTIPLE;
     static_assert(Kernel::B_c % KEY_GROUP == 0, "a tile's first key starts a group");
     static constexpr int steps_per_group =
@@ -57,6 +75,20 @@ struct KVTileCopies {
         return KV_tile{KV_smem + stage * Kernel::KV_stage_elems + KV_tile::size};
     }
 
+    // Where a stage's K and V tiles arrive: the tiles themselves, or with KV_E4M3 their staging tiles.
+    __device__ __forceinline__ Arriving_tile K_arriving(int stage) const {
+        if constexpr (KV_E4M3)
+            return Staged_tile{staging() + 2 * stage * Staged_tile::size};
+        else
+            return K_smem(stage);
+    }
+    __device__ __forceinline__ Arriving_tile V_arriving(int stage) const {
+        if constexpr (KV_E4M3)
+            return Staged_tile{staging() + (2 * stage + 1) * Staged_tile::size};
+        else
+            return V_smem(stage);
+    }
+
     // Issues the copies of KV tile KV_block into a stage: K's as one cp.async group, then V's. With
     // masked tails, columns past the call's d_head arrive as zeros (a smaller head size runs in
     // place), and a tile that may be the partial last one is copied with row predicates too: rows
@@ -65,33 +97,68 @@ struct KVTileCopies {
     __device__ __forceinline__ void copy(int KV_block, int stage, Whole) const {
         constexpr bool async_copy = Kernel::async_copy;
         constexpr int n_threads = Kernel::n_threads;
-        const value_t *K_tile = K + KV_block * K_tile_stride;
-        const value_t *V_tile = V + KV_block * V_tile_stride;
+        const copied_t *K_tile = copied(K + KV_block * K_tile_stride);
+        const copied_t *V_tile = copied(V + KV_block * V_tile_stride);
+        const int64_t K_row_stride = params.k_strides.seq / copied_per_stored;
+        const int64_t V_row_stride = params.v_strides.seq / copied_per_stored;
         if constexpr (MASKED_TAILS) {
             constexpr bool partial_rows = !Whole::value;
             const int rows = params.seqlen_k - KV_block * Kernel::B_c;
+            const int cols = params.d_head / copied_per_stored;
             if (VARLEN && page_table != nullptr) {
                 const GroupPages pages = group_pages(KV_block);
-                const auto paged_row = [&](const value_t *base, const TensorStrides &strides) {
+                const auto paged_row = [&](const stored_t *base, const TensorStrides &strides) {
                     return [&, base](int i, int row) {
                         const int g = i / steps_per_group;
-                        return base + pages.page[g] * strides.batch +
-                               (pages.first_row[g] + (row & (KEY_GROUP - 1))) * strides.seq;
+                        return copied(base + pages.page[g] * strides.batch +
+                                      (pages.first_row[g] + (row & (KEY_GROUP - 1))) * strides.seq);
                     };
                 };
                 copy_rows_global_to_shared<async_copy, n_threads, partial_rows, true>(
-                    K_smem(stage), paged_row(K, params.k_strides), rows, params.d_head);
+                    K_arriving(stage), paged_row(K, params.k_strides), rows, cols);
                 copy_rows_global_to_shared<async_copy, n_threads, partial_rows, true>(
-                    V_smem(stage), paged_row(V, params.v_strides), rows, params.d_head);
+                    V_arriving(stage), paged_row(V, params.v_strides), rows, cols);
                 return;
             }
-            copy_global_to_shared<async_copy, n_threads, partial_rows, true>(K_smem(stage), K_tile, params.k_strides.seq,
-                                                                             rows, params.d_head);
-            copy_global_to_shared<async_copy, n_threads, partial_rows, true>(V_smem(stage), V_tile, params.v_strides.seq,
-                                                                             rows, params.d_head);
+            copy_global_to_shared<async_copy, n_threads, partial_rows, true>(K_arriving(stage), K_tile, K_row_stride, rows, cols);
+            copy_global_to_shared<async_copy, n_threads, partial_rows, true>(V_arriving(stage), V_tile, V_row_stride, rows, cols);
         } else {
-            copy_global_to_shared<async_copy, n_threads>(K_smem(stage), K_tile, params.k_strides.seq);
-            copy_global_to_shared<async_copy, n_threads>(V_smem(stage), V_tile, params.v_strides.seq);
+            copy_global_to_shared<async_copy, n_threads>(K_arriving(stage), K_tile, K_row_stride);
+            copy_global_to_shared<async_copy, n_threads>(V_arriving(stage), V_tile, V_row_stride);
+        }
+    }
+
+    // With KV_E4M3, a stage's staged K and V (landed, and visible to every thread) widened into its
+    // K and V tiles; every thread takes the chunks its copies brought. A barrier must follow before
+    // the products read them.
+    __device__ __forceinline__ void widen(int stage) const {
+        static_assert(KV_E4M3, "only an FP8 cache's tiles are widened");
+        widen_tile(K_arriving(stage), K_smem(stage));
+        widen_tile(V_arriving(stage), V_smem(stage));
+    }
+
+  private:
+    __device__ __forceinline__ uint16_t *staging() const {
+        return reinterpret_cast<uint16_t *>(KV_smem + Kernel::KV_stages * Kernel::KV_stage_elems);
+    }
+
+    static __device__ __forceinline__ const copied_t *copied(const stored_t *p) {
+        return reinterpret_cast<const copied_t *>(p);
+    }
+
+    // Each 16-byte chunk of 16 e4m3 values becomes the two 16-byte chunks of their 16-bit values, at
+    // the same row and twice the column (zeros, the copies' fill past a tile's keys or d_head, widen
+    // to zeros).
+    static __device__ __forceinline__ void widen_tile(const Staged_tile &src, const KV_tile &dst) {
+#pragma unroll
+        for (int i = 0; i < Plan::steps; ++i) {
+            if (!Plan::exists(i))
+                continue;
+            const int row = Plan::row(i), col = Plan::col(i);
+            const uint4 bytes = *reinterpret_cast<const uint4 *>(src.at(row, col));
+            *reinterpret_cast<uint4 *>(dst.at(row, 2 * col)) = widen_e4m3x8<value_t>(uint2{bytes.x, bytes.y});
+            *reinterpret_cast<uint4 *>(dst.at(row, 2 * col + ELEMS_PER_COPY)) =
+                widen_e4m3x8<value_t>(uint2{bytes.z, bytes.w});
         }
     }
 };

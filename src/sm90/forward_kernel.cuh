@@ -147,9 +147,12 @@ __device__ __forceinline__ void consume_work_tile(const KernelParams &kp, Consum
 // page (tile_loader.cuh), and a box of O that would reach past it is stored row by row. (Separate
 // template arguments, as in the SM80 family: nvcc's host stubs cannot spell an all-zero class-type
 // template argument.) Compiled for sm_90a only; elsewhere the body is empty and the binding never
-// launches it.
-template <typename Kernel, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS, bool VARLEN>
+// launches it. KV_E4M3 (an FP8 cache beside 16-bit queries) is the SM80 family's variant alone: the
+// generator never compiles it here.
+template <typename Kernel, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS, bool VARLEN, bool KV_E4M3>
 __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(const __grid_constant__ KernelParams kp) {
+    static_assert(!KV_E4M3, "the Hopper family reads q, k and v of one dtype; e4m3 caches with 16-bit queries run on "
+                            "the SM80 family's decoding configurations");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Scheduler = typename Kernel::template TileScheduler<MASK, VARLEN>;
     constexpr int cluster = Kernel::cluster_size;

@@ -7,12 +7,12 @@
 // registers hold them, and P packs its registers as they are (probabilities_to_e4m3): in a
 // register of P's A fragment the four slots 4t .. 4t + 3 of a 16-key group hold keys 2t, 2t + 1
 // (the left accumulator tile's pair) and 2t + 8, 2t + 9 (the right one's).
-// Also here: the inputs' dequantisation factors (descale_at).
 #pragma once
 
 #include <cstdint>
 
 #include "common/common.h"
+#include "common/e4m3.cuh"
 #include "common/forward_params.h"
 #include "common/fragments.cuh"
 #include "sm90/shared_tiles.cuh"
@@ -47,11 +47,6 @@ __device__ __forceinline__ void probabilities_to_e4m3(FragmentsA<1, N_tiles / 4>
             P.r[0][kk][2 * half] = pack_e4m3x4(left[0], left[1], right[0], right[1]);
             P.r[0][kk][2 * half + 1] = pack_e4m3x4(left[2], left[3], right[2], right[3]);
         }
-}
-
-// The factor of (batch, kv head) of one input; 1 without factors.
-__device__ __forceinline__ float descale_at(const Descale &descale, int batch, int kv_head) {
-    return descale.data == nullptr ? 1.0f : descale.data[batch * descale.batch_stride + kv_head * descale.head_stride];
 }
 
 // The warps of the producer warpgroup after its first: each V tile the producer loads, in the order

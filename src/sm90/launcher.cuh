@@ -29,7 +29,7 @@ namespace flash::sm90 {
 
 template <typename Kernel, ProblemVariant VARIANT>
 constexpr auto kernel_of =
-    &hopper_forward_kernel<Kernel, VARIANT.mask, VARIANT.masked_tails, VARIANT.score_mods, VARIANT.varlen>;
+    &hopper_forward_kernel<Kernel, VARIANT.mask, VARIANT.masked_tails, VARIANT.score_mods, VARIANT.varlen, VARIANT.kv_e4m3>;
 
 // How many clusters of `config`'s shape (its grid aside) can be resident at once on this device;
 // asked once per kernel and device.

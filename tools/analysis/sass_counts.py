@@ -42,7 +42,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmark"
 import bench_common as common  # noqa: E402  (also makes flash_helpers importable from a bare checkout)
 from flash_helpers.kernel_config import KernelConfig  # noqa: E402
 from flash_helpers.kernel_sets import get_kernel_configs  # noqa: E402
-from flash_helpers.problem import ALL_VARIANTS, VARLEN_VARIANTS, ProblemVariant  # noqa: E402
+from flash_helpers.problem import ALL_VARIANTS, KV_E4M3_VARIANTS, VARLEN_VARIANTS, ProblemVariant  # noqa: E402
 from flash_helpers.tuning_space import get_all_kernel_configs  # noqa: E402
 
 # The families shown in the tables, in column order; "total" is every instruction but padding.
@@ -125,13 +125,13 @@ def canonical_symbol(symbol: str) -> str:
 
 
 def variant_name(variant: ProblemVariant) -> str:
-    """The variant as the tables print it and --variants takes it: the mask kind, then +tails and
-    +mods and +varlen where on, e.g. none, causal+tails, local+tails+mods."""
-    flags = [name for name, on in zip(("tails", "mods", "varlen"), variant.flags()) if on]
+    """The variant as the tables print it and --variants takes it: the mask kind, then +tails,
+    +mods, +varlen and +kv_e4m3 where on, e.g. none, causal+tails, local+tails+mods."""
+    flags = [name for name, on in zip(("tails", "mods", "varlen", "kv_e4m3"), variant.flags()) if on]
     return "+".join([variant.mask.name.lower(), *flags])
 
 
-VARIANTS_BY_NAME = {variant_name(variant): variant for variant in ALL_VARIANTS + VARLEN_VARIANTS}
+VARIANTS_BY_NAME = {variant_name(variant): variant for variant in ALL_VARIANTS + VARLEN_VARIANTS + KV_E4M3_VARIANTS}
 # The variant shown by default: no mask, whole blocks, the kernel the benchmarks time.
 DEFAULT_VARIANT = variant_name(ProblemVariant())
 
@@ -155,7 +155,7 @@ class KernelSymbols:
         for cfg in configs:
             if type(cfg) in suffix_lengths:
                 continue
-            names = {variant: cfg.mangled_kernel_name(variant) for variant in ALL_VARIANTS + VARLEN_VARIANTS}
+            names = {variant: cfg.mangled_kernel_name(variant) for variant in ALL_VARIANTS + VARLEN_VARIANTS + KV_E4M3_VARIANTS}
             shared = len(os.path.commonprefix(list(names.values())))
             self._variant_by_suffix.update({name[shared:]: variant for variant, name in names.items()})
             suffix_lengths[type(cfg)] = len(names[ProblemVariant()]) - shared
