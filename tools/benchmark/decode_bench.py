@@ -13,15 +13,30 @@ step passes it), times in one run, in a seeded random order per shape:
              configuration of --configs (short forms): the automatic choice against named kernels,
              of either family (a prefill against a paged cache, for example: --seqlen-q 1024)
   FA3        FlashAttention-3's flash_attn_with_kvcache (the fa3-fwd package, module
-             fa3_fwd_interface, bfloat16 only), num_splits=0
+             fa3_fwd_interface; the 0.0.3 wheel runs no float16), num_splits=0
   SDPA       torch.nn.functional.scaled_dot_product_attention with enable_gqa (its default backend
              choice), on (batch, heads, seq, d) views of the same tensors; one query needs no mask,
              several get the bottom-right causal mask as a boolean attn_mask
 
+With --kv-dtype e4m3 the cache is FP8 and the queries stay 16-bit: the same random values as the
+16-bit cache's, quantised per sequence and key/value head (descale = amax / 448, the largest e4m3
+value; stored = (x / descale) rounded to float8_e4m3fn), and each shape times
+
+  ours       (ours/N, ours[CFG] too) on the e4m3 cache, given k_descale and v_descale
+  ours bf16  flash_attn_with_kvcache on the 16-bit cache of the same values (ours fp16 for fp16
+             queries): the column "FP8/16-bit tok/s" is its time over ours', the speed-up in tokens
+             per second (batch x seqlen_q / time) that the FP8 cache brings
+  FA3        FlashAttention-3's flash_attn_with_kvcache on the e4m3 cache, which it reads only with
+             e4m3 queries: q quantised as the cache is, its q_descale per sequence and key/value
+             head taken over the head group's queries
+
+SDPA takes no FP8: it is not timed (its column reads '-', and a line under the table says why), and
+ours is checked against SDPA on the dequantised cache instead.
+
 With --page-size N the cache is paged: pages of N rows in one pool, in random order (--page-order
 sequential: each sequence's pages one after another, as in the dense cache), ours reading it
 through block_table and FA3 through page_table (SDPA, which has no paged form, reads the same keys
-laid out densely).
+laid out densely; with an e4m3 cache, ours on the 16-bit cache reads the same pages).
 
 With --graphs each call is captured once in a CUDA graph and its replays are timed: the GPU's time
 alone, as a serving loop that replays a captured decode step sees it (the eager timings of small
@@ -29,13 +44,16 @@ shapes include the host's time per call). With --host-calls N each call's host t
 measured: N eager calls enqueued back to back (one synchronization at the end), microseconds per
 call, what a model's Python thread pays per decode step and layer; a second table lists it.
 
-GB/s = bytes of K and V read (batch x keys x heads_kv x d_head x 2 bytes x 2) / time; the H200's
-copy ceiling is about 4.3 TB/s. Time is the median of triton.testing.do_bench. Outputs are compared
-with SDPA's once per shape; a mismatch is reported and makes the exit status 1. FA3's wheel is
-installed apart:
+GB/s = bytes of K and V read (batch x keys x heads_kv x d_head x the cache's element size x 2) /
+time: an e4m3 cache is half the bytes of a 16-bit one. The H200's copy ceiling is about 4.3 TB/s.
+Time is the median of triton.testing.do_bench. A peer that does not run at a shape (FA3 raising
+for it, SDPA on an e4m3 cache) reads '-', and a line under the table says where and why. Outputs
+are compared with SDPA's once per shape; a mismatch is reported and makes the exit status 1. FA3's
+wheel is installed apart:
 
     python3 -m pip install --no-deps --target /tmp/fa3 fa3_fwd-0.0.3-cp39-abi3-manylinux_2_24_x86_64.whl
     PYTHONPATH=/tmp/fa3 python3 tools/benchmark/decode_bench.py --csv decode.csv
+    PYTHONPATH=/tmp/fa3 python3 tools/benchmark/decode_bench.py --graphs --kv-dtype e4m3 --shapes 8x32768 1x131072
 """
 
 from __future__ import annotations
@@ -49,16 +67,21 @@ import sys
 import bench_common as common
 from call_bench import host_us
 from model_bench import markdown_table
+from pt_bench import first_line
 
 from flash_helpers.kernel_names import parse_kernel_name_into_config
 
 SHAPES = ((1, 8192), (1, 131072), (8, 8192), (8, 32768), (32, 4096), (128, 2048))
 OURS, FA3, SDPA = "ours", "FA3", "SDPA"
+# --kv-dtype: the cache in q's own dtype, or an FP8 one.
+SAME = "same"
+KV_DTYPES = (SAME, *common.FP8_DTYPE_NAMES)
+SPEED_UP = "FP8/16-bit tok/s"
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeTiming:
-    dtype: str
+    dtype: str  # q's
     batch: int
     keys: int
     seqlen_q: int
@@ -66,6 +89,7 @@ class DecodeTiming:
     time_ms: float
     gbps: float
     host_us: float = math.nan  # host microseconds per eager call (--host-calls), NaN if not measured
+    kv_dtype: str = SAME  # the run's --kv-dtype (an FP8 run's "ours <dtype>" reads the 16-bit cache)
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -85,7 +109,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     common.add_dtype_argument(
         parser,
         default=["bf16"],
-        fp8_refusal="FP8 inputs run dense calls only: flash_attn_with_kvcache raises NotImplementedError for them",
+        fp8_refusal="the queries are 16-bit (flash_attn_with_kvcache takes no FP8 q); an e4m3 cache is --kv-dtype e4m3",
+    )
+    parser.add_argument(
+        "--kv-dtype",
+        choices=KV_DTYPES,
+        default=SAME,
+        help="the cache's dtype: q's own, or e4m3, quantised per sequence and key/value head and timed beside "
+        "ours on the 16-bit cache (default: %(default)s)",
     )
     parser.add_argument("--heads", type=common.positive_int, nargs=2, default=[32, 8], metavar=("Q", "KV"))
     parser.add_argument("--d-head", type=common.served_d_head, default=128)
@@ -126,7 +157,33 @@ def graphed(fn):
     return graph.replay
 
 
-def time_shape(args, dtype_name: str, batch: int, keys: int, seqlen_q: int, fa3, timer) -> tuple[list, str | None]:
+def sixteen_bit(dtype_name: str) -> str:
+    """The implementation of an FP8 run that is ours on the 16-bit cache: "ours bf16"."""
+    return f"{OURS} {dtype_name}"
+
+
+def quantized(x, heads_kv: int, fp8_dtype):
+    """x (batch, seq, heads, d) in ``fp8_dtype`` and its descales (float32, (batch, heads_kv)), x =
+    stored x descale: each sequence's key/value head (for queries, the group of heads that reads it)
+    scaled so that its largest magnitude is the FP8 type's largest, as a serving stack quantises a
+    cache. Random values are never all zero, so no descale is 0."""
+    import torch
+
+    batch, seq, heads, d_head = x.shape
+    grouped = x.float().view(batch, seq, heads_kv, heads // heads_kv, d_head)
+    descale = grouped.abs().amax(dim=(1, 3, 4)) / torch.finfo(fp8_dtype).max
+    stored = (grouped / descale[:, None, :, None, None]).to(fp8_dtype)
+    return stored.view(x.shape), descale
+
+
+def dequantized(stored, descale, dtype):
+    """A cache that ``quantized`` made, back in ``dtype``: the values an FP8 call attends."""
+    return (stored.float() * descale[:, None, :, None]).to(dtype)
+
+
+def time_shape(args, dtype_name: str, batch: int, keys: int, seqlen_q: int, fa3, timer):
+    """Times every implementation at one shape: (rows, a correctness failure or None, {implementation:
+    why it did not run})."""
     import flash_attention
     import torch
     import torch.nn.functional as F
@@ -135,52 +192,91 @@ def time_shape(args, dtype_name: str, batch: int, keys: int, seqlen_q: int, fa3,
     heads_q, heads_kv = args.heads
     generator = torch.Generator(device="cuda").manual_seed(batch * 1_000_003 + keys)
     q = torch.randn((batch, seqlen_q, heads_q, args.d_head), generator=generator, device="cuda", dtype=dtype)
-    k_cache, v_cache = (
+    dense = tuple(
         torch.randn((batch, keys, heads_kv, args.d_head), generator=generator, device="cuda", dtype=dtype)
         for _ in range(2)
     )
     cache_seqlens = torch.full((batch,), keys, dtype=torch.int32, device="cuda")
-    ours_cache, fa3_cache = (k_cache, v_cache), (k_cache, v_cache)
+    # What ours and FA3 read (the cache under test), and with an FP8 cache also the 16-bit cache of
+    # the same values that ours is compared on.
+    tested, compared, descales, missing = dense, (), {}, {}
+    if args.kv_dtype != SAME:
+        kv_dtype = common.dtype_from_name(args.kv_dtype)
+        fp8 = [quantized(cache, heads_kv, kv_dtype.to_torch_dtype()) for cache in dense]  # (stored, descale) of k, v
+        tested, compared = tuple(stored for stored, _ in fp8), dense
+        descales = {"k_descale": fp8[0][1], "v_descale": fp8[1][1]}
+        # The reason is every SDPA backend's: PyTorch's SDPA takes no FP8.
+        missing[SDPA] = common.dtype_refusal("flash", kv_dtype)
     ours_keywords, fa3_keywords = {}, {}
     if args.page_size:
-        k_pool, v_pool, table = paged(k_cache, v_cache, args.page_size, args.page_order == "random", generator)
-        ours_cache = fa3_cache = (k_pool, v_pool)
+        # One page table for every cache: ours on the 16-bit cache reads the same pages.
+        pools, table = paged([*tested, *compared], args.page_size, args.page_order == "random", generator)
+        tested, compared = pools[:2], pools[2:]
         ours_keywords, fa3_keywords = {"block_table": table}, {"page_table": table}
-    calls = {
-        OURS: functools.partial(
-            flash_attention.flash_attn_with_kvcache, q, *ours_cache, cache_seqlens=cache_seqlens, causal=True,
-            **ours_keywords,
-        )
-    }
+
+    def ours_on(cache, **keywords):
+        return functools.partial(
+            flash_attention.flash_attn_with_kvcache, q, *cache, cache_seqlens=cache_seqlens, causal=True,
+            **ours_keywords, **keywords,
+        )  # fmt: skip
+
+    calls = {OURS: ours_on(tested, **descales)}
+    if compared:
+        calls[sixteen_bit(dtype_name)] = ours_on(compared)
     for splits in args.splits:
         calls[f"{OURS}/{splits}"] = functools.partial(calls[OURS], num_splits=splits)
     for cfg in args.configs:
         calls[named(cfg)] = functools.partial(
-            flash_attention.forward, cfg, q, *ours_cache, seqused_k=cache_seqlens, causal=True, **ours_keywords
+            flash_attention.forward, cfg, q, *tested, seqused_k=cache_seqlens, causal=True, **ours_keywords, **descales
         )
-    if fa3 is not None and dtype == torch.bfloat16:
-        calls[FA3] = functools.partial(
-            fa3, q, *fa3_cache, cache_seqlens=cache_seqlens, causal=True, num_splits=0, **fa3_keywords
+    if fa3 is not None:
+        fa3_q, fa3_descales = q, descales
+        if descales:  # FA3 reads an FP8 cache only with FP8 queries
+            fa3_q, q_descale = quantized(q, heads_kv, tested[0].dtype)
+            fa3_descales = {"q_descale": q_descale, **descales}
+        call = functools.partial(
+            fa3, fa3_q, *tested, cache_seqlens=cache_seqlens, causal=True, num_splits=0, **fa3_keywords, **fa3_descales
         )
-    query, key, value = (t.transpose(1, 2) for t in (q, k_cache, v_cache))
+        try:
+            call()
+        except Exception as error:  # FA3 raises its own types for what its build does not run
+            missing[FA3] = first_line(error)
+        else:
+            calls[FA3] = call
+
     # SDPA's is_causal aligns to the first key: the bottom-right mask of several queries is given.
     mask = None
     if seqlen_q > 1:
         rows = torch.arange(seqlen_q, device="cuda")[:, None] + keys - seqlen_q
         mask = torch.arange(keys, device="cuda")[None, :] <= rows
-    calls[SDPA] = functools.partial(F.scaled_dot_product_attention, query, key, value, attn_mask=mask, enable_gqa=True)
 
-    kv_bytes = 2 * batch * keys * heads_kv * args.d_head * q.element_size()
-    rows = []
+    def sdpa_on(k_cache, v_cache):
+        query, key, value = (t.transpose(1, 2) for t in (q, k_cache, v_cache))
+        return functools.partial(F.scaled_dot_product_attention, query, key, value, attn_mask=mask, enable_gqa=True)
+
+    if not descales:
+        calls[SDPA] = sdpa_on(*dense)
+
+    def kv_bytes(cache) -> int:
+        return 2 * batch * keys * heads_kv * args.d_head * cache[0].element_size()
+
+    timings = []
     for name in common.timing_order(list(calls), 0, (dtype_name, batch, keys, seqlen_q)):
+        read = kv_bytes(dense if name in (SDPA, sixteen_bit(dtype_name)) else tested)
         time_ms = timer(graphed(calls[name]) if args.graphs else calls[name])
         host = host_us(torch, calls[name], args.host_calls) if args.host_calls else math.nan
-        rows.append(DecodeTiming(dtype_name, batch, keys, seqlen_q, name, time_ms, kv_bytes / time_ms / 1e6, host))
-    reference = calls[SDPA]().transpose(1, 2)
-    ours = calls[OURS]()
-    error = (ours.float() - reference.float()).abs().max().item()
-    failure = None if error < 2e-2 else f"{dtype_name} {batch}x{keys} q{seqlen_q}: ours differs from SDPA by {error:.3g}"
-    return rows, failure
+        timings.append(
+            DecodeTiming(dtype_name, batch, keys, seqlen_q, name, time_ms, read / time_ms / 1e6, host, args.kv_dtype)
+        )
+    if descales:
+        reference = sdpa_on(*(dequantized(stored, descale, dtype) for stored, descale in fp8))
+        against = "SDPA on the dequantised cache"
+    else:
+        reference, against = calls[SDPA], "SDPA"
+    error = (calls[OURS]().float() - reference().transpose(1, 2).float()).abs().max().item()
+    where = shape_label(dtype_name, args.kv_dtype, seqlen_q, batch, keys)
+    failure = None if error < 2e-2 else f"{where}: ours differs from {against} by {error:.3g}"
+    return timings, failure, missing
 
 
 def named(cfg) -> str:
@@ -188,24 +284,25 @@ def named(cfg) -> str:
     return f"{OURS}[{cfg.short_form()}]"
 
 
-def paged(k_cache, v_cache, page_size: int, shuffled: bool, generator):
-    """(k pool, v pool, block_table): the caches' rows on pages of page_size rows in one pool, the
-    pages in random order if shuffled, else in the caches' order."""
+def paged(caches, page_size: int, shuffled: bool, generator):
+    """([a pool per cache], block_table): each cache's rows on pages of page_size rows in a pool of its
+    own, the pages in random order if shuffled, else in the caches' order; one table for them all
+    (the caches are of one shape)."""
     import torch
 
-    batch, keys, heads, d_head = k_cache.shape
+    batch, keys, heads, d_head = caches[0].shape
     per_sequence = -(-keys // page_size)
     pages = batch * per_sequence
     order = torch.randperm(pages, generator=generator, device="cuda") if shuffled else torch.arange(pages, device="cuda")
     table = order.view(batch, per_sequence).to(torch.int32)
     pools = []
-    for cache in (k_cache, v_cache):
+    for cache in caches:
         padded = torch.zeros((batch, per_sequence * page_size, heads, d_head), dtype=cache.dtype, device="cuda")
         padded[:, :keys] = cache
         pool = torch.empty((batch * per_sequence, page_size, heads, d_head), dtype=cache.dtype, device="cuda")
         pool[order] = padded.view(-1, page_size, heads, d_head)
         pools.append(pool)
-    return pools[0], pools[1], table
+    return pools, table
 
 
 def paged_call_error(fa3, page_size: int) -> str | None:
@@ -222,23 +319,57 @@ def paged_call_error(fa3, page_size: int) -> str | None:
     return None
 
 
+def dtype_cell(dtype: str, kv_dtype: str) -> str:
+    """The tables' dtype: q's, and the cache's where it is FP8."""
+    return dtype if kv_dtype == SAME else f"{dtype}, {kv_dtype} cache"
+
+
+def shape_label(dtype: str, kv_dtype: str, seqlen_q: int, batch: int, keys: int) -> str:
+    return f"{dtype_cell(dtype, kv_dtype)}, q {seqlen_q}, {batch} x {keys:,}"
+
+
 def format_table(rows: list[DecodeTiming], implementations: list[str], field: str = "gbps") -> str:
     """One row per shape and a column per implementation: GB/s (field "gbps"), or host microseconds
-    per call ("host_us"), and ours over each peer's (of host time: below 1 where ours costs less)."""
-    shapes = sorted({(r.dtype, r.seqlen_q, r.batch, r.keys) for r in rows}, key=lambda s: (s[0], s[1], s[2] * s[3], s[2]))
+    per call ("host_us"), and ours over each peer's (of host time: below 1 where ours costs less).
+    With an FP8 cache the GB/s table ends with SPEED_UP, the time of ours on the 16-bit cache over
+    ours': the GB/s of the two count the bytes of caches of their own sizes."""
+
+    def shape_of(r: DecodeTiming) -> tuple:
+        return r.dtype, r.kv_dtype, r.seqlen_q, r.batch, r.keys
+
+    shapes = sorted({shape_of(r) for r in rows}, key=lambda s: (s[0], s[1], s[2], s[3] * s[4], s[3]))
     unit = {"gbps": "GB/s", "host_us": "host µs"}[field]
-    headers = ["dtype", "q", "batch x keys", *(f"{name} {unit}" for name in implementations), "ours/FA3", "ours/SDPA"]
+    speed_up = field == "gbps" and any(r.kv_dtype != SAME for r in rows)
+    ratios = ["ours/FA3", "ours/SDPA", *([SPEED_UP] if speed_up else [])]
+    headers = ["dtype", "q", "batch x keys", *(f"{name} {unit}" for name in implementations), *ratios]
     table = []
-    for dtype, seqlen_q, batch, keys in shapes:
-        at = {r.implementation: getattr(r, field) for r in rows if (r.dtype, r.seqlen_q, r.batch, r.keys) == (dtype, seqlen_q, batch, keys)}
+    for shape in shapes:
+        dtype, kv_dtype, seqlen_q, batch, keys = shape
+        at_shape = [r for r in rows if shape_of(r) == shape]
+        at = {r.implementation: getattr(r, field) for r in at_shape}
         ours = at.get(OURS, math.nan)
-        table.append(
-            [dtype, seqlen_q, f"{batch} x {keys:,}", *(at.get(name, math.nan) for name in implementations),
-             ours / at.get(FA3, math.nan), ours / at.get(SDPA, math.nan)]
-        )  # fmt: skip
-    ratio_columns = {len(headers) - 2: ".3f", len(headers) - 1: ".3f"}
+        row = [
+            dtype_cell(dtype, kv_dtype), seqlen_q, f"{batch} x {keys:,}",
+            *(at.get(name, math.nan) for name in implementations),
+            ours / at.get(FA3, math.nan), ours / at.get(SDPA, math.nan),
+        ]  # fmt: skip
+        if speed_up:
+            times = {r.implementation: r.time_ms for r in at_shape}
+            row.append(times.get(sixteen_bit(dtype), math.nan) / times.get(OURS, math.nan))
+        table.append(row)
+    values = len(headers) - len(ratios)
     value_format = ".0f" if field == "gbps" else ".1f"
-    return markdown_table(headers, table, {**{i: value_format for i in range(3, len(headers) - 2)}, **ratio_columns})
+    formats = {i: value_format if i < values else ".3f" for i in range(3, len(headers))}
+    return markdown_table(headers, table, formats)
+
+
+def missing_lines(missing: dict[tuple[str, str], list[str]], shapes: int) -> list[str]:
+    """Per implementation and reason (``missing``: the shapes where it did not run, for that
+    reason, out of ``shapes``), where and why."""
+    return [
+        f"{name} missing at {'every shape' if len(where) == shapes else '; '.join(where)}: {reason}"
+        for (name, reason), where in missing.items()
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,17 +386,25 @@ def main(argv: list[str] | None = None) -> int:
     timer, timing = common.make_timer(args.rep_ms)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {timing}")
     print(f"FA3: {'fa3_fwd_interface' if fa3 else f'missing: {fa3_error}'}")
-    print(f"cache: {f'paged, pages of {args.page_size} rows in {args.page_order} order' if args.page_size else 'dense'}")
-    rows, failures = [], []
+    layout = f"paged, pages of {args.page_size} rows in {args.page_order} order" if args.page_size else "dense"
+    kv = "q's dtype" if args.kv_dtype == SAME else f"{args.kv_dtype} (descales: amax / 448 per sequence and kv head)"
+    print(f"cache: {layout}, {kv}")
+    rows, failures, missing = [], [], {}
     for dtype_name in args.dtypes:
         for seqlen_q in args.seqlen_q:
             for batch, keys in args.shapes:
-                shape_rows, failure = time_shape(args, dtype_name, batch, keys, seqlen_q, fa3, timer)
+                shape_rows, failure, not_run = time_shape(args, dtype_name, batch, keys, seqlen_q, fa3, timer)
                 rows += shape_rows
                 if failure:
                     failures.append(failure)
-    implementations = [OURS, *(f"{OURS}/{s}" for s in args.splits), *map(named, args.configs), FA3, SDPA]
+                for name, reason in not_run.items():
+                    where = shape_label(dtype_name, args.kv_dtype, seqlen_q, batch, keys)
+                    missing.setdefault((name, reason), []).append(where)
+    on_16_bit = [sixteen_bit(d) for d in args.dtypes] if args.kv_dtype != SAME else []
+    implementations = [OURS, *on_16_bit, *(f"{OURS}/{s}" for s in args.splits), *map(named, args.configs), FA3, SDPA]
     print(format_table(rows, implementations))
+    for line in missing_lines(missing, len(args.dtypes) * len(args.seqlen_q) * len(args.shapes)):
+        print(line)
     if args.host_calls:
         print(format_table(rows, implementations, "host_us"))
     if args.csv:
