@@ -82,7 +82,6 @@ py::tuple choose_kernel(py::handle q_obj, py::handle k_obj, bool causal, py::han
     at::Tensor q = tensor_argument(q_obj, "q");
     at::Tensor k = tensor_argument(k_obj, "k");
     at::Tensor v = k;
-    check_e4m3_runs(q, sequences);
     to_batch_layout(sequences, q, k, v);
     const GroupedQueryPacking packing(q, k, v, std::nullopt, args, sequences);
     if (packing.active())

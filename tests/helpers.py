@@ -284,7 +284,10 @@ class Problem:
         An FP8 cache's k and v are those values rounded to e4m3, with descales that differ per
         (sequence, kv head)."""
         dtype = cfg.dtype.to_torch_dtype()
-        kv_dtype = torch.float32 if self.kv_e4m3 else dtype
+        # 8-bit values are drawn in float32 (NaN written and softcap's factor applied there: torch
+        # does neither on 8-bit floats), then rounded.
+        drawn = torch.float32 if dtype.itemsize == 1 else dtype
+        kv_drawn = torch.float32 if self.kv_e4m3 else drawn
         kwargs = {}
         if self.varlen is None:
             q_rows, k_rows = (self.batch, self.seqlen_q), (self.batch, self.seqlen_k)
@@ -295,8 +298,8 @@ class Problem:
             packed = self.varlen.layout.packed
             q_rows = (sum(slots_q),) if packed else (self.batch, self.seqlen_q)
             k_rows = (sum(slots_k),) if packed else (self.batch, self.seqlen_k)
-        q = random_tensor((*q_rows, self.heads_q, cfg.d_head), dtype, rng)
-        k, v = (random_tensor((*k_rows, self.heads_kv, cfg.d_head), kv_dtype, rng) for _ in range(2))
+        q = random_tensor((*q_rows, self.heads_q, cfg.d_head), drawn, rng)
+        k, v = (random_tensor((*k_rows, self.heads_kv, cfg.d_head), kv_drawn, rng) for _ in range(2))
         if self.varlen is not None:
             poison_unused_rows(q, slots_q, self.varlen.lengths_q, kwargs.get("leftpad_q"))
             for t in (k, v):
@@ -307,9 +310,10 @@ class Problem:
             for name in ("k_descale", "v_descale"):
                 kwargs[name] = torch.rand((self.batch, self.heads_kv), generator=rng, device=rng.device) * 1.5 + 0.5
         if self.softcap > 0:
-            # As FlashAttention's tests do: scores reach several times softcap, where the cap bends
-            # (scaled in float32: torch multiplies no 8-bit floats).
-            q = (q.float() * (self.softcap / 4)).to(dtype)
+            # As FlashAttention's tests do: scores reach several times softcap, where the cap bends.
+            q = (q.float() * (self.softcap / 4)).to(drawn)
+        if dtype.itemsize == 1:
+            q, k, v = (t.to(dtype) for t in (q, k, v))
         if self.causal:
             kwargs["causal"] = True
         if self.window_size != (-1, -1):

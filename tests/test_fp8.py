@@ -1,6 +1,6 @@
 """FP8 inputs: float8_e4m3fn q, k and v with FlashAttention-3's descales (float32, (batch,
-heads_kv)) and a 16-bit output, on the Hopper family's E4M3 configurations (sm_90 only; dense calls
-only, forward only).
+heads_kv)) and a 16-bit output, on the Hopper family's E4M3 configurations (sm_90 only; dense,
+varlen and paged calls, forward only).
 
 The criterion (flash_helpers.reference, Fp8Reference): the kernel quantises P to e4m3 (3 mantissa
 bits) before P V, with P scaled so that a row's largest probability is 2^8 (P in [0, 256]). So the
@@ -260,30 +260,71 @@ def test_bad_fp8_arguments_are_named(rng, operators):
                 flash_attention.forward(None, *tensors, o, **keywords)
 
 
+def _varlen_configs() -> list:
+    """The e4m3 configurations under test with their varlen variants."""
+    return [cfg for cfg in CONFIGS if any(v.varlen for v in flash_attention.compiled_variants(cfg))] if BUILT else []
+
+
+@gpu
+@fp8_cases("cfg", [(cfg,) for cfg in _varlen_configs()], lambda cfg: cfg.short_form())
+@pytest.mark.parametrize("mask", ["none", "causal", "local"])
+def test_fp8_varlen_calls_match_the_reference(cfg, mask, rng):
+    """A packed batch (an empty sequence, partial blocks, more keys than queries and fewer) with a
+    descale per (sequence, kv head), then the same keys on pages of 64 rows in random order: each
+    against the per-sequence FP8 reference, into a poisoned o, repeated bit for bit; the automatic
+    choice (flash_attn_varlen_func) and flash_attn_with_kvcache (attending an e4m3 cache with
+    q_descale) too."""
+    keywords = {"none": {}, "causal": dict(causal=True), "local": dict(window_size=(70, 5))}[mask]
+    heads, lengths_q, lengths_k = (4, 2), [0, 77, 130, 5], [33, 190, 64, 300]
+    cu_q, cu_k = ([0, *itertools.accumulate(n)] for n in (lengths_q, lengths_k))
+    q, k, v = (
+        helpers.random_tensor((cu[-1], h, cfg.d_head), E4M3, rng)
+        for cu, h in ((cu_q, heads[0]), (cu_k, heads[1]), (cu_k, heads[1]))
+    )
+    factors = descales("per_head", len(lengths_q), heads[1], rng)
+    sequences = dict(
+        cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32, device="cuda"),
+        cu_seqlens_k=torch.tensor(cu_k, dtype=torch.int32, device="cuda"),
+        max_seqlen_q=max(lengths_q),
+        max_seqlen_k=max(lengths_k),
+    )
+    inputs = helpers.Inputs(q, k, v, {**sequences, **factors, **keywords})
+    out, lse = check_forward(cfg, inputs)
+    automatic = flash_attention.flash_attn_varlen_func(q, k, v, **sequences, **factors, **keywords)
+    helpers.assert_matches_reference(automatic, q, k, v, **sequences, **factors, **keywords)
+
+    paged = helpers.PagedCache.of(
+        [k[a:b].view(torch.uint8) for a, b in zip(cu_k, cu_k[1:])],
+        [v[a:b].view(torch.uint8) for a, b in zip(cu_k, cu_k[1:])],
+        64,
+        rng,
+    )
+    pool_k, pool_v = paged.k.view(E4M3), paged.v.view(E4M3)
+    paged_out = flash_attention.forward(
+        cfg, q, pool_k, pool_v, helpers.nan_like(out), block_table=paged.block_table, **sequences, **factors, **keywords
+    )
+    assert torch.equal(paged_out, out), "the paged keys give other bits than the packed ones"
+
+    # A decode step against a dense e4m3 cache: one query per sequence, its lengths in cache_seqlens.
+    cache_k, cache_v = (helpers.random_tensor((4, 300, heads[1], cfg.d_head), E4M3, rng) for _ in range(2))
+    step_q = helpers.random_tensor((4, 1, heads[0], cfg.d_head), E4M3, rng)
+    seqlens = torch.tensor(lengths_k, dtype=torch.int32, device="cuda")
+    step = flash_attention.flash_attn_with_kvcache(step_q, cache_k, cache_v, cache_seqlens=seqlens, **factors, **keywords)
+    helpers.assert_matches_reference(step, step_q, cache_k, cache_v, seqused_k=seqlens, **factors, **keywords)
+
+
 @gpu
 @pytest.mark.skipif(not BUILT, reason=helpers.NOT_BUILT_REASON)
-def test_fp8_calls_other_than_dense_ones_are_not_implemented(rng):
+def test_fp8_calls_that_do_not_run_say_so(rng):
     q, k, v = _tensors(rng)
-    lengths = torch.tensor([0, 30, 64], dtype=torch.int32, device="cuda")
-    packed = [t[0] for t in (q, k, v)]
-    message = "q: float8_e4m3fn inputs run dense calls only for now"
-    with pytest.raises(NotImplementedError, match=message):
-        flash_attention.flash_attn_varlen_func(*packed, lengths, lengths, 34, 34)
-    with pytest.raises(NotImplementedError, match=message):
-        with torch.device("cuda"):
-            flash_attention.flash_attn_varlen_func(*packed, lengths, lengths, 34, 34)
-    with pytest.raises(NotImplementedError, match=message):
-        flash_attention.forward(None, q, k, v, seqused_k=torch.full((2,), 9, dtype=torch.int32, device="cuda"))
-    with pytest.raises(NotImplementedError, match=f"{message}.*KV cache"):
-        flash_attention.flash_attn_with_kvcache(q[:, :1], k, v, cache_seqlens=5)
-    # Appending to an e4m3 cache is implemented, for 16-bit queries: e4m3 ones are a bad type there.
+    # Appending to an e4m3 cache is for 16-bit queries, which it quantises: e4m3 ones are a bad type there.
     with pytest.raises(TypeError, match="q: a float8_e4m3fn cache takes float16 or bfloat16 queries"):
         flash_attention.flash_attn_with_kvcache(q[:, :1], k, v, k[:, :1], v[:, :1], cache_seqlens=5)
     with pytest.raises(NotImplementedError, match="query: float8_e4m3fn inputs are not supported here"):
         flash_attention.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)))
-    with pytest.raises(NotImplementedError, match=message):
-        flash_attention.choose_config(*packed[:2], cu_seqlens_q=lengths, cu_seqlens_k=lengths, max_seqlen_q=34,
-                                      max_seqlen_k=34)  # fmt: skip
+    for cfg in CONFIGS[:1]:
+        with pytest.raises(ValueError, match="^num_splits: .* does not split the keys"):
+            flash_attention.forward(cfg, q[..., : cfg.d_head], k[..., : cfg.d_head], v[..., : cfg.d_head], num_splits=3)
 
 
 @gpu

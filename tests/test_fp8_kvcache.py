@@ -72,8 +72,8 @@ def test_an_fp8_cache_computes_as_the_16_bit_cache_of_its_values(dtype, d_head, 
     """With power-of-two descales the kernels' work on the FP8 cache is that on the 16-bit cache of
     the dequantised values, but for float32 rounding order: the two kernels are compiled apart, and
     the compiler may fuse a multiply and an add in one and not the other (measured: lse a unit in
-    the last place apart, a few outputs one 16-bit unit). The output meets the float32 reference
-    and repeats bit for bit."""
+    the last place apart, a few outputs a few units of their own last place). The output meets the
+    float32 reference and repeats bit for bit."""
     batch, seqlen_k = 3, 1500
     k8, v8, k_descale, v_descale, k16, v16 = _cache(rng, dtype, batch, seqlen_k, heads[1], d_head)
     q = helpers.random_tensor((batch, seqlen_q, heads[0], d_head), dtype, rng)
@@ -81,7 +81,9 @@ def test_an_fp8_cache_computes_as_the_16_bit_cache_of_its_values(dtype, d_head, 
     keywords = dict(cache_seqlens=cache_seqlens, num_splits=num_splits, return_softmax_lse=True, **MASKS[mask])
     out, lse = flash_attention.flash_attn_with_kvcache(q, k8, v8, k_descale=k_descale, v_descale=v_descale, **keywords)
     expected, expected_lse = flash_attention.flash_attn_with_kvcache(q, k16, v16, **keywords)
-    torch.testing.assert_close(out, expected, rtol=torch.finfo(dtype).eps, atol=1e-6)
+    # A unit in the last place of the largest output: near 0 the output is a difference of larger
+    # terms, whose float32 rounding then shows in more of its bits.
+    torch.testing.assert_close(out, expected, rtol=0, atol=torch.finfo(dtype).eps * expected.abs().max().item())
     torch.testing.assert_close(lse, expected_lse, rtol=4 * torch.finfo(torch.float32).eps, atol=0)
     semantics = {name: value for name, value in MASKS[mask].items()}
     reference = helpers.assert_matches_reference(

@@ -243,9 +243,10 @@ def test_hopper_units_instantiate_the_sm90_launcher(tmp_path):
     ]
 
 
-def test_e4m3_defaults_get_a_unit_of_every_dense_variant(tmp_path):
+def test_e4m3_defaults_get_a_unit_of_every_variant(tmp_path):
     """The default set's e4m3 configurations are instantiated as the others are, with DType::E4M3 in
-    their template argument: every dense variant, no varlen one."""
+    their template argument: every dense and every varlen variant (no FP8-cache one: that is 16-bit
+    q's)."""
     e4m3 = [cfg for cfg in get_kernels_to_build("default", "9.0") if cfg.dtype == DType.E4M3]
     assert e4m3
     generator.generate(e4m3, tmp_path, "test")
@@ -253,10 +254,13 @@ def test_e4m3_defaults_get_a_unit_of_every_dense_variant(tmp_path):
         unit = (instantiations_dir(tmp_path) / f"sm90_{cfg.file_stem()}.cu").read_text()
         assert cfg.file_stem().startswith("e4m3_d")
         launchers = [line for line in unit.splitlines() if line.startswith("template ForwardLauncher launcher<")]
-        assert len(launchers) == len(ALL_VARIANTS) and variants_to_build(cfg) == ALL_VARIANTS
+        every = ALL_VARIANTS + VARLEN_VARIANTS
+        assert len(launchers) == len(every) and variants_to_build(cfg) == every
         assert all(f"launcher<{cfg.to_cpp_struct()}, " in line and "DType::E4M3" in line for line in launchers)
     entries = [line for line in family_map(header_path(tmp_path).read_text(), "sm90") if line.startswith("    {{")]
-    assert [parse_kernel_name_into_config(line) for line in entries] == [cfg for cfg in e4m3 for _ in ALL_VARIANTS]
+    assert [parse_kernel_name_into_config(line) for line in entries] == [
+        cfg for cfg in e4m3 for _ in ALL_VARIANTS + VARLEN_VARIANTS
+    ]
 
 
 def test_hopper_defaults_get_every_variant_whatever_the_architectures(monkeypatch):

@@ -1041,18 +1041,19 @@ def test_default_set_has_the_hopper_configurations():
 
 E4M3_DEFAULTS = [
     "sm90(E4M3, 64, 128, 128, 2): ws+pingpong+overlap",
-    "sm90(E4M3, 128, 128, 128, 2): ws+pingpong+overlap",
     "sm90(E4M3, 128, 128, 128, 2): ws+pingpong+overlap+persistent",
     "sm90(E4M3, 256, 128, 64, 2): ws+pingpong+overlap",
 ]
 E4M3_FULL = Hopper(E4M3, 128, 128, 128, 2, True, True, True)
 
 
-def test_the_default_set_has_the_first_e4m3_configurations():
+def test_the_default_set_has_the_e4m3_configurations_with_their_varlen_kernels():
     default = get_kernels_to_build("default")
     assert [cfg for cfg in default if cfg.dtype == E4M3] == sorted(map(parse_kernel_name_into_config, E4M3_DEFAULTS))
-    # Dense calls only: no varlen or decoding kernel is compiled for them yet.
-    assert not any(parse_kernel_name_into_config(text).dtype == E4M3 for text in VARLEN_KERNELS + DECODE_KERNELS)
+    # Each with its varlen variants (the decoding configurations are the SM80 family's, 16-bit q).
+    varlen = [parse_kernel_name_into_config(text) for text in VARLEN_KERNELS if "E4M3" in text]
+    assert sorted(varlen) == sorted(map(parse_kernel_name_into_config, E4M3_DEFAULTS))
+    assert not any(parse_kernel_name_into_config(text).dtype == E4M3 for text in DECODE_KERNELS)
 
 
 @pytest.mark.parametrize("text", E4M3_DEFAULTS)
@@ -1091,8 +1092,8 @@ def test_e4m3_names():
         # consumer warpgroup (3 x 2) and the end of the V stream (an int per stage, in 2 words): 24 words.
         (E4M3_DEFAULTS[0], 128 * 64 + 2 * 3 * 128 * 64 + 128 * 64 * 2 + 1024 + 8 * 24),
         (E4M3_DEFAULTS[1], 128 * 128 + 2 * 3 * 128 * 128 + 128 * 128 * 2 + 1024 + 8 * 24),
-        (E4M3_DEFAULTS[2], 128 * 128 + 2 * 3 * 128 * 128 + 128 * 128 * 2 + 1024 + 8 * 24),
-        (E4M3_DEFAULTS[3], 128 * 256 + 2 * 3 * 64 * 256 + 128 * 256 * 2 + 1024 + 8 * 24),
+        (E4M3_FULL.short_form(), 128 * 128 + 2 * 3 * 128 * 128 + 128 * 128 * 2 + 1024 + 8 * 24),
+        (E4M3_DEFAULTS[2], 128 * 256 + 2 * 3 * 64 * 256 + 128 * 256 * 2 + 1024 + 8 * 24),
     ],
 )
 def test_e4m3_smem_bytes(text, smem_bytes):

@@ -48,6 +48,7 @@ def flash_attn_with_kvcache(
     num_splits=0,
     return_softmax_lse=False,
     *,
+    q_descale=None,
     k_descale=None,
     v_descale=None,
 ):
@@ -89,8 +90,10 @@ def flash_attn_with_kvcache(
     first, in float32) and values are stored as value / descale[b, h] computed in float32, rounded to
     the nearest even e4m3 value, finite values saturating at +-448 (NaN stays NaN). Such a cache's
     d_head and its strides but the last are multiples of 16 elements, its data 16-byte aligned: the
-    kernels read its rows in 16-byte chunks. The output is q's dtype. float8_e4m3fn queries are not
-    supported (their kernels run dense calls only).
+    kernels read its rows in 16-byte chunks. The output is q's dtype. float8_e4m3fn q against an
+    e4m3 cache (FlashAttention-3's FP8 call, q_descale its factors) attends it on the Hopper family's
+    E4M3 configurations, without new keys and values (nothing is appended from e4m3 q), and gives a
+    bfloat16 output.
 
     """
     if block_table is not None and (cache_batch_idx is not None or cache_leftpad is not None):
@@ -153,8 +156,8 @@ def flash_attn_with_kvcache(
         sequences["kv_batch_idx"] = cache_batch_idx
     if block_table is not None:
         sequences["block_table"] = block_table
-    # An e4m3 cache's factors, those given (None where none is: a 16-bit cache passes none on).
-    fp8 = fp8_arguments(k_descale=k_descale, v_descale=v_descale)
+    # The factors given (None where none is: a 16-bit call passes none on).
+    fp8 = fp8_arguments(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     return _attention(
         None, q, k_cache, v_cache, None, causal, softmax_scale, window_size, softcap, alibi_slopes, return_softmax_lse,
         sequences=sequences, num_splits=num_splits, fp8=fp8,

@@ -202,6 +202,8 @@ def _e4m3_probabilities(scores):
     FP8_P_SCALE rounded to e4m3, over the unrounded row sum."""
     import torch
 
+    if scores.shape[-1] == 0:  # rows of a sequence without keys: nothing to round
+        return scores
     unnormalised = (scores - scores.amax(dim=-1, keepdim=True)).exp()
     rounded = (unnormalised * FP8_P_SCALE).to(torch.float8_e4m3fn).float() / FP8_P_SCALE
     return rounded / unnormalised.sum(dim=-1, keepdim=True)
@@ -553,9 +555,9 @@ class SequenceComparisons:
 
 
 class VarlenReference:
-    """The reference of a variable-length call: one FloatReference per sequence (an
-    Fp8CacheReference for an FP8 cache), on its used query rows against its used key rows, with
-    per-(batch, head) ALiBi slopes and descales taking the sequence's row.
+    """The reference of a variable-length call: one FloatReference per sequence (an Fp8Reference
+    for FP8 inputs, an Fp8CacheReference for an FP8 cache), on its used query rows against its used
+    key rows, with per-(batch, head) ALiBi slopes and descales taking the sequence's row.
 
     ``q``, ``k`` and ``v`` are packed, (total_q, heads_q, d_head) and (total_k, heads_kv, d_head);
     ``sequences`` say where each sequence lies; ``ref32`` and ``lse`` are the sequences' references
@@ -571,7 +573,11 @@ class VarlenReference:
         import torch
 
         slopes = semantics.pop("alibi_slopes", None)
-        descales = {name: semantics.pop(name) for name in ("k_descale", "v_descale") if semantics.get(name) is not None}
+        descales = {
+            name: semantics.pop(name)
+            for name in ("q_descale", "k_descale", "v_descale")
+            if semantics.get(name) is not None
+        }
         self.sequences = list(sequences)
         self.zero_outside = zero_outside
         self._padded_shape = padded_shape

@@ -181,7 +181,6 @@ inline ForwardResult run_forward(const std::optional<AnyConfig> &named, at::Tens
                                  const SequenceArguments &sequences, const Fp8Arguments &fp8, bool return_lse,
                                  bool benchmark, bool heads_first, int num_splits) {
     check_sequence_arguments(sequences, heads_first);
-    check_e4m3_runs(q, sequences);
     to_batch_layout(sequences, q, k, v);
     if (o_given && sequences.packed()) {
         if (o_given->dim() != 3)

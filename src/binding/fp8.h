@@ -2,10 +2,10 @@
 // cache: e4m3 k and v beside 16-bit q), the dtype of the output a call writes (every call's: q's
 // for 16-bit q, the 16-bit type out_dtype names for e4m3 q, bfloat16 by default as in
 // FlashAttention-3), the inputs' dequantisation factors (FlashAttention-3's q_descale, k_descale
-// and v_descale: float32, one per (batch, kv head), any strides), and the calls e4m3 q does not run
-// yet. Only the Hopper family has configurations of e4m3 q, so the automatic choice, the decoding
-// configuration (of the SM80 family) and grouped-query packing (binding/grouped_query_packing.h)
-// never take such a call: it runs on a Hopper kernel as it comes. An FP8 cache runs on the SM80
+// and v_descale: float32, one per (batch, kv head), any strides). Only the Hopper family has configurations of e4m3 q, dense and
+// varlen (per-sequence lengths, paged caches), so the decoding configuration (of the SM80 family),
+// the split over the keys and grouped-query packing (binding/grouped_query_packing.h) never take
+// such a call: it runs whole on a Hopper kernel as it comes. An FP8 cache runs on the SM80
 // family's decoding configurations, which widen its tiles to q's type (a problem variant of their
 // own, ProblemVariant::kv_e4m3), packed and split as a 16-bit cache is.
 #pragma once
@@ -18,7 +18,6 @@
 
 #include "binding/arguments.h"
 #include "binding/dtypes.h"
-#include "binding/sequences.h"
 #include "binding/tensor_checks.h"
 #include "common/forward_params.h"
 
@@ -60,20 +59,6 @@ inline at::ScalarType output_dtype(const at::Tensor &q, std::optional<at::Scalar
                               torch_name(q.scalar_type()) + " inputs give a " + torch_name(q.scalar_type()) +
                               " output, got " + torch_name(*out_dtype));
     return q.scalar_type();
-}
-
-// e4m3 inputs run dense calls only, for now: no kernel reads them per sequence, from a cache or a
-// paged pool, or appends to a cache. `what` names the call that was asked for.
-inline void check_e4m3_runs(const at::Tensor &q, const std::string &what) {
-    TORCH_CHECK_NOT_IMPLEMENTED(!is_e4m3(q), "q: float8_e4m3fn inputs run dense calls only for now (q, k and v of "
-                                             "(batch, seq, heads, d_head) shapes, no per-sequence arguments); ",
-                                what, " takes float16 or bfloat16 inputs");
-}
-
-inline void check_e4m3_runs(const at::Tensor &q, const SequenceArguments &sequences) {
-    if (sequences.any())
-        check_e4m3_runs(q, "a call with cu_seqlens, seqused, leftpad, kv_batch_idx or block_table (varlen, KV cache, "
-                           "paged)");
 }
 
 // k's and v's dtypes against q's (kv_dtypes_agree), and their devices; TypeError naming the one

@@ -89,7 +89,10 @@ inline at::Tensor append_to_cache(const at::Tensor &q, const at::Tensor &k_cache
     if (is_e4m3(q) && (quantized || is_e4m3(v_cache)))
         throw py::type_error("q: a float8_e4m3fn cache takes float16 or bfloat16 queries (and new keys and values of "
                              "their dtype, quantised as they are appended), got " + torch_name(q.scalar_type()));
-    check_e4m3_runs(q, "flash_attn_with_kvcache's append to the cache");
+    // (An FP8 cache takes 16-bit q and quantises what is appended.)
+    TORCH_CHECK_NOT_IMPLEMENTED(!is_e4m3(q), "q: float8_e4m3fn inputs are not appended to a cache; flash_attn_with_kvcache's "
+                                             "append takes float16 or bfloat16 inputs (into a cache of their dtype or of "
+                                             "float8_e4m3fn)");
     if (q.scalar_type() != at::kHalf && q.scalar_type() != at::kBFloat16)
         throw py::type_error("q: dtype must be float16 or bfloat16, got " + dtype_str(q));
     check_rows_tensor(q, "q", q);

@@ -61,8 +61,9 @@ struct QKChunkFragments {
 // blocks past a shorter one's rows have nothing to do; it also splits the keys when the call asks
 // (SplitKV): the grid's x then counts num_splits runs of query blocks, and each block walks its
 // split's tiles and writes partial results. With KV_E4M3 (varlen only) K and V are an FP8 cache:
-// each tile is widened to q's type in shared memory once it has landed (KVTileCopies::widen), k's
-// dequantisation factor multiplies the softmax scale and v's the output. The variant's fields are
+// the copies run several tiles ahead, each tile is widened to q's type in shared memory once it
+// has landed (KVTileCopies::widen_next; one K and V tile, whatever eager says), k's dequantisation
+// factor multiplies the softmax scale and v's the output. The variant's fields are
 // separate template arguments: nvcc's host stubs cannot spell a class-type template argument whose
 // fields are all zero.
 template <typename Kernel, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS, bool VARLEN, bool KV_E4M3>
@@ -167,19 +168,25 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
             copy_global_to_shared<async_copy, n_threads>(Q_smem, Q, params.q_strides.seq);
         using Whole = std::true_type;
         using MayBePartial = std::false_type;
-        if constexpr (eager)
+        if constexpr (KV_E4M3)
+            KV_copies.stage_first(tiles.begin, tiles.end);
+        else if constexpr (eager)
             KV_copies.copy(tiles.begin, 0, MayBePartial{});
+        // The copies a thread may leave in flight once Q has landed: the KV tiles issued after it.
+        constexpr int KV_groups_ahead = KV_E4M3 ? KVCopies::GROUPS_AHEAD : eager ? 2 : 0;
         typename Kernel::Q_fragments Q_frags;
         if constexpr (Kernel::Q_in_registers) {
-            wait_for_copies<Kernel, eager ? 2 : 0>(); // Q has landed; K_0 and V_0 may be in flight
+            wait_for_copies<Kernel, KV_groups_ahead>(); // Q has landed; the first KV tiles may be in flight
             load_A(Q_frags, Q_addresses, 0);
         }
 
         // copies_whole: the tile this iteration copies (tile j + 1 when eager, else tile j) is known
         // to be whole, so the copies need no predicates.
         const auto process_KV_tile = [&](int KV_block, auto first_tile, auto masked, auto copies_whole) {
-            const int stage = eager ? (KV_block - tiles.begin) % 2 : 0;
-            if constexpr (eager) {
+            if constexpr (KV_E4M3) {
+                KV_copies.widen_next(KV_block, tiles.begin, tiles.end);
+            } else if constexpr (eager) {
+                const int stage = (KV_block - tiles.begin) % 2;
                 const bool has_next = KV_block + 1 < tiles.end;
                 if (copy_before_wait) {
                     // Every warp is done with the other stage (tile j - 1): tile j + 1's copies go
@@ -200,15 +207,7 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
             } else {
                 __syncthreads(); // every warp is done with the previous K and V tiles
                 KV_copies.copy(KV_block, 0, copies_whole);
-                // K_j (and Q) have landed; V_j may still be in flight, unless both are widened now.
-                wait_for_copies<Kernel, KV_E4M3 ? 0 : 1>();
-            }
-            if constexpr (KV_E4M3) {
-                // Each thread widens the chunks its own copies brought (landed once it has waited),
-                // into a stage no warp reads any more; the barrier makes them visible to the
-                // products, and frees the staged tiles for the copies issued after it.
-                KV_copies.widen(stage);
-                __syncthreads();
+                wait_for_copies<Kernel, 1>(); // K_j (and Q) have landed; V_j may still be in flight
             }
 
             typename Kernel::S_accumulators S_acc;
@@ -250,7 +249,7 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
                     });
             }
 
-            if constexpr (eager) {
+            if constexpr (eager && !KV_E4M3) {
                 K_addresses.shift(next_stage_shift);
                 V_addresses.shift(next_stage_shift);
                 next_stage_shift = -next_stage_shift;

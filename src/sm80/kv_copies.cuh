@@ -1,8 +1,8 @@
 // The SM80 family's K and V tiles in shared memory (per stage, after Q) and the copies that fill
 // them from one (batch, kv_head)'s rows, or with VARLEN from a paged cache's pages. With KV_E4M3 the
-// rows are an FP8 cache's e4m3 values: each tile arrives in a staging tile of its own (after every
-// stage's K and V) and is widened to q's type in shared memory (widen), so that the products read
-// it as they read a 16-bit tile.
+// rows are an FP8 cache's e4m3 values: each tile arrives in a staging tile of its own and is
+// widened to q's type in shared memory (widen_next), so that the products read it as they read a
+// 16-bit tile.
 #pragma once
 
 #include <cstdint>
@@ -28,10 +28,21 @@ struct KVTileCopies {
     using copied_t = typename Arriving_tile::value_t;
     static constexpr int copied_per_stored = sizeof(copied_t) / sizeof(stored_t);
 
-    // The block's shared memory: the traits' (Q, then each stage's K and V), then with KV_E4M3 each
-    // stage's staged K and V.
-    static constexpr int staging_bytes = KV_E4M3 ? Kernel::KV_stages * 2 * Staged_tile::size * 2 : 0;
-    static constexpr int smem_bytes = Kernel::smem_bytes + staging_bytes;
+    // With KV_E4M3, the staged tiles: the copies run STAGED_TILES - 1 tiles ahead of the products.
+    // Half the bytes per tile leave a block half as many bytes in flight at the 16-bit schedule's
+    // one tile ahead, so it goes further: 1 x 128k keys, 4,000 against 2,000 GB/s at one tile ahead
+    // (H200, benchmarks/HISTORY.md #2026-11-27-fp8-cache).
+    static constexpr int STAGED_TILES = 4;
+    // The cp.async groups (a tile's K and V) a thread may leave in flight when its next tile must
+    // have landed.
+    static constexpr int GROUPS_AHEAD = 2 * (STAGED_TILES - 1);
+
+    // The block's shared memory: the traits' (Q, then each stage's K and V), or with KV_E4M3 Q, one
+    // stage's K and V (the widened tiles, rewritten for every tile), then the staged tiles.
+    static constexpr int smem_bytes =
+        KV_E4M3 ? (Kernel::Q_tile::size + Kernel::KV_stage_elems) * static_cast<int>(sizeof(value_t)) +
+                      STAGED_TILES * 2 * Staged_tile::size * static_cast<int>(sizeof(uint16_t))
+                : Kernel::smem_bytes;
 
     const ForwardParams &params;
     value_t *KV_smem; // the first stage's K tile
@@ -75,7 +86,8 @@ struct KVTileCopies {
         return KV_tile{KV_smem + stage * Kernel::KV_stage_elems + KV_tile::size};
     }
 
-    // Where a stage's K and V tiles arrive: the tiles themselves, or with KV_E4M3 their staging tiles.
+    // Where a stage's K and V tiles arrive: the tiles themselves, or with KV_E4M3 the staging tiles
+    // of that slot.
     __device__ __forceinline__ Arriving_tile K_arriving(int stage) const {
         if constexpr (KV_E4M3)
             return Staged_tile{staging() + 2 * stage * Staged_tile::size};
@@ -128,18 +140,45 @@ struct KVTileCopies {
         }
     }
 
-    // With KV_E4M3, a stage's staged K and V (landed, and visible to every thread) widened into its
-    // K and V tiles; every thread takes the chunks its copies brought. A barrier must follow before
-    // the products read them.
-    __device__ __forceinline__ void widen(int stage) const {
-        static_assert(KV_E4M3, "only an FP8 cache's tiles are widened");
-        widen_tile(K_arriving(stage), K_smem(stage));
-        widen_tile(V_arriving(stage), V_smem(stage));
+    // KV_E4M3's schedule, before the walk over [begin, end): the copies of its first
+    // STAGED_TILES - 1 tiles, into slots 0, 1, ...
+    __device__ __forceinline__ void stage_first(int begin, int end) const {
+#pragma unroll
+        for (int i = 0; i < STAGED_TILES - 1; ++i)
+            stage(begin + i, end, i);
+    }
+
+    // KV_E4M3's schedule, at tile j of the walk from `begin`: the copies of tile j + STAGED_TILES - 1
+    // issued into the slot tile j - 1 left, tile j's awaited and widened into the K and V tiles once
+    // every warp is done with tile j - 1's, then made visible to the products. Each thread copies
+    // and widens the same chunks (one plan), so a slot it widened is free for its next copy without
+    // a barrier.
+    __device__ __forceinline__ void widen_next(int KV_block, int begin, int end) const {
+        const int i = KV_block - begin;
+        stage(KV_block + STAGED_TILES - 1, end, (i + STAGED_TILES - 1) % STAGED_TILES);
+        if constexpr (Kernel::async_copy)
+            ptx::cp_async_wait<GROUPS_AHEAD>();
+        __syncthreads();
+        widen_tile(K_arriving(i % STAGED_TILES), K_smem(0));
+        widen_tile(V_arriving(i % STAGED_TILES), V_smem(0));
+        __syncthreads();
     }
 
   private:
     __device__ __forceinline__ uint16_t *staging() const {
-        return reinterpret_cast<uint16_t *>(KV_smem + Kernel::KV_stages * Kernel::KV_stage_elems);
+        return reinterpret_cast<uint16_t *>(KV_smem + Kernel::KV_stage_elems);
+    }
+
+    // Tile `tile`'s copies into a slot, or past the walk's end two empty groups, so that every tile
+    // of the walk is GROUPS_AHEAD groups behind the last.
+    __device__ __forceinline__ void stage(int tile, int end, int slot) const {
+        static_assert(KV_E4M3, "only an FP8 cache's tiles are staged");
+        if (tile < end) {
+            copy(tile, slot, std::false_type{});
+        } else if constexpr (Kernel::async_copy) {
+            ptx::cp_async_commit();
+            ptx::cp_async_commit();
+        }
     }
 
     static __device__ __forceinline__ const copied_t *copied(const stored_t *p) {
