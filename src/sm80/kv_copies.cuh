@@ -28,10 +28,11 @@ struct KVTileCopies {
     using copied_t = typename Arriving_tile::value_t;
     static constexpr int copied_per_stored = sizeof(copied_t) / sizeof(stored_t);
 
-    // With KV_E4M3, the staged tiles: the copies run STAGED_TILES - 1 tiles ahead of the products.
-    // Half the bytes per tile leave a block half as many bytes in flight at the 16-bit schedule's
-    // one tile ahead, so it goes further: 1 x 128k keys, 4,000 against 2,000 GB/s at one tile ahead
-    // (H200, benchmarks/HISTORY.md #2026-11-27-fp8-cache).
+    // With KV_E4M3, the staged tiles: the copies run STAGED_TILES - 1 tiles ahead of the products
+    // (half the bytes per tile would leave a block half the 16-bit schedule's bytes in flight). In
+    // the shared memory of two 16-bit stages: measured against one tile ahead, 1 x 128k keys 2,005
+    // GB/s both, 8 x 32k 2,192 against 2,117 (H200, benchmarks/HISTORY.md #2026-11-27-fp8-cache):
+    // the per-tile work of the one warp that holds a decode step's rows bounds it, not the bytes.
     static constexpr int STAGED_TILES = 4;
     // The cp.async groups (a tile's K and V) a thread may leave in flight when its next tile must
     // have landed.
