@@ -18,8 +18,8 @@ rows (rows_per_query), against slots of keys of which seqused_k are used (one se
 split in 3, which checks the packed queries' masks and the combine. Every compiled configuration
 is run, the decoding ones (compiled with their varlen variants alone, and those of an FP8 cache:
 e4m3 k and v with descales beside 16-bit q) and the e4m3 ones (FP8 inputs, factors of 1, a bfloat16
-output) too. Last, flash_attn_with_kvcache's append kernel, once per dtype
-(run_append).
+output) too. Last, flash_attn_with_kvcache's append kernel, once per dtype and once into an FP8
+cache (run_append).
 
     python3 tools/sanitize_cases.py [--kernels SELECTION] [--no-check] [--list]
 
@@ -125,9 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         for call in calls:
             runs += 1
             failures += not run_call(cfg, *call, check=args.check)
-    for dtype in (torch.float16, torch.bfloat16):
+    for dtype, fp8_cache in ((torch.float16, False), (torch.bfloat16, False), (torch.bfloat16, True)):
         runs += 1
-        failures += not run_append(dtype, rng)
+        failures += not run_append(dtype, rng, fp8_cache)
     print(f"{runs} calls of {len(problems)} kernels and the KV cache append run, {failures} failed", flush=True)
     return 1 if failures else 0
 
@@ -159,26 +159,33 @@ def decode_step(cfg, inputs: helpers.Inputs, rng) -> helpers.Inputs:
     return dataclasses.replace(step, q=step.q[:, :, : HEADS[0]])
 
 
-def run_append(dtype, rng) -> bool:
+def run_append(dtype, rng, fp8_cache: bool) -> bool:
     """flash_attn_with_kvcache's append kernel (its operator), rotating by a float32 table: APPEND_ROWS new rows per
     sequence on a paged cache whose tables point past the pool where the last sequence's new rows
     run past its pages, and rotary positions past the table's end (all clamped); checks that each
-    new value row is where its sequence's pages put it (v is not rotated)."""
+    new value row is where its sequence's pages put it (v is not rotated), with an FP8 cache
+    quantised by its descales."""
     d_head, pages, page_size = 64, 4, PAGE_SIZE
+    cache_dtype = torch.float8_e4m3fn if fp8_cache else dtype
     q = helpers.random_tensor((2, APPEND_ROWS, HEADS[0], d_head), dtype, rng)
-    k_cache, v_cache = (helpers.random_tensor((pages, page_size, HEADS[1], d_head), dtype, rng) for _ in range(2))
+    k_cache, v_cache = (helpers.random_tensor((pages, page_size, HEADS[1], d_head), cache_dtype, rng) for _ in range(2))
     k, v = (helpers.random_tensor((2, APPEND_ROWS, HEADS[1], d_head), dtype, rng) for _ in range(2))
+    descale = torch.rand((2, HEADS[1]), generator=rng) + 0.5
     angles = torch.rand((20, d_head // 4), generator=rng)
     table = torch.tensor([[0, 1], [2, pages + 5]], dtype=torch.int32)
     seqlens = torch.tensor([5, 2 * page_size - 2], dtype=torch.int32)
-    q, k_cache, v_cache, k, v, cos, sin, table, seqlens = (
-        t.cuda() for t in (q, k_cache, v_cache, k, v, angles.cos(), angles.sin(), table, seqlens)
+    q, k_cache, v_cache, k, v, cos, sin, table, seqlens, descale = (
+        t.cuda() for t in (q, k_cache, v_cache, k, v, angles.cos(), angles.sin(), table, seqlens, descale)
     )
-    label = f"KV cache append ({str(dtype).removeprefix('torch.')}, paged, rotary, clamped)"
+    descales = (descale, descale) if fp8_cache else (None, None)
+    cache_kind = "an FP8 cache" if fp8_cache else "paged"
+    label = f"KV cache append ({str(dtype).removeprefix('torch.')}, {cache_kind}, rotary, clamped)"
     try:
         # The operator alone: the attention after it would read lengths summed by a PyTorch kernel,
         # whose writes initcheck does not see.
-        flash_attention._C.append_to_cache(q, k_cache, v_cache, k, v, seqlens, None, table, cos, sin, True, True)
+        flash_attention._C.append_to_cache(
+            q, k_cache, v_cache, k, v, seqlens, None, table, cos, sin, True, True, *descales
+        )
         torch.cuda.synchronize()
     except Exception as error:  # as run_call
         print(f"{label}: FAILED: {type(error).__name__}: {error}", flush=True)
@@ -186,7 +193,10 @@ def run_append(dtype, rng) -> bool:
     capacity = table.shape[1] * page_size
     # Compared on the host: a comparison on the GPU would read a PyTorch kernel's result, whose
     # writes initcheck does not see.
-    v_cache, v, table = v_cache.cpu(), v.cpu(), table.cpu()
+    v_cache, v, table, descale = v_cache.cpu(), v.cpu(), table.cpu(), descale.cpu()
+    if fp8_cache:  # the stored rows as bytes, against the quantised new values' (torch rounds as the kernel)
+        v = (v.float() / descale[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+        v_cache = v_cache.view(torch.uint8)
     passed = True
     for b, start in enumerate(seqlens.tolist()):
         for i in range(APPEND_ROWS):
