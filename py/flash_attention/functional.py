@@ -13,8 +13,9 @@ their contents are not read (the kernels clamp what breaks the rules), except un
 FLASH_ATTENTION_CHECK_SEQLENS=1 (flash_attention.sequence_checks).
 
 FP8 inputs (torch.float8_e4m3fn q, k and v, FlashAttention-3's q_descale, k_descale, v_descale and
-a 16-bit output) run forward and flash_attn_func's dense calls on the Hopper family's kernels
-(sm_90); the varlen, KV cache and SDPA entry points take 16-bit inputs only.
+a 16-bit output) run on the Hopper family's kernels (sm_90), dense or per sequence; an FP8 cache
+(e4m3 k and v with k_descale and v_descale beside 16-bit q) on the SM80 family's decoding
+configurations; the SDPA entry point takes 16-bit inputs only.
 """
 
 from __future__ import annotations
@@ -122,8 +123,8 @@ def forward(
 
     FP8 (FlashAttention-3's): q, k and v all torch.float8_e4m3fn run on the Hopper family's E4M3
     configurations (sm_90 only; d_head up to 256, served by the compiled E4M3 head sizes, 64, 128
-    and 256 in a default build), dense calls only (the per-sequence arguments and num_splits > 1
-    raise NotImplementedError). The values attended are query head h's times
+    and 256 in a default build), dense or with the per-sequence arguments (paged too), whole (a
+    named configuration refuses num_splits > 1). The values attended are query head h's times
     q_descale[b, h // (heads_q // heads_kv)] and key/value head h's times k_descale[b, h] and
     v_descale[b, h]: each descale a float32 tensor of shape (batch, heads_kv) on q's device, any
     strides (an expanded scalar too), None meaning factors of 1. o is
@@ -352,10 +353,10 @@ def flash_attn_varlen_func(
     return_attn_probs (o, softmax_lse, None), softmax_lse float32 (heads_q, total_q). Rows outside
     [cu_seqlens_q[0], cu_seqlens_q[-1]) are not written; with seqused, every row no sequence uses
     is 0. The contents of cu_seqlens and seqused are not read: FLASH_ATTENTION_CHECK_SEQLENS=1
-    checks them on every call (forward's docstring has the rules). k and v of float8_e4m3fn beside
-    16-bit q are an FP8 cache, dequantised by k_descale and v_descale (float32, (batch, heads_kv);
-    None: 1) as flash_attn_func's are; float8_e4m3fn q is not supported here yet
-    (NotImplementedError): its kernels run dense calls only.
+    checks them on every call (forward's docstring has the rules). FP8 as flash_attn_func's:
+    float8_e4m3fn q, k and v with q_descale, k_descale and v_descale ((number of sequences,
+    heads_kv), a factor per sequence) and out_dtype, or an FP8 cache (float8_e4m3fn k and v beside
+    16-bit q, k_descale and v_descale).
     """
     sequences = sequence_arguments(
         cu_seqlens_q=cu_seqlens_q,
