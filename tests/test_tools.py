@@ -2146,7 +2146,7 @@ def test_tools_that_run_fp8_take_every_name_of_each_dtype(parse, flag, capsys):
 @pytest.mark.parametrize(
     "parse, flag, reason",
     [
-        (varlen_bench.parse_args, "--dtypes", "flash_attn_varlen_func raises NotImplementedError"),
+        (varlen_bench.parse_args, "--dtypes", "its e4m3 runs are not written yet"),
         (decode_bench.parse_args, "--dtypes", "the queries are 16-bit (flash_attn_with_kvcache takes no FP8 q)"),
         (model_bench.parse_args, "--dtypes", "the models compute in a 16-bit dtype"),
         (call_bench.parse_args, "--dtype", "PyTorch's SDPA, which it times beside flash_attn_func, take no e4m3"),

@@ -89,11 +89,12 @@ DEFAULT_BUILD_KERNELS = (
     # d_head 256: the H200 sweep's fastest.
     "sm90(FP16, 256, 128, 64, 2): ws+pingpong+overlap",
     "sm90(BF16, 256, 128, 64, 2): ws+pingpong+overlap",
-    # e4m3 (FP8) inputs: the largest tiles the FP8 kernel's rules allow at d_head 64, 128 and 256; at
-    # 128 persistent, which measured 1.00 to 1.20 x the single-pass configuration at 512 to 16,384
-    # tokens with both masks but 8,192 without a mask (0.99; H200, benchmarks/HISTORY.md
-    # #2026-11-27-fp8-cache).
-    "sm90(E4M3, 64, 128, 128, 2): ws+pingpong+overlap",
+    # e4m3 (FP8) inputs, 128-key tiles (64 at d_head 256) as large as the FP8 kernel's rules allow;
+    # at d_head 64 three consumer warpgroups, the fastest at every benchmark length with both masks
+    # (0.90 to 0.92 x FlashAttention-3 against two warpgroups' 0.67 to 0.73); at 128 persistent,
+    # which measured 1.0 to 1.2 x the single-pass configuration and within 2% where it was slower
+    # (H200, benchmarks/HISTORY.md #2026-11-27-fp8-cache).
+    "sm90(E4M3, 64, 192, 128, 2): ws+pingpong+overlap",
     "sm90(E4M3, 128, 128, 128, 2): ws+pingpong+overlap+persistent",
     "sm90(E4M3, 256, 128, 64, 2): ws+pingpong+overlap",
 )
@@ -114,7 +115,7 @@ DECODE_KERNELS = tuple(
 # that its blocks take the work tiles of a ragged batch as they free up (the dispatch table's
 # rankings at the longest sequence's length choose among them); every e4m3 one.
 VARLEN_KERNELS = (
-    "sm90(E4M3, 64, 128, 128, 2): ws+pingpong+overlap",
+    "sm90(E4M3, 64, 192, 128, 2): ws+pingpong+overlap",
     "sm90(E4M3, 128, 128, 128, 2): ws+pingpong+overlap+persistent",
     "sm90(E4M3, 256, 128, 64, 2): ws+pingpong+overlap",
 ) + tuple(
