@@ -91,7 +91,7 @@ DEFAULT_BUILD_KERNELS = (
     "sm90(BF16, 256, 128, 64, 2): ws+pingpong+overlap",
     # e4m3 (FP8) inputs, 128-key tiles (64 at d_head 256) as large as the FP8 kernel's rules allow;
     # at d_head 64 three consumer warpgroups, the fastest at every benchmark length with both masks
-    # (0.90 to 0.92 x FlashAttention-3 against two warpgroups' 0.67 to 0.73); at 128 persistent,
+    # (0.90 to 0.92 x FlashAttention-3; two warpgroups 448 against its 641 TFLOP/s at 16k); at 128 persistent,
     # which measured 1.0 to 1.2 x the single-pass configuration and within 2% where it was slower
     # (H200, benchmarks/HISTORY.md #2026-11-27-fp8-cache).
     "sm90(E4M3, 64, 192, 128, 2): ws+pingpong+overlap",
