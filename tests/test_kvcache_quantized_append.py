@@ -209,6 +209,7 @@ def test_the_quantised_append_checks_its_arguments_before_any_launch():
         ((q, cache, half_cache, new, new), {}, TypeError, r"^k_cache, v_cache: both float8_e4m3fn or neither, got float8_e4m3fn and float16"),
         ((q, half_cache, cache, new, new), {}, TypeError, r"^k_cache, v_cache: both float8_e4m3fn or neither, got float16 and float8_e4m3fn"),
         ((q.to(E4M3), cache, cache, new, new), {}, TypeError, r"^q: a float8_e4m3fn cache takes float16 or bfloat16 queries"),
+        ((q.to(E4M3), half_cache, half_cache, new, new), {}, NotImplementedError, r"^q: float8_e4m3fn inputs are not appended to a cache"),
         ((q, cache, cache, new.to(E4M3), new.to(E4M3)), {}, ValueError, r"^k: Float8_e4m3fn on cpu, q is Half on cpu"),
         ((q, cache, cache, new, new.bfloat16()), {}, ValueError, r"^v: BFloat16 on cpu, q is Half on cpu"),
         ((q, cache.float(), cache.float(), new, new), {}, ValueError, r"^k_cache: Float on cpu, q is Half on cpu \(a cache holds q's dtype or float8_e4m3fn\)"),
