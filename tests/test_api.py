@@ -180,26 +180,28 @@ def test_choice_scales_the_tables_times_by_the_tiles_each_configuration_visits(w
     assert at(4096, 4000).config == narrow  # 28 tiles of 144 against 32 of 128: 0.92 against 1.0
 
 
-def _bf16_d128_decoding_configs() -> list:
-    """The compiled bf16 decoding configurations of d_head 128 (DECODE_KERNELS: SM80, 64 rows, varlen
-    variants); skips the test where there are none, or no sm_90 machine code to choose for."""
-    decoding = [
-        c for c in flash_attention.compiled_configs()
-        if c.family == "sm80" and c.dtype.name == "BF16" and c.d_head == 128 and c.B_r == 64
+def _bf16_d128_decoding_configs() -> dict:
+    """The compiled bf16 decoding configurations of d_head 128 by their rows per block
+    (DECODE_KERNELS: SM80, 16 rows whose warps split the keys and 64 rows, varlen variants); skips
+    the test where they are not both there, or no sm_90 machine code to choose for."""
+    decoding = {
+        c.B_r: c for c in flash_attention.compiled_configs()
+        if c.family == "sm80" and c.dtype.name == "BF16" and c.d_head == 128 and c.B_r <= 64
         and any(v.varlen for v in flash_attention.compiled_variants(c))
-    ]
-    if not decoding or 90 not in [a // 10 for a in flash_attention._C.compiled_architectures()]:
+    }
+    if set(decoding) != {16, 64} or 90 not in [a // 10 for a in flash_attention._C.compiled_architectures()]:
         pytest.skip("needs the decoding configurations (DECODE_KERNELS) compiled for sm_90")
     return decoding
 
 
 def test_choice_reports_the_split_a_decoding_call_runs():
     """One query against a long cache: the split heuristic's configuration and count, as the call
-    runs them (packed heads: 32 query heads over 8); unknown without a multiprocessor count."""
+    runs them (packed heads: 32 query heads over 8, 4 rows: the 16-row blocks); unknown without a
+    multiprocessor count."""
     splitting = _bf16_d128_decoding_configs()
     q, k = _meta((1, 1, 32, 128), torch.bfloat16), _meta((1, 131072, 8, 128), torch.bfloat16)
     choice = flash_attention.choose_config(q, k, causal=True, arch="sm_90", multiprocessors=132)
-    assert choice.config in splitting and choice.variant.varlen
+    assert choice.config == splitting[16] and choice.variant.varlen
     assert choice.num_splits > 1 and "decoding" in choice.reason, choice
     # 8 query blocks: 32 splits fill 256 of the 264 slots (97%); 29, 232 of them (88%), are not kept.
     assert choice.num_splits == 32, choice
@@ -215,11 +217,11 @@ def test_a_decoding_call_that_does_not_split_runs_whole_on_the_decoding_configur
     decoding = _bf16_d128_decoding_configs()
     q, k = _meta((128, 1, 32, 128), torch.bfloat16), _meta((128, 2048, 8, 128), torch.bfloat16)
     choice = flash_attention.choose_config(q, k, causal=True, arch="sm_90", multiprocessors=132)
-    assert choice.config in decoding and choice.variant.varlen and choice.num_splits == 1, choice
+    assert choice.config == decoding[16] and choice.variant.varlen and choice.num_splits == 1, choice
     assert "decoding" in choice.reason and "1 split " in choice.reason, choice
     prefill = flash_attention.choose_config(_meta((128, 65, 32, 128), torch.bfloat16), k, causal=True, arch="sm_90",
                                             multiprocessors=132)
-    assert prefill.config not in decoding, prefill
+    assert prefill.config not in decoding.values(), prefill
 
 
 def test_a_short_cache_runs_whole_and_splits_from_six_key_tiles():
@@ -229,27 +231,31 @@ def test_a_short_cache_runs_whole_and_splits_from_six_key_tiles():
     q = _meta((1, 1, 32, 128), torch.bfloat16)
     short = flash_attention.choose_config(q, _meta((1, 256, 8, 128), torch.bfloat16), causal=True, arch="sm_90",
                                           multiprocessors=132)
-    assert short.config in decoding and short.num_splits == 1, short
+    assert short.config == decoding[16] and short.num_splits == 1, short
     longer = flash_attention.choose_config(q, _meta((1, 384, 8, 128), torch.bfloat16), causal=True, arch="sm_90",
                                            multiprocessors=132)
-    assert longer.config in decoding and longer.num_splits == 3, longer
+    assert longer.config == decoding[16] and longer.num_splits == 3, longer
 
 
 def test_a_speculative_step_is_chosen_for_with_each_querys_heads_packed():
-    """Four queries of 32 heads over 8: packed as 16 rows per key/value head, they fit a decoding
-    block and keep the causal mask (each row's diagonal is its query's); one query needs no mask.
-    Five queries of 16 heads over 1 head (80 rows) do not fit a 64-row block."""
+    """Four queries of 32 heads over 8: packed as 16 rows per key/value head, they fit a 16-row
+    decoding block and keep the causal mask (each row's diagonal is its query's); one query needs no
+    mask. Five queries (20 rows) take the 64-row block; five queries of 16 heads over 1 head (80
+    rows) fit none."""
     decoding = _bf16_d128_decoding_configs()
     k = _meta((2, 8192, 8, 128), torch.bfloat16)
     four = flash_attention.choose_config(_meta((2, 4, 32, 128), torch.bfloat16), k, causal=True, arch="sm_90",
                                          multiprocessors=132)
-    assert four.config in decoding and four.variant.mask == MaskKind.CAUSAL and four.num_splits > 1, four
+    assert four.config == decoding[16] and four.variant.mask == MaskKind.CAUSAL and four.num_splits > 1, four
     one = flash_attention.choose_config(_meta((2, 1, 32, 128), torch.bfloat16), k, causal=True, arch="sm_90",
                                         multiprocessors=132)
-    assert one.config in decoding and one.variant.mask == MaskKind.NONE, one
+    assert one.config == decoding[16] and one.variant.mask == MaskKind.NONE, one
+    five = flash_attention.choose_config(_meta((2, 5, 32, 128), torch.bfloat16), k, causal=True, arch="sm_90",
+                                         multiprocessors=132)
+    assert five.config == decoding[64] and five.num_splits > 1, five
     wide = flash_attention.choose_config(_meta((2, 5, 16, 128), torch.bfloat16), _meta((2, 8192, 1, 128), torch.bfloat16),
                                          causal=True, arch="sm_90", multiprocessors=132)
-    assert wide.config not in decoding, wide
+    assert wide.config not in decoding.values(), wide
 
 
 def test_choice_falls_back_to_the_default_set(with_table):

@@ -532,7 +532,7 @@ def test_rejects_a_problem_without_a_compiled_kernel(cfg, variant, rng):
 # Changes that make a configuration of a family invalid; the message must give validity_error()'s
 # reason.
 INVALID_CONFIG_CHANGES = {
-    ("sm80", "warps_rows_not_multiple_of_16"): {"B_r": 64, "n_warps": 8},
+    ("sm80", "key_groups_of_fewer_than_16_keys"): {"B_r": 16, "B_c": 32},
     ("sm80", "eager_without_async"): {"async_copy": False, "eager_load_blocks": True},
     ("sm80", "tile_count_not_a_power_of_two"): {"Q_mma_load_K_tiles": 0, "K_mma_load_K_tiles": 3},
     ("sm80", "double_buffer_without_chunks"): {

@@ -81,7 +81,8 @@ SET_NAMES = list(config_sets())
 
 
 def valid_block_sizes():
-    """(d_head, B_r, B_c, n_warps) combinations the rules accept, judged on the plain base config."""
+    """(d_head, B_r, B_c, n_warps) combinations the rules accept, judged on the plain base config and
+    on the eager one (whose second stage gives the key groups' merge the shared memory it needs)."""
     return {
         (d_head, B_r, B_c, n_warps)
         for d_head in D_HEADS
@@ -89,6 +90,7 @@ def valid_block_sizes():
         for B_c in B_CS
         for n_warps in N_WARPS
         if Config(FP16, d_head, B_r, B_c, n_warps).is_valid()
+        or Config(FP16, d_head, B_r, B_c, n_warps, True, True).is_valid()
     }
 
 
@@ -402,17 +404,37 @@ GOOD_CONFIGS = [
     Config(FP16, 64, 64, 64, 4, True, K_mma_load_K_tiles=2, V_mma_load_K_tiles=2),
     Config(BF16, 64, 128, 128, 8, False, Q_mma_load_K_tiles=2, K_mma_load_K_tiles=2),
     Config(FP16, 128, 128, 32, 4, True, K_mma_load_K_tiles=4),
+    # Fewer than 16 rows per warp: the warps split each tile's keys.
+    Config(BF16, 128, 16, 64, 4, True, True, True, 0, 1, 0, True, True),
+    Config(FP16, 64, 32, 64, 4, True, K_mma_load_K_tiles=1, V_mma_load_K_tiles=1),
+    Config(FP16, 128, 64, 64, 8),
 ]
+
+
+@pytest.mark.parametrize(
+    ("cfg", "row_warps", "key_groups", "warp_keys"),
+    [
+        (Config(FP16, 128, 64, 64, 4), 4, 1, 64),
+        (Config(FP16, 128, 128, 32, 8), 8, 1, 32),
+        (Config(FP16, 128, 16, 64, 4), 1, 4, 16),
+        (Config(FP16, 128, 32, 128, 4), 2, 2, 64),
+        (Config(FP16, 128, 64, 64, 8), 4, 2, 32),
+    ],
+)
+def test_blocks_of_fewer_than_16_rows_per_warp_split_the_keys(cfg, row_warps, key_groups, warp_keys):
+    assert (cfg.row_warps, cfg.key_groups, cfg.warp_keys) == (row_warps, key_groups, warp_keys)
 
 # (config, words its reason must contain): each config breaks exactly one rule.
 BAD_CONFIGS = [
     (Config(E4M3, 128, 64, 64, 4), ["dtype E4M3", "16-bit inputs", "sm90(E4M3, ...)"]),
     (Config(FP16, 80, 64, 64, 4), ["d_head"]),
     (Config(FP16, 512, 64, 64, 4), ["d_head"]),
-    (Config(FP16, 128, 32, 64, 4), ["B_r"]),
+    (Config(FP16, 128, 48, 64, 4), ["B_r"]),
+    (Config(FP16, 128, 16, 32, 4), ["B_c", "4 key groups", "16 keys"]),
+    (Config(FP16, 64, 32, 64, 8), ["merge", "shared memory"]),
+    (Config(FP16, 128, 16, 64, 4, V_mma_load_K_tiles=1), ["V_mma_load_K_tiles", "B_c / 4 key groups"]),
     (Config(FP16, 128, 64, 16, 4), ["B_c"]),
     (Config(FP16, 128, 64, 64, 2), ["n_warps"]),
-    (Config(FP16, 128, 64, 64, 8), ["B_r", "n_warps", "16"]),
     (Config(FP16, 128, 64, 64, 4, False, eager_load_blocks=True), ["eager_load_blocks", "async_copy"]),
     (Config(FP16, 128, 64, 64, 4, Q_mma_load_K_tiles=3, K_mma_load_K_tiles=3), ["Q_mma_load_K_tiles"]),
     (Config(FP16, 128, 64, 64, 4, K_mma_load_K_tiles=8), ["K_mma_load_K_tiles", "d_head"]),
@@ -612,7 +634,8 @@ def test_default_build_is_the_curated_list():
     head_sizes = set(D_HEADS) | set(sm90_config.D_HEADS)
     sixteen_bit = [cfg for cfg in default if cfg.dtype != E4M3]
     assert {(cfg.dtype, cfg.d_head) for cfg in sixteen_bit} == {(dtype, d) for dtype in (FP16, BF16) for d in head_sizes}
-    assert set(sixteen_bit) <= set(get_autotuning_kernel_configs())
+    # The decoding configurations whose warps split the keys are chosen by rule, not swept.
+    assert {cfg for cfg in sixteen_bit if getattr(cfg, "key_groups", 1) == 1} <= set(get_autotuning_kernel_configs())
     # e4m3: the Hopper family's first configurations at the head sizes most models use, not yet tuned.
     fp8 = [cfg for cfg in default if cfg.dtype == E4M3]
     assert {cfg.d_head for cfg in fp8} == {64, 128, 256} and all(cfg.family == "sm90" for cfg in fp8)

@@ -152,9 +152,10 @@ def choose_config(
 
     As the call does, up to 16 queries per sequence with grouped heads are chosen for with each
     query's heads of a group packed as rows,
-    and a decode-shaped call (every sequence's queries fit one block of the splitting configuration
-    with the fewest query rows) gets that configuration where the split heuristic splits the keys or
-    where it is a decoding configuration (64 rows per block), with num_splits the heuristic's count.
+    and a decode-shaped call (every sequence's queries fit one block of a splitting configuration)
+    gets the one of fewest query rows per block that holds them where the split heuristic splits the
+    keys or where it is a decoding configuration (64 rows per block or fewer), with num_splits the
+    heuristic's count.
     The heuristic needs the GPU's multiprocessor count: ``multiprocessors``, by default q's
     device's; where q is not on a CUDA device and none is given, num_splits is None and the
     configuration is the one an unsplit call runs.
@@ -205,7 +206,7 @@ def choose_config(
         )
         reason = (
             f"decoding (every sequence's queries fit one block): the compiled configuration with the fewest query "
-            f"rows per block that splits the keys, for {dtype}, d_head {cfg.d_head}; {count}"
+            f"rows per block that holds them and splits the keys, for {dtype}, d_head {cfg.d_head}; {count}"
         )
     else:
         why = _RULE_REASONS[rule].format(arch=arch, dtype=dtype, d_head=cfg.d_head)

@@ -99,15 +99,22 @@ DEFAULT_BUILD_KERNELS = (
     "sm90(E4M3, 256, 128, 64, 2): ws+pingpong+overlap",
 )
 
-# Decoding (a few query rows per sequence, the keys split over blocks; binding/split_kv.h): 64-row
-# blocks, the fewest the SM80 family's four warps take, so that a block's tensor-core work stays
-# below the time its K and V tiles take to arrive; 64-key tiles, so that two blocks fit a
-# multiprocessor. Compiled with the varlen variants only (the variants splits run on), for the
-# head sizes of most models.
+# Decoding (a few query rows per sequence, the keys split over blocks; binding/split_kv.h): blocks
+# of 16 rows, whose four warps split each 64-key tile's keys (so that a decode step's few rows keep
+# every warp's tensor cores busy, not one warp's), and of 64 rows, the fewest the four warps take
+# without splitting keys, for calls of 17 to 64 rows per sequence (many queries, or many query heads
+# per KV head); 64-key tiles, so that two blocks or more fit a multiprocessor. A call takes the
+# fewest rows that hold its queries. Compiled with the varlen variants only (the variants splits
+# run on), for the head sizes of most models.
 DECODE_KERNELS = tuple(
-    f"({dtype}, {d_head}, 64, 64, 4): async+eager+swizzled+{tiles}+buffer+opt_softmax"
+    f"({dtype}, {d_head}, {B_r}, 64, 4): async+eager+swizzled+{tiles}+buffer+opt_softmax"
     for dtype in ("FP16", "BF16")
-    for d_head, tiles in ((64, "load_0_1_1_tiles"), (128, "load_1_1_2_tiles"))
+    for d_head, B_r, tiles in (
+        (64, 16, "load_0_1_0_tiles"),
+        (64, 64, "load_0_1_1_tiles"),
+        (128, 16, "load_0_1_0_tiles"),
+        (128, 64, "load_1_1_2_tiles"),
+    )
 )
 
 # The configurations compiled with the varlen variants too: per family, dtype and head size, a

@@ -22,7 +22,7 @@ __all__ = ["B_CS", "B_RS", "D_HEADS", "FlashForwardKernelConfig", "LOAD_TILES", 
 # kernel supports (validity rule 1); the load-tile counts and booleans are further constrained by
 # the other rules.
 D_HEADS = (32, 64, 96, 128, 192, 256)
-B_RS = (64, 128)
+B_RS = (16, 32, 64, 128)
 B_CS = (32, 64, 128)
 N_WARPS = (4, 8)
 LOAD_TILES = (0, 1, 2, 4)
@@ -133,6 +133,33 @@ class FlashForwardKernelConfig(KernelConfig):
         """Threads per block: n_warps warps."""
         return 32 * self.n_warps
 
+    @property
+    def row_warps(self) -> int:
+        """Warps that share a KV tile's keys and split the block's rows, 16 or more each: all of them
+        unless the block has fewer than 16 rows per warp."""
+        return min(self.n_warps, self.B_r // _MMA_M)
+
+    @property
+    def key_groups(self) -> int:
+        """How many ways each KV tile's keys are split over the warps: 1, or n_warps / row_warps for
+        a block of fewer than 16 rows per warp (decoding's few query rows), whose warps each take
+        16 rows and B_c / key_groups of every tile's keys, merged at the end."""
+        return self.n_warps // self.row_warps
+
+    @property
+    def warp_keys(self) -> int:
+        """A warp's keys per KV tile: B_c, or its key group's share."""
+        return self.B_c // self.key_groups
+
+    def _key_group_exchange_bytes(self) -> int:
+        """Shared memory the key groups' merge writes over the block's tiles (sm80/key_groups.cuh):
+        per warp and lane its rows' maxima, and per warp outside key group 0 its row sums and
+        d_head / 8 * 4 outputs per 16-row tile."""
+        m_tiles = self.B_r // self.row_warps // _MMA_M
+        max_words = m_tiles * 2
+        partial_words = m_tiles * 2 + m_tiles * (self.d_head // 8) * 4
+        return (self.n_warps * max_words + (self.n_warps - self.row_warps) * partial_words) * 32 * 4
+
     def runs_on(self, capability: tuple[int, int]) -> bool:
         """Whether a GPU of this compute capability runs the kernel: sm_80 or newer, with room for
         its shared memory."""
@@ -150,23 +177,24 @@ class FlashForwardKernelConfig(KernelConfig):
             if value not in supported:
                 return f"{field} must be one of {', '.join(map(str, supported))}; got {value}."
 
-        rows_multiple = _MMA_M * self.n_warps
-        if self.B_r % rows_multiple:
+        if self.warp_keys % _MMA_K:
             return (
-                f"B_r ({self.B_r}) must be a multiple of 16 * n_warps = {rows_multiple}: each of the "
-                f"{self.n_warps} warps owns B_r / n_warps query rows, which must be a multiple of 16, the MMA's M."
+                f"B_c ({self.B_c}) must give each of the {self.key_groups} key groups a multiple of 16 keys: with "
+                f"B_r = {self.B_r} rows over {self.n_warps} warps (fewer than 16 each) the warps take 16 rows each "
+                f"and split every KV tile's keys {self.key_groups} ways."
             )
 
         if self.eager_load_blocks and not self.async_copy:
             return "eager_load_blocks requires async_copy: only cp.async copies can be in flight during compute."
 
-        for field, extent, gemm in (
-            ("Q_mma_load_K_tiles", "d_head", "Q K^T"),
-            ("K_mma_load_K_tiles", "d_head", "Q K^T"),
-            ("V_mma_load_K_tiles", "B_c", "P V"),
+        # A warp's P V runs over its keys of a tile: B_c, or its key group's share.
+        warp_keys = "B_c" if self.key_groups == 1 else f"B_c / {self.key_groups} key groups"
+        for field, extent, slices, gemm in (
+            ("Q_mma_load_K_tiles", "d_head", self.d_head // _MMA_K, "Q K^T"),
+            ("K_mma_load_K_tiles", "d_head", self.d_head // _MMA_K, "Q K^T"),
+            ("V_mma_load_K_tiles", warp_keys, self.warp_keys // _MMA_K, "P V"),
         ):
             tiles = getattr(self, field)
-            slices = getattr(self, extent) // _MMA_K
             if tiles != 0 and not (tiles > 0 and tiles & (tiles - 1) == 0 and tiles < slices and slices % tiles == 0):
                 return (
                     f"{field} must be 0 (the whole operand at once) or a power of two (1, 2, 4, ...) below and "
@@ -184,6 +212,12 @@ class FlashForwardKernelConfig(KernelConfig):
             return (
                 f"the tiles need {self.smem_bytes()} bytes of shared memory per block (B_r + 2 * B_c per stage "
                 f"rows of d_head), more than the {MAX_SMEM_BYTES} any supported GPU allows."
+            )
+
+        if self.key_groups > 1 and self._key_group_exchange_bytes() > self.smem_bytes():
+            return (
+                f"the key groups' merge needs {self._key_group_exchange_bytes()} bytes of shared memory, more than "
+                f"the block's {self.smem_bytes()} it overlays."
             )
 
         if self.mma_double_buffer_loads and not (self.K_mma_load_K_tiles or self.V_mma_load_K_tiles):

@@ -88,10 +88,13 @@ def _sm80_autotuned(cfg: FlashForwardKernelConfig) -> bool:
     that only remove work are always on (the progression measures each of them on its own): async
     copies, eager K/V loads, the swizzled layout, double-buffered fragment loads and the optimized
     softmax. K and V are always loaded in chunks of 1 or 2 k-slices: whole operands need more
-    registers than a thread has for any block shape worth tuning.
+    registers than a thread has for any block shape worth tuning. Blocks whose warps split the keys
+    (fewer than 16 rows per warp) are decoding's, which takes its configuration by rule, not from
+    the dispatch table this sweep ranks.
     """
     return (
-        cfg.async_copy
+        cfg.key_groups == 1
+        and cfg.async_copy
         and cfg.eager_load_blocks
         and cfg.swizzled
         and cfg.mma_double_buffer_loads

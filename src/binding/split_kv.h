@@ -15,6 +15,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include <torch/extension.h>
 
@@ -129,21 +130,20 @@ std::optional<SplitChoice> split_with(const Config &cfg, const ForwardParams &pa
     }
 }
 
-// The configuration that runs decode-shaped calls of a dtype and head size on a GPU: among the
-// splitting families' configurations of that head size with a varlen kernel that fits the GPU, the
-// one with the fewest query rows per block, then the largest key tiles; nullopt where there is
-// none. Looked up once per (dtype, d_head, GPU) and remembered: walking the registry on every call
-// costs microseconds of a decode step's host time.
-inline std::optional<AnyConfig> decoding_config(DType dtype, int d_head, const Gpu &gpu) {
+// The configurations that run decode-shaped calls of a dtype and head size on a GPU: the splitting
+// families' configurations of that head size with a varlen kernel that fits the GPU, one per count
+// of query rows per block (the largest key tiles of that count), fewest rows first. Looked up once
+// per (dtype, d_head, GPU) and remembered: walking the registry on every call costs microseconds of
+// a decode step's host time.
+inline const std::vector<AnyConfig> &decoding_configs(DType dtype, int d_head, const Gpu &gpu) {
     using Key = std::tuple<DType, int, int, int64_t>;
     static std::mutex mutex;
-    static std::map<Key, std::optional<AnyConfig>> found;
+    static std::map<Key, std::vector<AnyConfig>> found;
     const Key key{dtype, d_head, gpu.capability, gpu.smem_per_block};
     const std::lock_guard<std::mutex> lock(mutex);
     if (const auto it = found.find(key); it != found.end())
         return it->second;
-    std::optional<AnyConfig> best;
-    std::optional<std::pair<int, int>> best_rank;
+    std::map<int, std::pair<int, AnyConfig>> by_rows; // B_r -> (B_c, configuration)
     for_each_family([&](auto family) {
         using Family = decltype(family);
         if constexpr (Family::splits_keys) {
@@ -153,36 +153,38 @@ inline std::optional<AnyConfig> decoding_config(DType dtype, int d_head, const G
                 const auto &[cfg, variant] = kernel;
                 if (cfg.dtype != dtype || cfg.d_head != d_head || !variant.varlen || launcher.smem_bytes > gpu.smem_per_block)
                     continue;
-                const std::pair<int, int> rank{cfg.B_r, -cfg.B_c};
-                if (!best_rank || rank < *best_rank) {
-                    best_rank = rank;
-                    best = cfg;
-                }
+                if (const auto it = by_rows.find(cfg.B_r); it == by_rows.end() || cfg.B_c > it->second.first)
+                    by_rows.insert_or_assign(cfg.B_r, std::pair<int, AnyConfig>{cfg.B_c, cfg});
             }
         }
     });
-    return found.emplace(key, best).first->second;
+    std::vector<AnyConfig> configs;
+    for (const auto &[rows, entry] : by_rows)
+        configs.push_back(entry.second);
+    return found.emplace(key, std::move(configs)).first->second;
 }
 
-// For automatic configuration, a decode-shaped call (every sequence's queries fit one block of
-// decoding_config's): that configuration's varlen kernel, split as split_with says. It runs the
-// call where the keys split, or where it has DECODE_BLOCK_ROWS rows or fewer; otherwise (nullopt)
-// the dispatch table's configuration runs the call whole, as it does every longer one (its prefill
-// is faster).
+// For automatic configuration, a decode-shaped call (every sequence's queries fit one block of one
+// of decoding_configs'): the one of fewest rows that holds them, on its varlen kernel, split as
+// split_with says. It runs the call where the keys split, or where it has DECODE_BLOCK_ROWS rows or
+// fewer; otherwise (nullopt) the dispatch table's configuration runs the call whole, as it does
+// every longer one (its prefill is faster).
 inline std::optional<SplitChoice> automatic_decode(DType dtype, int d_head, const ForwardParams &params,
                                                    const Problem &problem, const Gpu &gpu, int requested,
                                                    int multiprocessors) {
-    const std::optional<AnyConfig> config = decoding_config(dtype, d_head, gpu);
-    if (!config)
-        return std::nullopt;
-    const std::optional<SplitChoice> choice = visit_config(*config, [&](auto family, const auto &cfg) {
-        using Family = decltype(family);
-        return params.seqlen_q > cfg.B_r ? std::nullopt
-                                         : split_with<Family>(cfg, params, problem, requested, multiprocessors);
-    });
-    if (choice && choice->num_splits == 1 && choice->block_rows > DECODE_BLOCK_ROWS)
-        return std::nullopt;
-    return choice;
+    for (const AnyConfig &config : decoding_configs(dtype, d_head, gpu)) {
+        const std::optional<SplitChoice> choice = visit_config(config, [&](auto family, const auto &cfg) {
+            using Family = decltype(family);
+            return params.seqlen_q > cfg.B_r ? std::nullopt
+                                             : split_with<Family>(cfg, params, problem, requested, multiprocessors);
+        });
+        if (!choice)
+            continue;
+        if (choice->num_splits == 1 && choice->block_rows > DECODE_BLOCK_ROWS)
+            return std::nullopt;
+        return choice;
+    }
+    return std::nullopt;
 }
 
 // Where a call's splits write: float32 partial outputs at o's strides and partial log-sum-exps at

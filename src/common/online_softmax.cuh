@@ -127,6 +127,24 @@ struct OnlineSoftmax {
         return rescaled;
     }
 
+    // Moves the reference maxima to `reference` (row by row at least this softmax's own), rescaling
+    // the row sums and o to match: partial softmaxes of the same rows over different keys, so
+    // moved to the same maxima, add.
+    template <int D_tiles>
+    __device__ __forceinline__ void rebase(const float (&reference)[M_tiles][2], Accumulators<M_tiles, D_tiles> &o,
+                                           float scale) {
+#pragma unroll
+        for (int m = 0; m < M_tiles; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float shift = row_max[m][h] - exponent_max(reference[m][h]);
+                const float factor = optimized ? ptx::exp2(shift * scale * LOG2_E) : expf(shift);
+                row_max[m][h] = reference[m][h];
+                row_sum[m][h] *= factor;
+                rescale_row(o.r[m], h, factor);
+            }
+    }
+
     // The natural log of each row's sum of exp(scale * score), for M_tiles x 2 rows; +infinity for
     // a row that attends no key. Call after the last update, with the scale given to it.
     __device__ __forceinline__ void log_sum_exp(float (&lse)[M_tiles][2], float scale) const {

@@ -9,12 +9,13 @@
 namespace flash::sm80 {
 
 // O's rows of the block go out through the Q tile: copy_out(Q_smem) copies them to global memory
-// once every warp's accumulators are in it.
+// once the accumulators of every warp that holds results (warp_holds_result) are in it.
 template <typename Kernel, typename CopyOut>
 __device__ __forceinline__ void store_O(const typename Kernel::Q_tile &Q_smem, const typename Kernel::O_accumulators &O_acc,
-                                        int warp_first_row, CopyOut &&copy_out) {
+                                        int warp_first_row, bool warp_holds_result, CopyOut &&copy_out) {
     __syncthreads(); // every warp is done with Q
-    store_accumulators(Q_smem, O_acc, warp_first_row);
+    if (warp_holds_result)
+        store_accumulators(Q_smem, O_acc, warp_first_row);
     __syncthreads();
     copy_out(Q_smem);
 }

@@ -19,6 +19,7 @@
 #include "common/online_softmax.cuh"
 #include "common/softmax_epilogue.cuh"
 #include "sm80/epilogue.cuh"
+#include "sm80/key_groups.cuh"
 #include "sm80/kv_copies.cuh"
 #include "sm80/traits.cuh"
 
@@ -63,7 +64,9 @@ struct QKChunkFragments {
 // split's tiles and writes partial results. With KV_E4M3 (varlen only) K and V are an FP8 cache:
 // the copies run several tiles ahead, each tile is widened to q's type in shared memory once it
 // has landed (KVTileCopies::widen_next; one K and V tile, whatever eager says), k's dequantisation
-// factor multiplies the softmax scale and v's the output. The variant's fields are
+// factor multiplies the softmax scale and v's the output. A block of fewer than 16 query rows per
+// warp splits each tile's keys over its warps' key groups (traits), whose softmaxes and outputs
+// merge_key_groups adds up after the last tile. The variant's fields are
 // separate template arguments: nvcc's host stubs cannot spell a class-type template argument whose
 // fields are all zero.
 template <typename Kernel, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS, bool VARLEN, bool KV_E4M3>
@@ -100,7 +103,13 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     if (VARLEN && Q_first_row >= params.seqlen_q)
         return;
     const int kv_head = head / (params.heads_q / params.heads_kv);
-    const int warp_first_row = (threadIdx.x / WARP_SIZE) * Kernel::warp_rows;
+    // A warp's rows, and where its share of each KV tile's keys starts (traits: all of them but in a
+    // block of fewer than 16 rows per warp, whose key groups split them).
+    const int warp = threadIdx.x / WARP_SIZE;
+    const int warp_first_row = (warp % Kernel::row_warps) * Kernel::warp_rows;
+    const int warp_first_key = (warp / Kernel::row_warps) * Kernel::warp_keys;
+    // The warps that hold the block's results at the end (every warp unless keys split).
+    const bool warp_holds_result = Kernel::key_groups == 1 || warp < Kernel::row_warps;
     // Rows of this block that exist (all of them unless the last block is partial).
     const int Q_rows = MASKED_TAILS ? min(B_r, params.seqlen_q - Q_first_row) : B_r;
     // A warp whose rows all lie past the block's (a decode step's few rows leave most warps so)
@@ -130,7 +139,9 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
         B_c * params.v_strides.seq,
         page_table};
 
-    OnlineSoftmax<Kernel::M_tiles, Kernel::optimized_softmax, Tiles::may_be_empty> softmax;
+    // A key group's share of a tail tile may hold only keys past the sequence's end.
+    OnlineSoftmax<Kernel::M_tiles, Kernel::optimized_softmax, Tiles::may_be_empty || (Kernel::key_groups > 1 && MASKED_TAILS)>
+        softmax;
     softmax.init();
     typename Kernel::O_accumulators O_acc;
     O_acc.zero();
@@ -143,8 +154,8 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
         // Per-lane ldmatrix addresses, computed once: each fragment load adds a compile-time
         // offset. K's and V's move between the two stages in place, so no second set stays live.
         const auto Q_addresses = A_addresses(Q_smem, warp_first_row);
-        auto K_addresses = B_from_rows_n_addresses(KV_copies.K_smem(0));
-        auto V_addresses = B_from_rows_k_addresses(KV_copies.V_smem(0));
+        auto K_addresses = B_from_rows_n_addresses(KV_copies.K_smem(0), warp_first_key);
+        auto V_addresses = B_from_rows_k_addresses(KV_copies.V_smem(0), warp_first_key);
         int next_stage_shift = KV_stage_bytes;
         // A paged copy looks up each row group's page before its copies can start, so when eager it
         // issues tile j + 1 before waiting for tile j (two tiles in flight, at a second barrier per
@@ -229,9 +240,10 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
                     });
 
                 if constexpr (SCORE_MODS)
-                    score_mods.apply(S_acc, params, Q_first_row + warp_first_row, KV_block * B_c);
+                    score_mods.apply(S_acc, params, Q_first_row + warp_first_row, KV_block * B_c + warp_first_key);
                 if constexpr (decltype(masked)::value)
-                    apply_mask<MASK, MASKED_TAILS>(S_acc, params, Q_first_row + warp_first_row, KV_block * B_c);
+                    apply_mask<MASK, MASKED_TAILS>(S_acc, params, Q_first_row + warp_first_row,
+                                                   KV_block * B_c + warp_first_key);
                 softmax.template update<decltype(first_tile)::value>(S_acc, O_acc, score_scale);
                 accumulators_to_A<value_t>(P_frags, S_acc);
             }
@@ -277,9 +289,13 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
             });
     }
 
+    if constexpr (Kernel::key_groups > 1)
+        merge_key_groups<Kernel>(softmax, O_acc, reinterpret_cast<float *>(smem), score_scale);
     if constexpr (KV_E4M3)
         O_acc.scale(descale_at(params.descales.v, batch, kv_head));
     if (num_splits > 1) {
+        if (!warp_holds_result)
+            return;
         float *lse = params.split.lse_partial + split * params.split.lse_split_stride;
         finish_softmax(softmax, O_acc, score_scale, lse, params, batch, head, Q_first_row, warp_first_row, Q_rows);
         float *O_partial = tensor_rows<float>(params.split.o_partial, params.o_strides, batch, head, 0) +
@@ -291,8 +307,9 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
             O_acc, warp_first_row, Q_rows, params.d_head);
         return;
     }
-    finish_softmax(softmax, O_acc, score_scale, params.lse, params, batch, head, Q_first_row, warp_first_row, Q_rows);
-    store_O<Kernel>(Q_smem, O_acc, warp_first_row, [&](const typename Kernel::Q_tile &tile) {
+    if (warp_holds_result)
+        finish_softmax(softmax, O_acc, score_scale, params.lse, params, batch, head, Q_first_row, warp_first_row, Q_rows);
+    store_O<Kernel>(Q_smem, O_acc, warp_first_row, warp_holds_result, [&](const typename Kernel::Q_tile &tile) {
         if constexpr (VARLEN)
             copy_shared_to_global_rows<n_threads, MASKED_TAILS, MASKED_TAILS>(
                 [&](int row) {

@@ -258,11 +258,11 @@ __device__ __forceinline__ void load_A(FragmentsA<M, S> &a, const LdmatrixAddres
 // B operand of S = Q * K^T from the K tile, stored row-major as (N = key rows, K = d_head): that is
 // B in column-major order, so no transpose. One ldmatrix.x4 covers two 8-row n-tiles of one
 // k-slice: lanes 0-7 / 8-15 address n-tile n at the slice's low / high 8 columns (b0, b1),
-// lanes 16-31 the same for n-tile n + 1.
+// lanes 16-31 the same for n-tile n + 1. The warp's keys start at row first_row (a multiple of 16).
 template <typename Tile>
-__device__ __forceinline__ LdmatrixAddresses<Tile> B_from_rows_n_addresses(const Tile &tile) {
+__device__ __forceinline__ LdmatrixAddresses<Tile> B_from_rows_n_addresses(const Tile &tile, int first_row) {
     const int lane = threadIdx.x % WARP_SIZE;
-    return LdmatrixAddresses<Tile>(tile, (lane / 16) * 8 + lane % 8, (lane / 8) % 2);
+    return LdmatrixAddresses<Tile>(tile, first_row + (lane / 16) * 8 + lane % 8, (lane / 8) % 2);
 }
 
 template <int N, int S, typename Tile>
@@ -284,11 +284,12 @@ __device__ __forceinline__ void load_B_from_rows_n(FragmentsB<N, S> &b, const Ld
 
 // B operand of O = P * V from the V tile, stored row-major as (K = key rows, N = d_head): B in
 // row-major order, so ldmatrix transposes each 8x8 matrix. Lanes 0-7 / 8-15 address the slice's
-// low / high 8 rows at n-tile n (b0, b1), lanes 16-31 the same rows at n-tile n + 1.
+// low / high 8 rows at n-tile n (b0, b1), lanes 16-31 the same rows at n-tile n + 1. The warp's
+// keys start at row first_row (a multiple of 16).
 template <typename Tile>
-__device__ __forceinline__ LdmatrixAddresses<Tile> B_from_rows_k_addresses(const Tile &tile) {
+__device__ __forceinline__ LdmatrixAddresses<Tile> B_from_rows_k_addresses(const Tile &tile, int first_row) {
     const int lane = threadIdx.x % WARP_SIZE;
-    return LdmatrixAddresses<Tile>(tile, ((lane / 8) % 2) * 8 + lane % 8, lane / 16);
+    return LdmatrixAddresses<Tile>(tile, first_row + ((lane / 8) % 2) * 8 + lane % 8, lane / 16);
 }
 
 template <int N, int S, typename Tile>

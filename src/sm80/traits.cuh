@@ -30,20 +30,28 @@ struct StaticForwardKernelConfig {
     static_assert(CFG.dtype == DType::FP16 || CFG.dtype == DType::BF16, "dtype must be FP16 or BF16");
     static_assert(d_head == 32 || d_head == 64 || d_head == 96 || d_head == 128 || d_head == 192 || d_head == 256,
                   "d_head must be 32, 64, 96, 128, 192 or 256");
-    static_assert(B_r == 64 || B_r == 128, "B_r must be 64 or 128");
+    static_assert(B_r == 16 || B_r == 32 || B_r == 64 || B_r == 128, "B_r must be 16, 32, 64 or 128");
     static_assert(B_c == 32 || B_c == 64 || B_c == 128, "B_c must be 32, 64 or 128");
     static_assert(n_warps == 4 || n_warps == 8, "n_warps must be 4 or 8");
-    static_assert(B_r % (MMA_M * n_warps) == 0, "each warp owns B_r / n_warps query rows, a multiple of 16");
     static_assert(!CFG.eager_load_blocks || CFG.async_copy, "eager_load_blocks requires async_copy");
 
-    // Each warp computes the attention output of its own warp_rows query rows against every key.
-    static constexpr int warp_rows = B_r / n_warps;
+    // Each warp computes the attention output of its own warp_rows query rows (a multiple of 16,
+    // the MMA's M). A block of fewer than 16 rows per warp (decoding's few query rows) gives its
+    // warps 16 rows each and splits every KV tile's keys over them instead: key group g's warps
+    // (row_warps of them, one per 16-row group) take the tile's keys g * warp_keys onwards, each
+    // with a softmax of its own, merged into key group 0's warps at the end (key_groups.cuh). Held
+    // by one warp, a decode step's rows would leave the others waiting for its products.
+    static constexpr int row_warps = B_r / MMA_M < n_warps ? B_r / MMA_M : n_warps;
+    static constexpr int key_groups = n_warps / row_warps;
+    static constexpr int warp_rows = B_r / row_warps;
+    static constexpr int warp_keys = B_c / key_groups;
     static constexpr int M_tiles = warp_rows / MMA_M;
+    static_assert(warp_keys % MMA_K == 0, "each key group's share of a KV tile must be a multiple of 16 keys");
 
-    // S = Q K^T: (warp_rows x d_head) * (d_head x B_c); O += P V: (warp_rows x B_c) * (B_c x d_head).
+    // S = Q K^T: (warp_rows x d_head) * (d_head x warp_keys); O += P V: (warp_rows x warp_keys) * (warp_keys x d_head).
     static constexpr int QK_slices = d_head / MMA_K;
-    static constexpr int S_tiles = B_c / MMA_N;
-    static constexpr int PV_slices = B_c / MMA_K;
+    static constexpr int S_tiles = warp_keys / MMA_N;
+    static constexpr int PV_slices = warp_keys / MMA_K;
     static constexpr int O_tiles = d_head / MMA_N;
 
   private:
@@ -56,7 +64,7 @@ struct StaticForwardKernelConfig {
     static_assert(valid_tile_count(CFG.K_mma_load_K_tiles, QK_slices),
                   "K_mma_load_K_tiles must be 0 or a power of two below and dividing d_head / 16");
     static_assert(valid_tile_count(CFG.V_mma_load_K_tiles, PV_slices),
-                  "V_mma_load_K_tiles must be 0 or a power of two below B_c / 16");
+                  "V_mma_load_K_tiles must be 0 or a power of two below a warp's keys per tile / 16");
     static_assert(CFG.Q_mma_load_K_tiles == 0 || CFG.Q_mma_load_K_tiles == CFG.K_mma_load_K_tiles,
                   "Q_mma_load_K_tiles must be 0 or equal K_mma_load_K_tiles");
 

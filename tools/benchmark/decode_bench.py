@@ -9,9 +9,10 @@ step passes it), times in one run, in a seeded random order per shape:
   ours       flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=..., causal=True),
              num_splits=0 (the heuristic)
   ours/N     the same with num_splits=N for each N of --splits (the heuristic against fixed choices)
-  ours[CFG]  flash_attention.forward(CFG, q, k_cache, v_cache, seqused_k=..., causal=True) for each
-             configuration of --configs (short forms): the automatic choice against named kernels,
-             of either family (a prefill against a paged cache, for example: --seqlen-q 1024)
+  ours[CFG]  flash_attention.forward(CFG, q, k_cache, v_cache, seqused_k=..., causal=True,
+             num_splits=0) for each configuration of --configs (short forms): the automatic choice
+             against named kernels of either family, split as the heuristic splits them where their
+             family splits keys (a prefill against a paged cache, for example: --seqlen-q 1024)
   FA3        FlashAttention-3's flash_attn_with_kvcache (the fa3-fwd package, module
              fa3_fwd_interface; the 0.0.3 wheel runs no float16), num_splits=0
   SDPA       torch.nn.functional.scaled_dot_product_attention with enable_gqa (its default backend
@@ -227,8 +228,9 @@ def time_shape(args, dtype_name: str, batch: int, keys: int, seqlen_q: int, fa3,
         calls[f"{OURS}/{splits}"] = functools.partial(calls[OURS], num_splits=splits)
     for cfg in args.configs:
         calls[named(cfg)] = functools.partial(
-            flash_attention.forward, cfg, q, *tested, seqused_k=cache_seqlens, causal=True, **ours_keywords, **descales
-        )
+            flash_attention.forward, cfg, q, *tested, seqused_k=cache_seqlens, causal=True, num_splits=0,
+            **ours_keywords, **descales,
+        )  # fmt: skip
     if fa3 is not None:
         fa3_q, fa3_descales = q, descales
         if descales:  # FA3 reads an FP8 cache only with FP8 queries
