@@ -62,8 +62,8 @@ struct QKChunkFragments {
 // blocks past a shorter one's rows have nothing to do; it also splits the keys when the call asks
 // (SplitKV): the grid's x then counts num_splits runs of query blocks, and each block walks its
 // split's tiles and writes partial results. With KV_E4M3 (varlen only) K and V are an FP8 cache:
-// the copies run several tiles ahead, each tile is widened to q's type in shared memory once it
-// has landed (KVTileCopies::widen_next; one K and V tile, whatever eager says), k's dequantisation
+// the copies run two tiles ahead, and each tile is widened to q's type in shared memory one tile
+// ahead of the products (KVTileCopies::widen_next; two stages, whatever eager says), k's dequantisation
 // factor multiplies the softmax scale and v's the output. A block of fewer than 16 query rows per
 // warp splits each tile's keys over its warps' key groups (traits), whose softmaxes and outputs
 // merge_key_groups adds up after the last tile. The variant's fields are
@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
                     });
             }
 
-            if constexpr (eager && !KV_E4M3) {
+            if constexpr (eager || KV_E4M3) {
                 K_addresses.shift(next_stage_shift);
                 V_addresses.shift(next_stage_shift);
                 next_stage_shift = -next_stage_shift;

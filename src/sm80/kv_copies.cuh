@@ -28,20 +28,22 @@ struct KVTileCopies {
     using copied_t = typename Arriving_tile::value_t;
     static constexpr int copied_per_stored = sizeof(copied_t) / sizeof(stored_t);
 
-    // With KV_E4M3, the staged tiles: the copies run STAGED_TILES - 1 tiles ahead of the products
-    // (half the bytes per tile would leave a block half the 16-bit schedule's bytes in flight). In
-    // the shared memory of two 16-bit stages: measured against one tile ahead, 1 x 128k keys 2,005
-    // GB/s both, 8 x 32k 2,192 against 2,117 (H200, benchmarks/HISTORY.md #2026-11-27-fp8-cache):
-    // the per-tile work of the one warp that holds a decode step's rows bounds it, not the bytes.
-    static constexpr int STAGED_TILES = 4;
+    // With KV_E4M3, a three-step pipeline: at tile j the block copies tile j + 2 into a staged
+    // tile, widens tile j + 1 into one of two widened stages and multiplies tile j from the other,
+    // with one barrier per tile, so that a warp's widening (shared-memory loads and stores,
+    // conversions) and its products overlap (benchmarks/HISTORY.md #2026-11-27-key-groups: with
+    // the widening and the products in turns between two barriers a tile issued at two warps per
+    // scheduler and read 42% of the DRAM bandwidth).
+    static constexpr int STAGED_TILES = 2;
+    static constexpr int WIDENED_STAGES = 2;
     // The cp.async groups (a tile's K and V) a thread may leave in flight when its next tile must
     // have landed.
     static constexpr int GROUPS_AHEAD = 2 * (STAGED_TILES - 1);
 
-    // The block's shared memory: the traits' (Q, then each stage's K and V), or with KV_E4M3 Q, one
-    // stage's K and V (the widened tiles, rewritten for every tile), then the staged tiles.
+    // The block's shared memory: the traits' (Q, then each stage's K and V), or with KV_E4M3 Q, two
+    // stages' K and V (the widened tiles), then the staged tiles.
     static constexpr int smem_bytes =
-        KV_E4M3 ? (Kernel::Q_tile::size + Kernel::KV_stage_elems) * static_cast<int>(sizeof(value_t)) +
+        KV_E4M3 ? (Kernel::Q_tile::size + WIDENED_STAGES * Kernel::KV_stage_elems) * static_cast<int>(sizeof(value_t)) +
                       STAGED_TILES * 2 * Staged_tile::size * static_cast<int>(sizeof(uint16_t))
                 : Kernel::smem_bytes;
 
@@ -141,33 +143,41 @@ struct KVTileCopies {
         }
     }
 
-    // KV_E4M3's schedule, before the walk over [begin, end): the copies of its first
-    // STAGED_TILES - 1 tiles, into slots 0, 1, ...
+    // KV_E4M3's schedule, before the walk over [begin, end): the copies of its first two tiles
+    // into staged tiles 0 and 1, and the first one's widening into widened stage 0 once it has
+    // landed. Each thread copies and widens the same chunks (one plan), so it waits for its own
+    // copies alone, and a staged tile it widened is free for its next copy without a barrier.
     __device__ __forceinline__ void stage_first(int begin, int end) const {
-#pragma unroll
-        for (int i = 0; i < STAGED_TILES - 1; ++i)
-            stage(begin + i, end, i);
+        stage(begin, end, 0);
+        stage(begin + 1, end, 1);
+        if constexpr (Kernel::async_copy)
+            ptx::cp_async_wait<GROUPS_AHEAD>();
+        widen_into(0, 0);
     }
 
-    // KV_E4M3's schedule, at tile j of the walk from `begin`: the copies of tile j + STAGED_TILES - 1
-    // issued into the slot tile j - 1 left, tile j's awaited and widened into the K and V tiles once
-    // every warp is done with tile j - 1's, then made visible to the products. Each thread copies
-    // and widens the same chunks (one plan), so a slot it widened is free for its next copy without
-    // a barrier.
+    // KV_E4M3's schedule, at tile j (the i-th of the walk from `begin`), before its products read
+    // widened stage i % 2: tile j + 2's copies issued into the staged tile that tile j left, then,
+    // once tile j + 1 has landed and every warp is done with tile j - 1's products (which read
+    // widened stage (i + 1) % 2) and past one barrier, which also makes tile j's widened values
+    // visible, tile j + 1 widened into that stage.
     __device__ __forceinline__ void widen_next(int KV_block, int begin, int end) const {
         const int i = KV_block - begin;
-        stage(KV_block + STAGED_TILES - 1, end, (i + STAGED_TILES - 1) % STAGED_TILES);
+        stage(KV_block + 2, end, i % STAGED_TILES);
         if constexpr (Kernel::async_copy)
             ptx::cp_async_wait<GROUPS_AHEAD>();
         __syncthreads();
-        widen_tile(K_arriving(i % STAGED_TILES), K_smem(0));
-        widen_tile(V_arriving(i % STAGED_TILES), V_smem(0));
-        __syncthreads();
+        if (KV_block + 1 < end)
+            widen_into((i + 1) % STAGED_TILES, (i + 1) % WIDENED_STAGES);
     }
 
   private:
     __device__ __forceinline__ uint16_t *staging() const {
-        return reinterpret_cast<uint16_t *>(KV_smem + Kernel::KV_stage_elems);
+        return reinterpret_cast<uint16_t *>(KV_smem + WIDENED_STAGES * Kernel::KV_stage_elems);
+    }
+
+    __device__ __forceinline__ void widen_into(int staged, int widened) const {
+        widen_tile(K_arriving(staged), K_smem(widened));
+        widen_tile(V_arriving(staged), V_smem(widened));
     }
 
     // Tile `tile`'s copies into a slot, or past the walk's end two empty groups, so that every tile
