@@ -215,6 +215,11 @@ def test_decode_bench_reads_shapes_and_tabulates_bandwidth_and_ratios():
     host_rows = [dataclasses.replace(row, host_us=us) for row, us in zip(rows[:3], (12.0, 30.0, 15.0))]
     lines = decode_bench.format_table(host_rows, [decode_bench.OURS, decode_bench.FA3, decode_bench.SDPA], "host_us")
     assert lines.splitlines()[2] == "| bf16 | 1 | 8 x 32,768 | 12.0 | 30.0 | 15.0 | 0.400 | 0.800 |"
+    # A paged run's last column: ours on the unpaged cache's time over ours'.
+    paged_rows = [rows[0], dataclasses.replace(rows[0], implementation=decode_bench.UNPAGED, time_ms=0.095)]
+    lines = decode_bench.format_table(paged_rows, [decode_bench.OURS, decode_bench.UNPAGED]).splitlines()
+    assert lines[0].endswith("| ours/FA3 | ours/SDPA | paged/dense |")
+    assert lines[2].endswith("| - | - | 0.950 |")
     # --configs: named configurations, each a column of its own.
     args = decode_bench.parse_args(["--configs", SM90_128.short_form(), CFG_A.short_form()])
     assert args.configs == [SM90_128, CFG_A]

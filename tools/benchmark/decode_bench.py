@@ -37,7 +37,10 @@ ours is checked against SDPA on the dequantised cache instead.
 With --page-size N the cache is paged: pages of N rows in one pool, in random order (--page-order
 sequential: each sequence's pages one after another, as in the dense cache), ours reading it
 through block_table and FA3 through page_table (SDPA, which has no paged form, reads the same keys
-laid out densely; with an e4m3 cache, ours on the 16-bit cache reads the same pages).
+laid out densely; with an e4m3 cache, ours on the 16-bit cache reads the same pages). A paged run
+also times "ours dense", ours on the cache under test as it was before paging, and its last column
+"paged/dense" is that call's time over ours': what paging costs, measured in the same run (a
+shape's time moves from run to run by more than paging costs).
 
 With --graphs each call is captured once in a CUDA graph and its replays are timed: the GPU's time
 alone, as a serving loop that replays a captured decode step sees it (the eager timings of small
@@ -78,6 +81,9 @@ OURS, FA3, SDPA = "ours", "FA3", "SDPA"
 SAME = "same"
 KV_DTYPES = (SAME, *common.FP8_DTYPE_NAMES)
 SPEED_UP = "FP8/16-bit tok/s"
+# A paged run's: ours on the unpaged cache, and the column of its time over ours'.
+UNPAGED = f"{OURS} dense"
+PAGED_OVER_DENSE = "paged/dense"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,19 +215,22 @@ def time_shape(args, dtype_name: str, batch: int, keys: int, seqlen_q: int, fa3,
         # The reason is every SDPA backend's: PyTorch's SDPA takes no FP8.
         missing[SDPA] = common.dtype_refusal("flash", kv_dtype)
     ours_keywords, fa3_keywords = {}, {}
+    unpaged = tested
     if args.page_size:
         # One page table for every cache: ours on the 16-bit cache reads the same pages.
         pools, table = paged([*tested, *compared], args.page_size, args.page_order == "random", generator)
         tested, compared = pools[:2], pools[2:]
         ours_keywords, fa3_keywords = {"block_table": table}, {"page_table": table}
 
-    def ours_on(cache, **keywords):
+    def ours_on(cache, paging=ours_keywords, **keywords):
         return functools.partial(
             flash_attention.flash_attn_with_kvcache, q, *cache, cache_seqlens=cache_seqlens, causal=True,
-            **ours_keywords, **keywords,
+            **paging, **keywords,
         )  # fmt: skip
 
     calls = {OURS: ours_on(tested, **descales)}
+    if args.page_size:
+        calls[UNPAGED] = ours_on(unpaged, {}, **descales)
     if compared:
         calls[sixteen_bit(dtype_name)] = ours_on(compared)
     for splits in args.splits:
@@ -334,7 +343,8 @@ def format_table(rows: list[DecodeTiming], implementations: list[str], field: st
     """One row per shape and a column per implementation: GB/s (field "gbps"), or host microseconds
     per call ("host_us"), and ours over each peer's (of host time: below 1 where ours costs less).
     With an FP8 cache the GB/s table ends with SPEED_UP, the time of ours on the 16-bit cache over
-    ours': the GB/s of the two count the bytes of caches of their own sizes."""
+    ours': the GB/s of the two count the bytes of caches of their own sizes. A paged run's ends with
+    PAGED_OVER_DENSE, the time of ours on the unpaged cache over ours'."""
 
     def shape_of(r: DecodeTiming) -> tuple:
         return r.dtype, r.kv_dtype, r.seqlen_q, r.batch, r.keys
@@ -342,7 +352,8 @@ def format_table(rows: list[DecodeTiming], implementations: list[str], field: st
     shapes = sorted({shape_of(r) for r in rows}, key=lambda s: (s[0], s[1], s[2], s[3] * s[4], s[3]))
     unit = {"gbps": "GB/s", "host_us": "host µs"}[field]
     speed_up = field == "gbps" and any(r.kv_dtype != SAME for r in rows)
-    ratios = ["ours/FA3", "ours/SDPA", *([SPEED_UP] if speed_up else [])]
+    paged = field == "gbps" and any(r.implementation == UNPAGED for r in rows)
+    ratios = ["ours/FA3", "ours/SDPA", *([SPEED_UP] if speed_up else []), *([PAGED_OVER_DENSE] if paged else [])]
     headers = ["dtype", "q", "batch x keys", *(f"{name} {unit}" for name in implementations), *ratios]
     table = []
     for shape in shapes:
@@ -355,9 +366,11 @@ def format_table(rows: list[DecodeTiming], implementations: list[str], field: st
             *(at.get(name, math.nan) for name in implementations),
             ours / at.get(FA3, math.nan), ours / at.get(SDPA, math.nan),
         ]  # fmt: skip
+        times = {r.implementation: r.time_ms for r in at_shape}
         if speed_up:
-            times = {r.implementation: r.time_ms for r in at_shape}
             row.append(times.get(sixteen_bit(dtype), math.nan) / times.get(OURS, math.nan))
+        if paged:
+            row.append(times.get(UNPAGED, math.nan) / times.get(OURS, math.nan))
         table.append(row)
     values = len(headers) - len(ratios)
     value_format = ".0f" if field == "gbps" else ".1f"
@@ -403,7 +416,10 @@ def main(argv: list[str] | None = None) -> int:
                     where = shape_label(dtype_name, args.kv_dtype, seqlen_q, batch, keys)
                     missing.setdefault((name, reason), []).append(where)
     on_16_bit = [sixteen_bit(d) for d in args.dtypes] if args.kv_dtype != SAME else []
-    implementations = [OURS, *on_16_bit, *(f"{OURS}/{s}" for s in args.splits), *map(named, args.configs), FA3, SDPA]
+    unpaged = [UNPAGED] if args.page_size else []
+    implementations = [
+        OURS, *unpaged, *on_16_bit, *(f"{OURS}/{s}" for s in args.splits), *map(named, args.configs), FA3, SDPA
+    ]  # fmt: skip
     print(format_table(rows, implementations))
     for line in missing_lines(missing, len(args.dtypes) * len(args.seqlen_q) * len(args.shapes)):
         print(line)
