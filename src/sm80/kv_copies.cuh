@@ -31,9 +31,9 @@ struct KVTileCopies {
     // With KV_E4M3, a three-step pipeline: at tile j the block copies tile j + 2 into a staged
     // tile, widens tile j + 1 into one of two widened stages and multiplies tile j from the other,
     // with one barrier per tile, so that a warp's widening (shared-memory loads and stores,
-    // conversions) and its products overlap (benchmarks/HISTORY.md #2026-11-27-key-groups: with
-    // the widening and the products in turns between two barriers a tile issued at two warps per
-    // scheduler and read 42% of the DRAM bandwidth).
+    // conversions) and its products overlap. Measured against the widening and the products in
+    // turns between two barriers per tile (four staged tiles): 0 to +2% with one query, up to +7%
+    // with four at 1 x 8k (H200, benchmarks/HISTORY.md #2026-11-27-widen-ahead).
     static constexpr int STAGED_TILES = 2;
     static constexpr int WIDENED_STAGES = 2;
     // The cp.async groups (a tile's K and V) a thread may leave in flight when its next tile must
