@@ -85,6 +85,17 @@ struct StaticHopperKernelConfig {
     static constexpr int producer_registers = fp8 ? 56 : consumer_warpgroups == 2 ? (VARLEN ? 40 : 24) : 32;
     template <bool VARLEN>
     static constexpr int consumer_registers = consumer_warpgroups == 2 ? (fp8 ? 224 : VARLEN ? 232 : 240) : fp8 ? 152 : 160;
+    // setmaxnreg.inc waits until the block has the registers free, and a block has only what its
+    // launch bound (n_threads, one block per multiprocessor) gave every thread: 65,536 over
+    // n_threads, in steps of 8 (168 each at 384 threads, 64,512 in all). A split asking for more
+    // than that hangs the second consumer warpgroup to claim its share.
+    static constexpr int launch_registers = 65536 / n_threads / 8 * 8;
+    template <bool VARLEN>
+    static constexpr bool registers_fit =
+        (producer_registers<VARLEN> + consumer_warpgroups * consumer_registers<VARLEN>) * WARPGROUP_THREADS <=
+        launch_registers * n_threads;
+    static_assert(!moves_registers || (registers_fit<false> && registers_fit<true>),
+                  "the producer's and consumers' registers exceed what the block is launched with");
     // The producer warpgroup's warps after its first (whose first thread issues the loads), which
     // transpose V with e4m3.
     static constexpr int transposer_warps = WARPGROUP_THREADS / WARP_SIZE - 1;
