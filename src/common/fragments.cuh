@@ -26,24 +26,25 @@ struct Accumulators {
     static constexpr int N_tiles = N_tiles_;
     float r[M_tiles][N_tiles][4];
 
-    __device__ __forceinline__ void zero() {
+    // visit(index, value) for every register, tile by tile (row tiles outer), index counting them
+    // from 0 in that order.
+    template <typename Visit>
+    __device__ __forceinline__ void for_each(Visit &&visit) {
 #pragma unroll
         for (int m = 0; m < M_tiles; ++m)
 #pragma unroll
             for (int n = 0; n < N_tiles; ++n)
 #pragma unroll
                 for (int i = 0; i < 4; ++i)
-                    r[m][n][i] = 0.0f;
+                    visit((m * N_tiles + n) * 4 + i, r[m][n][i]);
+    }
+
+    __device__ __forceinline__ void zero() {
+        for_each([](int, float &value) { value = 0.0f; });
     }
 
     __device__ __forceinline__ void scale(float factor) {
-#pragma unroll
-        for (int m = 0; m < M_tiles; ++m)
-#pragma unroll
-            for (int n = 0; n < N_tiles; ++n)
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    r[m][n][i] *= factor;
+        for_each([factor](int, float &value) { value *= factor; });
     }
 };
 

@@ -28,7 +28,6 @@ __device__ __forceinline__ void merge_key_groups(Softmax &softmax, typename Kern
     using Exchange = KeyGroupExchange<Kernel>;
     static_assert(Exchange::bytes <= Kernel::smem_bytes, "the exchange overlays the block's Q, K and V tiles");
     constexpr int M_tiles = Kernel::M_tiles;
-    constexpr int O_tiles = Kernel::O_tiles;
     const int warp = threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
     const int row_group = warp % Kernel::row_warps;
@@ -67,13 +66,7 @@ __device__ __forceinline__ void merge_key_groups(Softmax &softmax, typename Kern
 #pragma unroll
             for (int h = 0; h < 2; ++h)
                 visit(m * 2 + h, softmax.row_sum[m][h]);
-#pragma unroll
-        for (int m = 0; m < M_tiles; ++m)
-#pragma unroll
-            for (int d = 0; d < O_tiles; ++d)
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    visit(M_tiles * 2 + (m * O_tiles + d) * 4 + i, O_acc.r[m][d][i]);
+        O_acc.for_each([&](int index, float &value) { visit(M_tiles * 2 + index, value); });
     };
     const bool leads = warp < Kernel::row_warps;
     if (!leads)
