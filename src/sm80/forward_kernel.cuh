@@ -81,8 +81,10 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     constexpr int B_r = Kernel::B_r;
     constexpr int B_c = Kernel::B_c;
 
-    // Shared memory: Q, then per stage a K and a V tile.
-    extern __shared__ __align__(COPY_BYTES) unsigned char smem[];
+    // Shared memory: Q, then per stage a K and a V tile. Aligned to a swizzle's pass over the banks
+    // (SWIZZLE_CHUNKS chunks), so that the tiles keep their bank pattern even behind static shared
+    // memory, which comes first.
+    extern __shared__ __align__(SWIZZLE_CHUNKS * COPY_BYTES) unsigned char smem[];
     const typename Kernel::Q_tile Q_smem{reinterpret_cast<value_t *>(smem)};
     constexpr int KV_stage_bytes = Kernel::KV_stage_elems * static_cast<int>(sizeof(value_t));
 
