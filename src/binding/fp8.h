@@ -80,32 +80,35 @@ inline void check_kv_dtypes(const at::Tensor &q, const at::Tensor &k, const at::
                          dtype_str(q) + rule);
 }
 
-// One input's factors (name: q_descale, k_descale or v_descale, of `input`), checked against q (on
-// its device) and the problem's batch and heads_kv (params).
+// One input's factors (name: q_descale, k_descale or v_descale, of `input`, called input_name in
+// messages), checked against q (on its device) and the problem's batch and heads_kv.
 inline Descale descale_of(const std::optional<at::Tensor> &given, const char *name, const at::Tensor &input,
-                          const at::Tensor &q, const ForwardParams &params) {
+                          const char *input_name, const at::Tensor &q, int64_t batch, int64_t heads_kv) {
     if (!given)
         return Descale{nullptr, 0, 0};
     const at::Tensor &t = *given;
     if (!is_e4m3(input))
-        throw py::value_error(std::string(name) + ": descales apply to float8_e4m3fn inputs only; " + name[0] + " is " +
+        throw py::value_error(std::string(name) + ": descales apply to float8_e4m3fn inputs only; " + input_name + " is " +
                               torch_name(input.scalar_type()));
     if (t.scalar_type() != at::kFloat)
         throw py::type_error(std::string(name) + ": dtype must be float32, got " + dtype_str(t));
     if (t.device() != q.device())
         throw py::value_error(std::string(name) + ": is on " + t.device().str() + " but q is on " + q.device().str());
-    if (t.dim() != 2 || t.size(0) != params.batch || t.size(1) != params.heads_kv)
+    if (t.dim() != 2 || t.size(0) != batch || t.size(1) != heads_kv)
         throw py::value_error(std::string(name) + ": shape " + shape_str(t) + " must be (batch, heads_kv) = (" +
-                              std::to_string(params.batch) + ", " + std::to_string(params.heads_kv) + ")");
+                              std::to_string(batch) + ", " + std::to_string(heads_kv) + ")");
     return Descale{t.data_ptr<float>(), t.stride(0), t.stride(1)};
 }
 
 // params.descales from the arguments (factors of 1 where none is given).
 inline void set_descales(const Fp8Arguments &args, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                          ForwardParams &params) {
-    params.descales = Descales{descale_of(args.q_descale, "q_descale", q, q, params),
-                               descale_of(args.k_descale, "k_descale", k, q, params),
-                               descale_of(args.v_descale, "v_descale", v, q, params)};
+    const auto of = [&](const std::optional<at::Tensor> &given, const char *name, const at::Tensor &input,
+                        const char *input_name) {
+        return descale_of(given, name, input, input_name, q, params.batch, params.heads_kv);
+    };
+    params.descales = Descales{of(args.q_descale, "q_descale", q, "q"), of(args.k_descale, "k_descale", k, "k"),
+                               of(args.v_descale, "v_descale", v, "v")};
 }
 
 } // namespace flash::binding

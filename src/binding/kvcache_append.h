@@ -54,26 +54,6 @@ inline void check_e4m3_cache_layout(const at::Tensor &cache, const char *name) {
         throw py::value_error(rule + "its data pointer must be 16-byte aligned");
 }
 
-// The factors of an e4m3 cache (name: k_descale or v_descale; cache_name the cache's): float32
-// (batch, heads_kv) on q's device, any strides; none stands for factors of 1.
-inline Descale cache_descale(const std::optional<at::Tensor> &given, const char *name, const at::Tensor &cache,
-                             const char *cache_name, const at::Tensor &q, int64_t batch) {
-    if (!given)
-        return Descale{nullptr, 0, 0};
-    const at::Tensor &t = *given;
-    if (!is_e4m3(cache))
-        throw py::value_error(std::string(name) + ": applies to float8_e4m3fn caches only; " + cache_name + " is " +
-                              torch_name(cache.scalar_type()));
-    if (t.scalar_type() != at::kFloat)
-        throw py::type_error(std::string(name) + ": dtype must be float32, got " + dtype_str(t));
-    if (t.device() != q.device())
-        throw py::value_error(std::string(name) + ": is on " + t.device().str() + " but q is on " + q.device().str());
-    if (t.dim() != 2 || t.size(0) != batch || t.size(1) != cache.size(2))
-        throw py::value_error(std::string(name) + ": shape " + shape_str(t) + " must be (batch, heads_kv) = (" +
-                              std::to_string(batch) + ", " + std::to_string(cache.size(2)) + ")");
-    return Descale{t.data_ptr<float>(), t.stride(0), t.stride(1)};
-}
-
 inline TensorStrides row_strides(const at::Tensor &t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
 // Appends k and v (where given) to the caches at each sequence's `seqlens` and rotates them and q by
@@ -134,8 +114,8 @@ inline at::Tensor append_to_cache(const at::Tensor &q, const at::Tensor &k_cache
     params.batch_idx = batch_idx ? batch_idx->data_ptr<int>() : nullptr;
     params.block_table = block_table ? block_table->data_ptr<int>() : nullptr;
     params.block_table_stride = block_table ? block_table->stride(0) : 0;
-    params.k_descale = cache_descale(k_descale, "k_descale", k_cache, "k_cache", q, batch);
-    params.v_descale = cache_descale(v_descale, "v_descale", v_cache, "v_cache", q, batch);
+    params.k_descale = descale_of(k_descale, "k_descale", k_cache, "k_cache", q, batch, k_cache.size(2));
+    params.v_descale = descale_of(v_descale, "v_descale", v_cache, "v_cache", q, batch, v_cache.size(2));
     if (k) {
         check_rows_tensor(*k, "k", q);
         check_rows_tensor(*v, "v", q);
