@@ -230,6 +230,36 @@ def test_decode_bench_reads_shapes_and_tabulates_bandwidth_and_ratios():
     assert lines.splitlines()[0].startswith(f"| dtype | q | batch x keys | ours GB/s | {named} GB/s |")
 
 
+def test_decode_bench_traces_split_steps_at_the_flush_and_tabulate_them():
+    assert decode_bench.parse_args(["--trace-steps", "20"]).trace_steps == 20
+    with pytest.raises(SystemExit):
+        decode_bench.parse_args(["--trace-steps", "0"])
+    flush = "flush"
+    # Two steps: a forward kernel and a combine that starts inside it (a dependent launch) and ends 2
+    # after it; the second step's kernels listed out of order. What precedes the first flush is not a step.
+    activities = [
+        (0.0, 1.0, "warm-up"),
+        (10.0, 12.0, flush), (13.0, 23.0, "forward"), (14.0, 25.0, "combine"),
+        (30.0, 32.0, flush), (34.0, 36.0, "combine"), (33.0, 35.0, "forward"),
+    ]  # fmt: skip
+    trace = decode_bench.step_trace(activities, {flush})
+    # Steps of 12 and 3; the main kernel is the forward one (10 and 2 of its own; the combines' own
+    # time is what outlasts it, 2 and 1), and 2 and 1 follow it.
+    assert trace == decode_bench.StepTrace(kernels_per_step=2.0, step_us=7.5, main_kernel_us=6.0, after_main_us=1.5)
+    # A short kernel first (a scheduler's) does not hide the main one.
+    planned = [(0.0, 1.0, flush), (2.0, 3.0, "plan"), (3.5, 10.0, "forward"), (10.5, 12.0, "reduce")]
+    trace = decode_bench.step_trace(planned, {flush})
+    assert (trace.kernels_per_step, trace.step_us, trace.main_kernel_us, trace.after_main_us) == (3.0, 10.0, 6.5, 2.0)
+    with pytest.raises(ValueError, match="no step"):
+        decode_bench.step_trace([(0.0, 1.0, flush)], {flush})
+    row = decode_bench.DecodeTiming("bf16", 1, 8192, 1, decode_bench.OURS, 0.02, 1700.0, **dataclasses.asdict(trace))
+    untraced = decode_bench.DecodeTiming("bf16", 1, 8192, 1, decode_bench.SDPA, 0.02, 1700.0)
+    lines = decode_bench.format_traces([untraced, row], [decode_bench.OURS, decode_bench.SDPA]).splitlines()
+    headers = "| dtype | q | batch x keys | implementation | kernels | step µs | main kernel µs | after it µs |"
+    assert lines[0] == headers
+    assert lines[2:] == ["| bf16 | 1 | 1 x 8,192 | ours | 3.0 | 10.00 | 6.50 | 2.00 |"]
+
+
 def test_decode_bench_takes_an_e4m3_cache_with_16_bit_queries(capsys):
     assert decode_bench.parse_args([]).kv_dtype == "same"
     args = decode_bench.parse_args(["--kv-dtype", "e4m3", "--dtypes", "bf16", "half"])

@@ -48,6 +48,16 @@ shapes include the host's time per call). With --host-calls N each call's host t
 measured: N eager calls enqueued back to back (one synchronization at the end), microseconds per
 call, what a model's Python thread pays per decode step and layer; a second table lists it.
 
+With --trace-steps N each call's kernels are also traced, to say where a step's time goes: N calls
+captured in one CUDA graph, each after a 256 MiB memset that leaves L2 cold (as do_bench's timing
+does), replayed under torch.profiler. A last table lists, per shape and implementation, the mean
+over the steps of: the kernels per step; the step (its first kernel's start to its last kernel's
+end, launches inside the graph included); its main kernel's time (the attention's: the kernel with
+the most time of its own, from its start or the end of the kernels running when it started,
+whichever is later, to its end; ours' combine, launched as a dependent of the forward kernel,
+starts while that one runs and waits for it); and what follows the main kernel's end (a split's
+combine, a reduction).
+
 GB/s = bytes of K and V read (batch x keys x heads_kv x d_head x the cache's element size x 2) /
 time: an e4m3 cache is half the bytes of a 16-bit one. The H200's copy ceiling is about 4.3 TB/s.
 Time is the median of triton.testing.do_bench. A peer that does not run at a shape (FA3 raising
@@ -97,6 +107,81 @@ class DecodeTiming:
     gbps: float
     host_us: float = math.nan  # host microseconds per eager call (--host-calls), NaN if not measured
     kv_dtype: str = SAME  # the run's --kv-dtype (an FP8 run's "ours <dtype>" reads the 16-bit cache)
+    # --trace-steps (NaN if not traced): StepTrace's means.
+    kernels_per_step: float = math.nan
+    step_us: float = math.nan
+    main_kernel_us: float = math.nan
+    after_main_us: float = math.nan
+
+
+# --trace-steps: the memset before each traced step, larger than the H200's 50 MB L2.
+FLUSH_BYTES = 256 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTrace:
+    """Means over the traced steps, microseconds (see the module's docstring)."""
+
+    kernels_per_step: float
+    step_us: float
+    main_kernel_us: float
+    after_main_us: float
+
+
+def step_trace(activities: list[tuple[float, float, str]], flush_names: set[str]) -> StepTrace:
+    """The steps of a trace: ``activities`` (start, end, name) of the GPU in microseconds, each step's
+    after one whose name is in ``flush_names`` (the memset before it; what comes before the first is
+    not a step)."""
+    steps: list[list[tuple[float, float, str]]] = []
+    for activity in sorted(activities):
+        if activity[2] in flush_names:
+            steps.append([])
+        elif steps:
+            steps[-1].append(activity)
+    steps = [step for step in steps if step]
+    if not steps:
+        raise ValueError("no step's kernels in the trace")
+
+    def own_time(step, i):
+        """Kernel i's time after the kernels that started before it have ended (step sorted by start)."""
+        start, end, _ = step[i]
+        return end - max([start, *(earlier[1] for earlier in step[:i])])
+
+    totals = [0.0] * 4
+    for step in steps:
+        start, end = step[0][0], max(a[1] for a in step)
+        main = step[max(range(len(step)), key=lambda i: own_time(step, i))]
+        for i, value in enumerate((len(step), end - start, main[1] - main[0], end - main[1])):
+            totals[i] += value
+    return StepTrace(*(total / len(steps) for total in totals))
+
+
+def trace_steps(torch, fn, steps: int) -> StepTrace:
+    """fn's kernels over ``steps`` calls in one CUDA graph, each after a memset of FLUSH_BYTES,
+    replayed under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+
+    def activities_of(run) -> list[tuple[float, float, str]]:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run()
+            torch.cuda.synchronize()
+        return [
+            (e.time_range.start, e.time_range.end, e.name)
+            for e in prof.events()
+            if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start
+        ]
+
+    def flushed_steps():
+        for _ in range(steps):
+            flush.zero_()
+            fn()
+
+    flush_names = {name for _, _, name in activities_of(flush.zero_)}
+    replay = graphed(flushed_steps)
+    replay()  # the first replay uploads the graph
+    return step_trace(activities_of(replay), flush_names)
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -143,6 +228,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--host-calls", type=common.positive_int, help="also time each call's host cost over this many eager calls"
+    )
+    parser.add_argument(
+        "--trace-steps", type=common.positive_int, metavar="N", help="also trace each call's kernels over N steps"
     )
     parser.add_argument("--rep-ms", type=float, default=common.DEFAULT_REP_MS)
     parser.add_argument("--csv", metavar="PATH", help="also write every timing to PATH")
@@ -276,8 +364,11 @@ def time_shape(args, dtype_name: str, batch: int, keys: int, seqlen_q: int, fa3,
         read = kv_bytes(dense if name in (SDPA, sixteen_bit(dtype_name)) else tested)
         time_ms = timer(graphed(calls[name]) if args.graphs else calls[name])
         host = host_us(torch, calls[name], args.host_calls) if args.host_calls else math.nan
+        trace = dataclasses.asdict(trace_steps(torch, calls[name], args.trace_steps)) if args.trace_steps else {}
         timings.append(
-            DecodeTiming(dtype_name, batch, keys, seqlen_q, name, time_ms, read / time_ms / 1e6, host, args.kv_dtype)
+            DecodeTiming(
+                dtype_name, batch, keys, seqlen_q, name, time_ms, read / time_ms / 1e6, host, args.kv_dtype, **trace
+            )
         )
     if descales:
         reference = sdpa_on(*(dequantized(stored, descale, dtype) for stored, descale in fp8))
@@ -378,6 +469,24 @@ def format_table(rows: list[DecodeTiming], implementations: list[str], field: st
     return markdown_table(headers, table, formats)
 
 
+def format_traces(rows: list[DecodeTiming], implementations: list[str]) -> str:
+    """--trace-steps' table: a row per shape and traced implementation, in the GB/s table's orders."""
+    order = {name: i for i, name in enumerate(implementations)}
+    traced = sorted(
+        (r for r in rows if not math.isnan(r.step_us)),
+        key=lambda r: (
+            r.dtype, r.kv_dtype, r.seqlen_q, r.batch * r.keys, r.batch, order.get(r.implementation, len(order))
+        ),  # fmt: skip
+    )
+    headers = ["dtype", "q", "batch x keys", "implementation", "kernels", "step µs", "main kernel µs", "after it µs"]
+    table = [
+        [dtype_cell(r.dtype, r.kv_dtype), r.seqlen_q, f"{r.batch} x {r.keys:,}", r.implementation,
+         r.kernels_per_step, r.step_us, r.main_kernel_us, r.after_main_us]
+        for r in traced
+    ]  # fmt: skip
+    return markdown_table(headers, table, {4: ".1f", 5: ".2f", 6: ".2f", 7: ".2f"})
+
+
 def missing_lines(missing: dict[tuple[str, str], list[str]], shapes: int) -> list[str]:
     """Per implementation and reason (``missing``: the shapes where it did not run, for that
     reason, out of ``shapes``), where and why."""
@@ -425,6 +534,8 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     if args.host_calls:
         print(format_table(rows, implementations, "host_us"))
+    if args.trace_steps:
+        print(format_traces(rows, implementations))
     if args.csv:
         common.write_csv(args.csv, rows)
     for failure in failures:
