@@ -9,8 +9,8 @@
 
 namespace flash {
 
-// The most splits a call takes (the combine loads each row's partial log-sum-exps with a thread
-// per split, and the partial buffers grow with the count).
+// The most splits a call takes (each lane of the combine's warp per row holds the partial
+// log-sum-exps of MAX_SPLITS / 32 splits in registers, and the partial buffers grow with the count).
 constexpr int MAX_SPLITS = 128;
 
 // Reads the partial buffers of params.split for the rows of every sequence (params.sequences, as
