@@ -509,6 +509,22 @@ def sustained_ms(fn: Callable[[], object], seconds: float) -> float:
     return loop(seconds)
 
 
+def gpu_activities(run: Callable[[], object]) -> list[tuple[float, float, str]]:
+    """(start µs, end µs, name) of every GPU activity (kernels, copies, memsets) ``run`` causes, from
+    the PyTorch profiler, in the profiler's order; ``run`` is synchronized before the profile ends."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        run()
+        torch.cuda.synchronize()
+    return [
+        (event.time_range.start, event.time_range.end, event.name)
+        for event in profiler.events()
+        if event.device_type == torch.autograd.DeviceType.CUDA
+    ]
+
+
 def make_timer(
     rep_ms: float = DEFAULT_REP_MS, sustain_s: float = 0.0
 ) -> tuple[Callable[[Callable[[], object]], float], str]:

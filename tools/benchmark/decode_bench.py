@@ -159,29 +159,17 @@ def step_trace(activities: list[tuple[float, float, str]], flush_names: set[str]
 def trace_steps(torch, fn, steps: int) -> StepTrace:
     """fn's kernels over ``steps`` calls in one CUDA graph, each after a memset of FLUSH_BYTES,
     replayed under torch.profiler."""
-    from torch.profiler import ProfilerActivity, profile
-
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-
-    def activities_of(run) -> list[tuple[float, float, str]]:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            run()
-            torch.cuda.synchronize()
-        return [
-            (e.time_range.start, e.time_range.end, e.name)
-            for e in prof.events()
-            if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start
-        ]
 
     def flushed_steps():
         for _ in range(steps):
             flush.zero_()
             fn()
 
-    flush_names = {name for _, _, name in activities_of(flush.zero_)}
+    flush_names = {name for _, _, name in common.gpu_activities(flush.zero_)}
     replay = graphed(flushed_steps)
     replay()  # the first replay uploads the graph
-    return step_trace(activities_of(replay), flush_names)
+    return step_trace(common.gpu_activities(replay), flush_names)
 
 
 def parse_shape(text: str) -> tuple[int, int]:

@@ -301,19 +301,15 @@ def kernel_times(events: list[tuple[str, float]], calls: int) -> list[KernelTime
 def profile_kernels(call: Callable) -> list[KernelTime]:
     """The kernels of ``call``, from the PyTorch profiler over KERNEL_TIME_CALLS calls."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     call()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+
+    def calls():
         for _ in range(KERNEL_TIME_CALLS):
             call()
-        torch.cuda.synchronize()
-    events = [
-        (event.name, event.device_time)
-        for event in profiler.events()
-        if event.device_type == torch.autograd.DeviceType.CUDA
-    ]
+
+    events = [(name, end - start) for start, end, name in common.gpu_activities(calls)]
     return kernel_times(events, KERNEL_TIME_CALLS)
 
 
