@@ -260,6 +260,24 @@ def test_decode_bench_traces_split_steps_at_the_flush_and_tabulate_them():
     assert lines[2:] == ["| bf16 | 1 | 1 x 8,192 | ours | 3.0 | 10.00 | 6.50 | 2.00 |"]
 
 
+@pytest.mark.gpu
+def test_decode_bench_traces_a_steps_kernels_on_the_gpu():
+    torch = pytest.importorskip("torch")
+    a = torch.randn(1024, 1024, device="cuda", dtype=torch.float16)
+    out = torch.empty_like(a)
+
+    def step():  # an elementwise kernel, then the longer matrix product's
+        torch.add(a, 1, out=out)
+        torch.matmul(a, a, out=out)
+
+    trace = decode_bench.trace_steps(torch, step, 5)
+    # The flush before each step splits the trace into steps and is no kernel of theirs (the
+    # elementwise kernel differs from the flush's fill by its dtype).
+    assert 2.0 <= trace.kernels_per_step <= 4.0
+    assert 0.0 < trace.main_kernel_us <= trace.step_us
+    assert trace.after_main_us < trace.main_kernel_us
+
+
 def test_decode_bench_takes_an_e4m3_cache_with_16_bit_queries(capsys):
     assert decode_bench.parse_args([]).kv_dtype == "same"
     args = decode_bench.parse_args(["--kv-dtype", "e4m3", "--dtypes", "bf16", "half"])
