@@ -1,8 +1,8 @@
 """FP8 KV caches in decoding: float8_e4m3fn k_cache and v_cache with k_descale and v_descale beside
 float16 or bfloat16 queries, read by the SM80 family's decoding configurations (the e4m3 tiles
-widened to q's type in shared memory). Against the float32 reference on the dequantised cache, and,
-with descales that are powers of two (the dequantised values then exact in q's type), within
-float32's rounding order of the same call on a 16-bit cache of those values (paged: bit for bit
+widened to float16 in registers). Against the float32 reference on the dequantised cache, and,
+with descales that are powers of two (the dequantised values then exact in q's type), within a unit
+in the last place of the same call on a 16-bit cache of those values (paged: bit for bit
 against the dense FP8 cache): dense and paged, whole and split, one and
 several queries with grouped heads, every mask kind and the score modifications; flash_attn_func
 and flash_attn_varlen_func take such k and v too. The append's quantisation has its own tests
@@ -70,10 +70,11 @@ MASKS = {
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_an_fp8_cache_computes_as_the_16_bit_cache_of_its_values(dtype, d_head, mask, heads, seqlen_q, num_splits, rng):
     """With power-of-two descales the kernels' work on the FP8 cache is that on the 16-bit cache of
-    the dequantised values, but for float32 rounding order: the two kernels are compiled apart, and
-    the compiler may fuse a multiply and an add in one and not the other (measured: lse a unit in
-    the last place apart, a few outputs a few units of their own last place). The output meets the
-    float32 reference and repeats bit for bit."""
+    the dequantised values, but for float32 rounding order (the FP8 cache's products sum d_head in
+    another order, and the compiler may fuse a multiply and an add in one kernel and not the other)
+    and, beside bfloat16 queries, probabilities rounded to float16 rather than bfloat16: lse a few
+    float32 units in the last place apart, outputs a unit in the last place of the largest. The
+    output meets the float32 reference and repeats bit for bit."""
     batch, seqlen_k = 3, 1500
     k8, v8, k_descale, v_descale, k16, v16 = _cache(rng, dtype, batch, seqlen_k, heads[1], d_head)
     q = helpers.random_tensor((batch, seqlen_q, heads[0], d_head), dtype, rng)

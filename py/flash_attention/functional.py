@@ -133,9 +133,9 @@ def forward(
     on. The descales and out_dtype are refused with 16-bit inputs (out_dtype may only repeat q's
     dtype), but for an FP8 cache: k and v of torch.float8_e4m3fn beside float16 or bfloat16 q,
     dequantised by k_descale and v_descale as above (q_descale refused), run on the SM80 family's
-    decoding configurations (d_head up to 128: 64 and 128 in a default build), which widen each
-    e4m3 tile to q's type in shared memory; whole or split, dense, per sequence or paged; o has q's
-    dtype.
+    decoding configurations (d_head up to 128: 64 and 128 in a default build), which read the e4m3
+    tiles and widen them to float16 in registers; whole or split, dense, per sequence or paged; o has
+    q's dtype.
     """
     if cfg is not None and not isinstance(cfg, (str, *FAMILIES.values())):
         raise TypeError(

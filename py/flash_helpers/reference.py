@@ -53,9 +53,10 @@ float32's criterion allows 2^-13 (1 + E_i)); FP8_LSE_RTOL = 2^-10 allows four ti
 An FP8 cache (``Fp8CacheReference``: float8_e4m3fn k and v with k_descale and v_descale beside 16-bit
 q) is compared as 16-bit inputs are: ref32 is attention in float32 on q and the dequantised cache,
 ref16 the same math in q's dtype on the dequantised cache rounded to it (what a 16-bit cache of
-those values would hold). The kernels widen the e4m3 values exactly, multiply k's factor into the
-softmax scale and v's into the output: with factors that are powers of two their computation is
-that of the 16-bit cache but for float32 rounding order, and otherwise no coarser.
+those values would hold). The kernels widen the e4m3 values exactly (to float16), multiply k's factor
+into the softmax scale and v's into the output: with factors that are powers of two their computation
+is that of the 16-bit cache but for float32 rounding order and, beside bfloat16 q, probabilities
+rounded to float16 (finer than bfloat16), and otherwise no coarser.
 
 Variable-length batches (``VarlenReference``) are references of the same kind, one per sequence:
 each sequence's used query rows attend its used keys, with the masks and the ALiBi distance

@@ -6,8 +6,8 @@
 // varlen (per-sequence lengths, paged caches), so the decoding configuration (of the SM80 family),
 // the split over the keys and grouped-query packing (binding/grouped_query_packing.h) never take
 // such a call: it runs whole on a Hopper kernel as it comes. An FP8 cache runs on the SM80
-// family's decoding configurations, which widen its tiles to q's type (a problem variant of their
-// own, ProblemVariant::kv_e4m3), packed and split as a 16-bit cache is.
+// family's decoding configurations, which read its e4m3 tiles and widen them in registers (a problem
+// variant of their own, ProblemVariant::kv_e4m3), packed and split as a 16-bit cache is.
 #pragma once
 
 #include <optional>

@@ -26,8 +26,8 @@ struct ProblemVariant {
     bool varlen;
     // K and V are an FP8 cache: e4m3 values with per-(batch, kv head) dequantisation factors, read
     // beside 16-bit queries (ForwardParams::descales k and v). Compiled with varlen only, for the
-    // SM80 family's decoding configurations, which widen each tile to the queries' type on its way
-    // into shared memory.
+    // SM80 family's decoding configurations, whose products read the e4m3 tiles in shared memory
+    // and widen them to float16 in registers.
     bool kv_e4m3 = false;
 
     constexpr auto operator<=>(const ProblemVariant &) const = default;

@@ -38,6 +38,13 @@ __device__ __forceinline__ float to_float(value_t x) {
         return __bfloat162float(x);
 }
 
+// The two 16-bit values of one register as floats, the low half's in x (pack_pair's inverse).
+template <typename value_t>
+__device__ __forceinline__ float2 unpack_pair(uint32_t pair) {
+    const uint16_t lo = pair & 0xffffu, hi = pair >> 16;
+    return make_float2(to_float(*reinterpret_cast<const value_t *>(&lo)), to_float(*reinterpret_cast<const value_t *>(&hi)));
+}
+
 template <typename value_t>
 __device__ __forceinline__ value_t from_float(float x) {
     if constexpr (std::is_same_v<value_t, half>)

@@ -18,6 +18,7 @@
 #include "common/masking.cuh"
 #include "common/online_softmax.cuh"
 #include "common/softmax_epilogue.cuh"
+#include "sm80/e4m3_cache.cuh"
 #include "sm80/epilogue.cuh"
 #include "sm80/key_groups.cuh"
 #include "sm80/kv_copies.cuh"
@@ -62,8 +63,8 @@ struct QKChunkFragments {
 // blocks past a shorter one's rows have nothing to do; it also splits the keys when the call asks
 // (SplitKV): the grid's x then counts num_splits runs of query blocks, and each block walks its
 // split's tiles and writes partial results. With KV_E4M3 (varlen only) K and V are an FP8 cache:
-// the copies run two tiles ahead, and each tile is widened to q's type in shared memory one tile
-// ahead of the products (KVTileCopies::widen_next; two stages, whatever eager says), k's dequantisation
+// the copies run two tiles ahead (KVTileCopies::stage_next; three slots, whatever eager says), the
+// products read the e4m3 tiles and widen them in registers (E4M3CacheProducts), k's dequantisation
 // factor multiplies the softmax scale and v's the output. A block of fewer than 16 query rows per
 // warp splits each tile's keys over its warps' key groups (traits), whose softmaxes and outputs
 // merge_key_groups adds up after the last tile. The variant's fields are
@@ -154,11 +155,13 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
 
     if (!tiles.empty()) {
         // Per-lane ldmatrix addresses, computed once: each fragment load adds a compile-time
-        // offset. K's and V's move between the two stages in place, so no second set stays live.
+        // offset. K's and V's move between the two stages in place, so no second set stays live
+        // (an FP8 cache's between its three slots).
         const auto Q_addresses = A_addresses(Q_smem, warp_first_row);
-        auto K_addresses = B_from_rows_n_addresses(KV_copies.K_smem(0), warp_first_key);
-        auto V_addresses = B_from_rows_k_addresses(KV_copies.V_smem(0), warp_first_key);
+        auto K_addresses = B_from_rows_n_addresses(KV_copies.K_arriving(0), warp_first_key);
+        auto V_addresses = B_from_rows_k_addresses(KV_copies.V_arriving(0), warp_first_key);
         int next_stage_shift = KV_stage_bytes;
+        std::conditional_t<KV_E4M3, E4M3CacheProducts<Kernel>, NoFragments> e4m3;
         // A paged copy looks up each row group's page before its copies can start, so when eager it
         // issues tile j + 1 before waiting for tile j (two tiles in flight, at a second barrier per
         // tile): paged decoding 1.5 to 2.5% faster; the dense copy measured ~1% slower that way
@@ -188,8 +191,12 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
         // The copies a thread may leave in flight once Q has landed: the KV tiles issued after it.
         constexpr int KV_groups_ahead = KV_E4M3 ? KVCopies::GROUPS_AHEAD : eager ? 2 : 0;
         typename Kernel::Q_fragments Q_frags;
-        if constexpr (Kernel::Q_in_registers) {
+        if constexpr (KV_E4M3) {
             wait_for_copies<Kernel, KV_groups_ahead>(); // Q has landed; the first KV tiles may be in flight
+            if (warp_has_rows)
+                e4m3.load_Q(Q_smem, warp_first_row);
+        } else if constexpr (Kernel::Q_in_registers) {
+            wait_for_copies<Kernel, KV_groups_ahead>();
             load_A(Q_frags, Q_addresses, 0);
         }
 
@@ -197,7 +204,7 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
         // to be whole, so the copies need no predicates.
         const auto process_KV_tile = [&](int KV_block, auto first_tile, auto masked, auto copies_whole) {
             if constexpr (KV_E4M3) {
-                KV_copies.widen_next(KV_block, tiles.begin, tiles.end);
+                KV_copies.stage_next(KV_block, tiles.begin, tiles.end);
             } else if constexpr (eager) {
                 const int stage = (KV_block - tiles.begin) % 2;
                 const bool has_next = KV_block + 1 < tiles.end;
@@ -228,18 +235,22 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
             if (warp_has_rows) {
                 S_acc.zero();
                 using QK_fragments = QKChunkFragments<Kernel>;
-                chunked_product<Kernel::QK_chunks, Kernel::mma_double_buffer_loads, QK_fragments>(
-                    [&](int chunk, QK_fragments &f) {
-                        load_B_from_rows_n(f.K, K_addresses, chunk * Kernel::K_slices_per_load);
-                        if constexpr (!Kernel::Q_in_registers)
-                            load_A(f.Q, Q_addresses, chunk * Kernel::K_slices_per_load);
-                    },
-                    [&](int chunk, const QK_fragments &f) {
-                        if constexpr (Kernel::Q_in_registers)
-                            warp_gemm<value_t>(S_acc, Q_frags, chunk * Kernel::K_slices_per_load, f.K);
-                        else
-                            warp_gemm<value_t>(S_acc, f.Q, 0, f.K);
-                    });
+                if constexpr (KV_E4M3) {
+                    e4m3.scores(S_acc, K_addresses);
+                } else {
+                    chunked_product<Kernel::QK_chunks, Kernel::mma_double_buffer_loads, QK_fragments>(
+                        [&](int chunk, QK_fragments &f) {
+                            load_B_from_rows_n(f.K, K_addresses, chunk * Kernel::K_slices_per_load);
+                            if constexpr (!Kernel::Q_in_registers)
+                                load_A(f.Q, Q_addresses, chunk * Kernel::K_slices_per_load);
+                        },
+                        [&](int chunk, const QK_fragments &f) {
+                            if constexpr (Kernel::Q_in_registers)
+                                warp_gemm<value_t>(S_acc, Q_frags, chunk * Kernel::K_slices_per_load, f.K);
+                            else
+                                warp_gemm<value_t>(S_acc, f.Q, 0, f.K);
+                        });
+                }
 
                 if constexpr (SCORE_MODS)
                     score_mods.apply(S_acc, params, Q_first_row + warp_first_row, KV_block * B_c + warp_first_key);
@@ -247,23 +258,34 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
                     apply_mask<MASK, MASKED_TAILS>(S_acc, params, Q_first_row + warp_first_row,
                                                    KV_block * B_c + warp_first_key);
                 softmax.template update<decltype(first_tile)::value>(S_acc, O_acc, score_scale);
-                accumulators_to_A<value_t>(P_frags, S_acc);
+                accumulators_to_A<std::conditional_t<KV_E4M3, half, value_t>>(P_frags, S_acc);
             }
 
             if constexpr (!eager && !KV_E4M3)
                 wait_for_copies<Kernel, 0>(); // V_j has landed
             if (warp_has_rows) {
                 using V_fragments = typename Kernel::V_fragments;
-                chunked_product<Kernel::PV_chunks, Kernel::mma_double_buffer_loads, V_fragments>(
-                    [&](int chunk, V_fragments &f) {
-                        load_B_from_rows_k(f, V_addresses, chunk * Kernel::V_slices_per_load);
-                    },
-                    [&](int chunk, const V_fragments &f) {
-                        warp_gemm<value_t>(O_acc, P_frags, chunk * Kernel::V_slices_per_load, f);
-                    });
+                if constexpr (KV_E4M3) {
+                    e4m3.accumulate(O_acc, P_frags, V_addresses);
+                } else {
+                    chunked_product<Kernel::PV_chunks, Kernel::mma_double_buffer_loads, V_fragments>(
+                        [&](int chunk, V_fragments &f) {
+                            load_B_from_rows_k(f, V_addresses, chunk * Kernel::V_slices_per_load);
+                        },
+                        [&](int chunk, const V_fragments &f) {
+                            warp_gemm<value_t>(O_acc, P_frags, chunk * Kernel::V_slices_per_load, f);
+                        });
+                }
             }
 
-            if constexpr (eager || KV_E4M3) {
+            if constexpr (KV_E4M3) {
+                // Slots 0, 1, 2, 0, ...: from the last slot back to the first.
+                constexpr int slots = KVCopies::STAGED_TILES;
+                const bool last_slot = (KV_block - tiles.begin) % slots == slots - 1;
+                const int shift = (last_slot ? 1 - slots : 1) * KVCopies::staged_slot_bytes;
+                K_addresses.shift(shift);
+                V_addresses.shift(shift);
+            } else if constexpr (eager) {
                 K_addresses.shift(next_stage_shift);
                 V_addresses.shift(next_stage_shift);
                 next_stage_shift = -next_stage_shift;
@@ -292,9 +314,11 @@ __global__ void __launch_bounds__(Kernel::n_threads) flash_forward_kernel(const 
     }
 
     if constexpr (Kernel::key_groups > 1)
-        merge_key_groups<Kernel>(softmax, O_acc, reinterpret_cast<float *>(smem), score_scale);
-    if constexpr (KV_E4M3)
+        merge_key_groups<Kernel, KVCopies::smem_bytes>(softmax, O_acc, reinterpret_cast<float *>(smem), score_scale);
+    if constexpr (KV_E4M3) {
+        E4M3CacheProducts<Kernel>::unpermute_O(O_acc);
         O_acc.scale(descale_at(params.descales.v, batch, kv_head));
+    }
     if (num_splits > 1) {
         if (!warp_holds_result)
             return;

@@ -21,12 +21,12 @@ struct KeyGroupExchange {
 // After the last KV tile, with every warp of the block: moves each warp's softmax to the largest
 // reference maxima of its rows over the key groups, then adds the row sums and outputs of groups 1
 // onwards into group 0's warps, group by group in order, so the result does not depend on timing.
-// exchange: the block's shared memory, which no warp reads after its last tile.
-template <typename Kernel, typename Softmax>
+// exchange: the block's shared memory (smem_bytes of it), which no warp reads after its last tile.
+template <typename Kernel, int smem_bytes, typename Softmax>
 __device__ __forceinline__ void merge_key_groups(Softmax &softmax, typename Kernel::O_accumulators &O_acc,
                                                  float *exchange, float score_scale) {
     using Exchange = KeyGroupExchange<Kernel>;
-    static_assert(Exchange::bytes <= Kernel::smem_bytes, "the exchange overlays the block's Q, K and V tiles");
+    static_assert(Exchange::bytes <= smem_bytes, "the exchange overlays the block's Q, K and V tiles");
     constexpr int M_tiles = Kernel::M_tiles;
     const int warp = threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;

@@ -1,14 +1,12 @@
 // The SM80 family's K and V tiles in shared memory (per stage, after Q) and the copies that fill
 // them from one (batch, kv_head)'s rows, or with VARLEN from a paged cache's pages. With KV_E4M3 the
-// rows are an FP8 cache's e4m3 values: each tile arrives in a staging tile of its own and is
-// widened to q's type in shared memory (widen_next), so that the products read it as they read a
-// 16-bit tile.
+// rows are an FP8 cache's e4m3 values, which stay e4m3 in shared memory: the products read them
+// there and widen them in registers (e4m3_cache.cuh).
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 
-#include "common/e4m3.cuh"
 #include "common/forward_params.h"
 #include "common/sequence.cuh"
 #include "sm80/load_store.cuh"
@@ -28,27 +26,24 @@ struct KVTileCopies {
     using copied_t = typename Arriving_tile::value_t;
     static constexpr int copied_per_stored = sizeof(copied_t) / sizeof(stored_t);
 
-    // With KV_E4M3, a three-step pipeline: at tile j the block copies tile j + 2 into a staged
-    // tile, widens tile j + 1 into one of two widened stages and multiplies tile j from the other,
-    // with one barrier per tile, so that a warp's widening (shared-memory loads and stores,
-    // conversions) and its products overlap. Measured against the widening and the products in
-    // turns between two barriers per tile (four staged tiles): 0 to +2% with one query, up to +7%
-    // with four at 1 x 8k (H200, benchmarks/HISTORY.md #2026-11-27-widen-ahead).
-    static constexpr int STAGED_TILES = 2;
-    static constexpr int WIDENED_STAGES = 2;
+    // With KV_E4M3, tiles are copied two ahead of the products into three slots: at tile j the
+    // block waits for tile j, meets one barrier (every warp is done with tile j - 1's slot), copies
+    // tile j + 2 there and multiplies tile j. An e4m3 tile is half a 16-bit tile's bytes, so two in
+    // flight keep as many bytes arriving as the 16-bit schedule's one.
+    static constexpr int STAGED_TILES = 3;
     // The cp.async groups (a tile's K and V) a thread may leave in flight when its next tile must
     // have landed.
-    static constexpr int GROUPS_AHEAD = 2 * (STAGED_TILES - 1);
+    static constexpr int GROUPS_AHEAD = 2 * (STAGED_TILES - 2);
+    static constexpr int staged_slot_bytes = 2 * Staged_tile::size * static_cast<int>(sizeof(uint16_t));
 
-    // The block's shared memory: the traits' (Q, then each stage's K and V), or with KV_E4M3 Q, two
-    // stages' K and V (the widened tiles), then the staged tiles.
+    // The block's shared memory: the traits' (Q, then each stage's K and V), or with KV_E4M3 Q, then
+    // the staged tiles' slots.
     static constexpr int smem_bytes =
-        KV_E4M3 ? (Kernel::Q_tile::size + WIDENED_STAGES * Kernel::KV_stage_elems) * static_cast<int>(sizeof(value_t)) +
-                      STAGED_TILES * 2 * Staged_tile::size * static_cast<int>(sizeof(uint16_t))
+        KV_E4M3 ? Kernel::Q_tile::size * static_cast<int>(sizeof(value_t)) + STAGED_TILES * staged_slot_bytes
                 : Kernel::smem_bytes;
 
     const ForwardParams &params;
-    value_t *KV_smem; // the first stage's K tile
+    value_t *KV_smem; // the first stage's K tile (with KV_E4M3, the first slot's)
     const stored_t *K; // the first key's row (paged: row 0 of page 0, at the head)
     const stored_t *V;
     int64_t K_tile_stride;
@@ -89,8 +84,8 @@ struct KVTileCopies {
         return KV_tile{KV_smem + stage * Kernel::KV_stage_elems + KV_tile::size};
     }
 
-    // Where a stage's K and V tiles arrive: the tiles themselves, or with KV_E4M3 the staging tiles
-    // of that slot.
+    // Where a stage's K and V tiles arrive: the tiles themselves, or with KV_E4M3 that slot's staged
+    // tiles.
     __device__ __forceinline__ Arriving_tile K_arriving(int stage) const {
         if constexpr (KV_E4M3)
             return Staged_tile{staging() + 2 * stage * Staged_tile::size};
@@ -144,41 +139,25 @@ struct KVTileCopies {
     }
 
     // KV_E4M3's schedule, before the walk over [begin, end): the copies of its first two tiles
-    // into staged tiles 0 and 1, and the first one's widening into widened stage 0 once it has
-    // landed. Each thread copies and widens the same chunks (one plan), so it waits for its own
-    // copies alone, and a staged tile it widened is free for its next copy without a barrier.
+    // into slots 0 and 1.
     __device__ __forceinline__ void stage_first(int begin, int end) const {
         stage(begin, end, 0);
         stage(begin + 1, end, 1);
-        if constexpr (Kernel::async_copy)
-            ptx::cp_async_wait<GROUPS_AHEAD>();
-        widen_into(0, 0);
     }
 
     // KV_E4M3's schedule, at tile j (the i-th of the walk from `begin`), before its products read
-    // widened stage i % 2: tile j + 2's copies issued into the staged tile that tile j left, then,
-    // once tile j + 1 has landed and every warp is done with tile j - 1's products (which read
-    // widened stage (i + 1) % 2) and past one barrier, which also makes tile j's widened values
-    // visible, tile j + 1 widened into that stage.
-    __device__ __forceinline__ void widen_next(int KV_block, int begin, int end) const {
+    // slot i % 3: once tile j has landed and past one barrier (tile j visible to every warp, and
+    // every warp done with tile j - 1's products), tile j + 2's copies into the slot tile j - 1 left.
+    __device__ __forceinline__ void stage_next(int KV_block, int begin, int end) const {
         const int i = KV_block - begin;
-        stage(KV_block + 2, end, i % STAGED_TILES);
         if constexpr (Kernel::async_copy)
             ptx::cp_async_wait<GROUPS_AHEAD>();
         __syncthreads();
-        if (KV_block + 1 < end)
-            widen_into((i + 1) % STAGED_TILES, (i + 1) % WIDENED_STAGES);
+        stage(KV_block + 2, end, (i + 2) % STAGED_TILES);
     }
 
   private:
-    __device__ __forceinline__ uint16_t *staging() const {
-        return reinterpret_cast<uint16_t *>(KV_smem + WIDENED_STAGES * Kernel::KV_stage_elems);
-    }
-
-    __device__ __forceinline__ void widen_into(int staged, int widened) const {
-        widen_tile(K_arriving(staged), K_smem(widened));
-        widen_tile(V_arriving(staged), V_smem(widened));
-    }
+    __device__ __forceinline__ uint16_t *staging() const { return reinterpret_cast<uint16_t *>(KV_smem); }
 
     // Tile `tile`'s copies into a slot, or past the walk's end two empty groups, so that every tile
     // of the walk is GROUPS_AHEAD groups behind the last.
@@ -194,22 +173,6 @@ struct KVTileCopies {
 
     static __device__ __forceinline__ const copied_t *copied(const stored_t *p) {
         return reinterpret_cast<const copied_t *>(p);
-    }
-
-    // Each 16-byte chunk of 16 e4m3 values becomes the two 16-byte chunks of their 16-bit values, at
-    // the same row and twice the column (zeros, the copies' fill past a tile's keys or d_head, widen
-    // to zeros).
-    static __device__ __forceinline__ void widen_tile(const Staged_tile &src, const KV_tile &dst) {
-#pragma unroll
-        for (int i = 0; i < Plan::steps; ++i) {
-            if (!Plan::exists(i))
-                continue;
-            const int row = Plan::row(i), col = Plan::col(i);
-            const uint4 bytes = *reinterpret_cast<const uint4 *>(src.at(row, col));
-            *reinterpret_cast<uint4 *>(dst.at(row, 2 * col)) = widen_e4m3x8<value_t>(uint2{bytes.x, bytes.y});
-            *reinterpret_cast<uint4 *>(dst.at(row, 2 * col + ELEMS_PER_COPY)) =
-                widen_e4m3x8<value_t>(uint2{bytes.z, bytes.w});
-        }
     }
 };
 
