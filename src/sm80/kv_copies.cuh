@@ -26,10 +26,12 @@ struct KVTileCopies {
     using copied_t = typename Arriving_tile::value_t;
     static constexpr int copied_per_stored = sizeof(copied_t) / sizeof(stored_t);
 
-    // With KV_E4M3, tiles are copied two ahead of the products into three slots: at tile j the
-    // block waits for tile j, meets one barrier (every warp is done with tile j - 1's slot), copies
-    // tile j + 2 there and multiplies tile j. An e4m3 tile is half a 16-bit tile's bytes, so two in
-    // flight keep as many bytes arriving as the 16-bit schedule's one.
+    // With KV_E4M3, tiles are copied STAGED_TILES - 1 ahead of the products, each into a slot of
+    // its own: at tile j the block waits for tile j, meets one barrier (every warp is done with
+    // tile j - 1's slot), copies tile j + STAGED_TILES - 1 there and multiplies tile j. An e4m3
+    // tile is half a 16-bit tile's bytes, so two in flight keep as many bytes arriving as the
+    // 16-bit schedule's one; three measured no faster (H200, benchmarks/HISTORY.md
+    // #2026-11-28-fp8-cache-registers).
     static constexpr int STAGED_TILES = 3;
     // The cp.async groups (a tile's K and V) a thread may leave in flight when its next tile must
     // have landed.
@@ -138,22 +140,24 @@ struct KVTileCopies {
         }
     }
 
-    // KV_E4M3's schedule, before the walk over [begin, end): the copies of its first two tiles
-    // into slots 0 and 1.
+    // KV_E4M3's schedule, before the walk over [begin, end): the copies of its first
+    // STAGED_TILES - 1 tiles into the slots of those numbers.
     __device__ __forceinline__ void stage_first(int begin, int end) const {
-        stage(begin, end, 0);
-        stage(begin + 1, end, 1);
+#pragma unroll
+        for (int slot = 0; slot < STAGED_TILES - 1; ++slot)
+            stage(begin + slot, end, slot);
     }
 
     // KV_E4M3's schedule, at tile j (the i-th of the walk from `begin`), before its products read
-    // slot i % 3: once tile j has landed and past one barrier (tile j visible to every warp, and
-    // every warp done with tile j - 1's products), tile j + 2's copies into the slot tile j - 1 left.
+    // slot i % STAGED_TILES: once tile j has landed and past one barrier (tile j visible to every
+    // warp, and every warp done with tile j - 1's products), tile j + STAGED_TILES - 1's copies
+    // into the slot tile j - 1 left.
     __device__ __forceinline__ void stage_next(int KV_block, int begin, int end) const {
-        const int i = KV_block - begin;
+        const int ahead = STAGED_TILES - 1;
         if constexpr (Kernel::async_copy)
             ptx::cp_async_wait<GROUPS_AHEAD>();
         __syncthreads();
-        stage(KV_block + 2, end, (i + 2) % STAGED_TILES);
+        stage(KV_block + ahead, end, (KV_block - begin + ahead) % STAGED_TILES);
     }
 
   private:
