@@ -30,8 +30,9 @@ struct KVTileCopies {
     // its own: at tile j the block waits for tile j, meets one barrier (every warp is done with
     // tile j - 1's slot), copies tile j + STAGED_TILES - 1 there and multiplies tile j. An e4m3
     // tile is half a 16-bit tile's bytes, so two in flight keep as many bytes arriving as the
-    // 16-bit schedule's one; three measured no faster (H200, benchmarks/HISTORY.md
-    // #2026-11-28-fp8-cache-registers).
+    // 16-bit schedule's one. Four slots, with tile j + 2's copies issued before the wait for tile
+    // j (so that a paged copy's page lookups overlap the wait), measured no faster paged and 1 to
+    // 3% slower dense (H200, benchmarks/HISTORY.md #2026-11-28-fp8-cache-registers).
     static constexpr int STAGED_TILES = 3;
     // The cp.async groups (a tile's K and V) a thread may leave in flight when its next tile must
     // have landed.
