@@ -915,10 +915,11 @@ def test_pt_bench_rejects_shapes_it_cannot_make(flags, message, capsys):
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("tool", [pt_bench, autotune])
 @pytest.mark.parametrize("value", ["-1", "nan", "inf"])
-def test_pt_bench_rejects_a_sustain_time_that_is_not_a_finite_non_negative_number(value, capsys):
+def test_timing_tools_reject_a_sustain_time_that_is_not_a_finite_non_negative_number(tool, value, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        pt_bench.parse_args(["--sustain-s", value])
+        tool.parse_args(["--sustain-s", value])
     assert exit_info.value.code == 2 and "--sustain-s must be a finite number of seconds" in capsys.readouterr().err
 
 
@@ -1800,6 +1801,33 @@ def test_autotune_writes_the_rankings_as_a_dispatch_table(tmp_path):
     assert table.entry_for("FP16", 128, True, 600).ranked[0] == TUNING_NAMES["C"]
 
 
+def test_autotune_merges_its_rankings_into_an_existing_dispatch_table(tmp_path):
+    from flash_helpers.dispatch_table import DispatchTable
+
+    table_path = tmp_path / "sm_90.json"
+    gpu = ["--arch", "sm_90", "--gpu", "Test GPU"]
+    common.write_csv(tmp_path / "both.csv", _tuning_rows() + _tuning_rows(TUNING_CAUSAL, causal=True), common.TIMING_FIELDS)
+    autotune_py = [sys.executable, str(BENCHMARK_DIR / "autotune.py"), "--summary-only"]
+    assert run_tool(*autotune_py, str(tmp_path / "both.csv"), "--dispatch-table", str(table_path), *gpu).returncode == 0
+    before = DispatchTable.load(table_path)
+
+    # The causal shapes re-measured alone, with another winner: only their entries change.
+    remeasured = {"A": {512: 300.0, 1024: 310.0}, "C": {512: 200.0, 1024: 190.0}}
+    common.write_csv(tmp_path / "causal.csv", _tuning_rows(remeasured, causal=True), common.TIMING_FIELDS)
+    merge = [*autotune_py, str(tmp_path / "causal.csv"), "--dispatch-table", str(table_path), *gpu, "--merge"]
+    result = run_tool(*merge)
+    assert result.returncode == 0, result.stderr
+    after = DispatchTable.load(table_path)
+    assert [e for e in after.entries if not e.causal] == [e for e in before.entries if not e.causal]
+    assert [e.ranked[0] for e in after.entries if e.causal] == [TUNING_NAMES["A"]] * 2
+    assert after.command.startswith(before.command + " && ") and "causal.csv" in after.command
+
+    refused = run_tool(*autotune_py, str(tmp_path / "causal.csv"), "--merge")
+    assert refused.returncode == 2 and "--merge needs --dispatch-table" in refused.stderr
+    other_gpu = run_tool(*merge[:-5], "--arch", "sm_90", "--gpu", "Other GPU", "--merge")
+    assert other_gpu.returncode == 1 and "cannot merge" in other_gpu.stderr and "Traceback" not in other_gpu.stderr
+
+
 def test_autotune_summary_only_reads_files_from_before_the_causal_column(tmp_path):
     old_fields = [name for name in common.TIMING_FIELDS if name not in ("causal", "seqlen_k", "heads_kv")]
     rows = [{name: getattr(row, name) for name in old_fields} for row in _tuning_rows()]
@@ -1909,8 +1937,8 @@ def stand_in_gpu(monkeypatch):
     return install
 
 
-def test_pt_bench_sustain_flag_selects_the_sustained_timer(stand_in_gpu, monkeypatch, capsys):
-    extension = stand_in_gpu()
+def _record_sustain_times(extension, monkeypatch) -> list[float]:
+    """Replaces the timer with the stand-in's, recording the --sustain-s each tool asks it for."""
     asked = []
 
     def timer(rep_ms, sustain_s=0.0):
@@ -1918,7 +1946,18 @@ def test_pt_bench_sustain_flag_selects_the_sustained_timer(stand_in_gpu, monkeyp
         return extension.time, "sustained stand-in"
 
     monkeypatch.setattr(common, "make_timer", timer)
+    return asked
+
+
+def test_pt_bench_sustain_flag_selects_the_sustained_timer(stand_in_gpu, monkeypatch, capsys):
+    asked = _record_sustain_times(stand_in_gpu(), monkeypatch)
     assert pt_bench.main(["--dtypes", "fp16", "--seq-lens", "128", "--sustain-s", "0.5"]) == 0
+    assert asked == [0.5] and "sustained stand-in" in capsys.readouterr().out
+
+def test_autotune_sustain_flag_selects_the_sustained_timer(stand_in_gpu, monkeypatch, capsys):
+    asked = _record_sustain_times(stand_in_gpu(), monkeypatch)
+    argv = ["--dtypes", "fp16", "--d-heads", "128", "--seq-lens", "128", "--causal", "off", "--kernels", "default"]
+    assert autotune.main([*argv, "--sustain-s", "0.5", "--csv", os.devnull]) == 0
     assert asked == [0.5] and "sustained stand-in" in capsys.readouterr().out
 
 

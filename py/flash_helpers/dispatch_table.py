@@ -111,6 +111,18 @@ class DispatchTable:
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json())
 
+    def merged_into(self, older: DispatchTable) -> DispatchTable:
+        """This table's rankings over an older one's of the same architecture: the older entries at
+        shapes this table does not rank stay, those it ranks anew are replaced. The date is this
+        table's and the command records both measurements, older first."""
+        if (older.arch, older.gpu) != (self.arch, self.gpu):
+            raise ValueError(f"a table of {self.arch} ({self.gpu}) cannot merge into one of {older.arch} ({older.gpu})")
+        shapes = {(e.dtype, e.d_head, e.causal, e.seq_len) for e in self.entries}
+        kept = (e for e in older.entries if (e.dtype, e.d_head, e.causal, e.seq_len) not in shapes)
+        return DispatchTable.from_rankings(
+            self.arch, self.gpu, self.date, f"{older.command} && {self.command}", (*kept, *self.entries)
+        )
+
     @classmethod
     def from_rankings(
         cls, arch: str, gpu: str, date: str, command: str, rankings: Iterable[TableEntry]

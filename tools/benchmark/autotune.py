@@ -16,7 +16,10 @@ summary then ranks, per (dtype, d_head, mask, seq_len), the winner, its TFLOP/s,
 the winner's margin over it, and the top N; and per (dtype, d_head, mask), the configurations with
 the best harmonic mean of TFLOP/s over the sequence lengths: the first is the candidate default for
 that dtype, d_head and mask. Causal TFLOP/s count half of the unmasked
-problem's FLOPs, as FlashAttention does.
+problem's FLOPs, as FlashAttention does. With --sustain-s S each timing is instead the mean of
+back-to-back calls over S seconds after a warm-up as long (as pt_bench.py's): the configurations
+ranked at the clock their own power draw leaves, as a training or serving loop runs them, rather
+than in short bursts.
 
 --summary-only CSV ranks an existing CSV file (of this tool or of pt_bench.py --csv) without a GPU;
 files without a causal column are of unmasked attention. Repeated timings of a configuration at a
@@ -27,6 +30,10 @@ reads (flash_helpers.dispatch_table): every configuration's place and time at ev
 tables are py/flash_attention/dispatch_tables/<arch>.json, e.g. for the H200:
 
     python tools/benchmark/autotune.py --kernels default --dispatch-table py/flash_attention/dispatch_tables/sm_90.json
+
+With --merge the table already at PATH keeps its rankings at the shapes this run does not measure
+(e.g. a run with --d-heads 128 replaces the d_head 128 entries alone); its command then records both
+runs.
 
 --dtypes e4m3 times E4M3 configurations (the tuning set has none: select them with --kernels, e.g.
 default) on FP8 inputs with descales of 1, as pt_bench.py does. Their rankings become E4M3 entries
@@ -42,6 +49,7 @@ import datetime
 import functools
 import itertools
 import math
+import os
 import shlex
 import sys
 
@@ -238,7 +246,7 @@ def sweep(args: argparse.Namespace, configs, csv_writer: common.TimingCsvWriter)
     rows are written to the CSV as measured."""
     import flash_attention
 
-    timer, timing = common.make_timer(args.rep_ms)
+    timer, timing = common.make_timer(args.rep_ms, args.sustain_s)
     rounds = f"; {args.rounds} rounds, the median of each" if args.rounds > 1 else ""
     print(f"{len(configs)} configurations; {timing}{rounds}")
     variants = common.compiled_variants()
@@ -297,6 +305,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=common.DEFAULT_REP_MS,
         help="how long each timing repeats the call, in ms (default: %(default)g)",
     )
+    common.add_sustain_argument(parser)
     parser.add_argument(
         "--rounds",
         type=common.positive_int,
@@ -322,10 +331,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also write the rankings as a dispatch table (JSON) for automatic configuration",
     )
     parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="with --dispatch-table: keep the rankings of the table already at PATH at the shapes this run does "
+        "not rank (replacing those it does), so that a few head sizes can be re-measured alone",
+    )
+    parser.add_argument(
         "--arch", help="the table's architecture, e.g. sm_90 (default: the GPU's; needed with --summary-only)"
     )
     parser.add_argument("--gpu", help="the table's GPU name (default: the GPU's; needed with --summary-only)")
     args = parser.parse_args(argv)
+    if common.sustain_error(args.sustain_s):
+        parser.error(common.sustain_error(args.sustain_s))
+    if args.merge and not args.dispatch_table:
+        parser.error("--merge needs --dispatch-table: the table to merge this run's rankings into")
     if args.dispatch_table and args.summary_only and not (args.arch and args.gpu):
         parser.error("--dispatch-table with --summary-only needs --arch and --gpu: the CSV does not say where it ran")
     return args
@@ -359,7 +378,11 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.summary, "w") as file:
             file.write(summary + "\n")
     if args.dispatch_table:
-        write_dispatch_table(args, rows, argv)
+        try:
+            write_dispatch_table(args, rows, argv)
+        except ValueError as error:  # a table of another GPU at PATH, or not a table of this format
+            print(f"error: {args.dispatch_table}: {error}", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -371,7 +394,10 @@ def write_dispatch_table(args: argparse.Namespace, rows: list[common.TimingRow],
         arch = arch or arch_name(torch.cuda.get_device_capability())
         gpu = gpu or torch.cuda.get_device_name()
     command = shlex.join(["python", "tools/benchmark/autotune.py", *(sys.argv[1:] if argv is None else argv)])
-    make_dispatch_table(rows, arch, gpu, command).save(args.dispatch_table)
+    table = make_dispatch_table(rows, arch, gpu, command)
+    if args.merge and os.path.exists(args.dispatch_table):
+        table = table.merged_into(DispatchTable.load(args.dispatch_table))
+    table.save(args.dispatch_table)
     print(f"dispatch table for {arch} ({gpu}) written to {args.dispatch_table}")
 
 

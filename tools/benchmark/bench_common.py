@@ -161,6 +161,25 @@ def add_causal_argument(parser: argparse.ArgumentParser, default: str) -> None:
     )
 
 
+def add_sustain_argument(parser: argparse.ArgumentParser) -> None:
+    """--sustain-s S: time as the mean of back-to-back calls (sustained_ms) instead of do_bench."""
+    parser.add_argument(
+        "--sustain-s",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="time each implementation as the mean of back-to-back calls over S seconds after a warm-up of S "
+        "seconds, instead of do_bench over --rep-ms (default: off)",
+    )
+
+
+def sustain_error(seconds: float) -> str | None:
+    """Why --sustain-s's value is refused, or None."""
+    if math.isfinite(seconds) and seconds >= 0:
+        return None
+    return f"--sustain-s must be a finite number of seconds, 0 or more; got {seconds:g}"
+
+
 def causal_values(choice: str) -> tuple[bool, ...]:
     """The masks a --causal value measures: False for none, True for causal."""
     return CAUSAL_CHOICES[choice]

@@ -132,14 +132,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=common.DEFAULT_REP_MS,
         help="how long each timing repeats the call, in ms (default: %(default)g)",
     )
-    parser.add_argument(
-        "--sustain-s",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="time each implementation as the mean of back-to-back calls over S seconds after a warm-up of S "
-        "seconds, instead of do_bench over --rep-ms (default: off)",
-    )
+    common.add_sustain_argument(parser)
     parser.add_argument(
         "--rounds",
         type=common.positive_int,
@@ -162,8 +155,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     shape_error = common.shape_error(args.shape, args.d_heads, args.gqa_ratio)
     if shape_error:
         parser.error(shape_error)
-    if not (math.isfinite(args.sustain_s) and args.sustain_s >= 0):
-        parser.error(f"--sustain-s must be a finite number of seconds, 0 or more; got {args.sustain_s:g}")
+    if common.sustain_error(args.sustain_s):
+        parser.error(common.sustain_error(args.sustain_s))
     # The shapes are built here once so that a ratio not dividing some d_head's heads is a usage
     # error, not a failure halfway through the measurements.
     try:
