@@ -1806,7 +1806,8 @@ def test_autotune_merges_its_rankings_into_an_existing_dispatch_table(tmp_path):
 
     table_path = tmp_path / "sm_90.json"
     gpu = ["--arch", "sm_90", "--gpu", "Test GPU"]
-    common.write_csv(tmp_path / "both.csv", _tuning_rows() + _tuning_rows(TUNING_CAUSAL, causal=True), common.TIMING_FIELDS)
+    both = _tuning_rows() + _tuning_rows(TUNING_CAUSAL, causal=True)
+    common.write_csv(tmp_path / "both.csv", both, common.TIMING_FIELDS)
     autotune_py = [sys.executable, str(BENCHMARK_DIR / "autotune.py"), "--summary-only"]
     assert run_tool(*autotune_py, str(tmp_path / "both.csv"), "--dispatch-table", str(table_path), *gpu).returncode == 0
     before = DispatchTable.load(table_path)
@@ -1821,6 +1822,12 @@ def test_autotune_merges_its_rankings_into_an_existing_dispatch_table(tmp_path):
     assert [e for e in after.entries if not e.causal] == [e for e in before.entries if not e.causal]
     assert [e.ranked[0] for e in after.entries if e.causal] == [TUNING_NAMES["A"]] * 2
     assert after.command.startswith(before.command + " && ") and "causal.csv" in after.command
+
+    # Nothing at the path yet: the run's own table.
+    fresh = tmp_path / "fresh.json"
+    into_fresh = [*autotune_py, str(tmp_path / "causal.csv"), "--dispatch-table", str(fresh), *gpu, "--merge"]
+    assert run_tool(*into_fresh).returncode == 0
+    assert [e.causal for e in DispatchTable.load(fresh).entries] == [True, True]
 
     refused = run_tool(*autotune_py, str(tmp_path / "causal.csv"), "--merge")
     assert refused.returncode == 2 and "--merge needs --dispatch-table" in refused.stderr
