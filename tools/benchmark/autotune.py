@@ -341,8 +341,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--gpu", help="the table's GPU name (default: the GPU's; needed with --summary-only)")
     args = parser.parse_args(argv)
-    if common.sustain_error(args.sustain_s):
-        parser.error(common.sustain_error(args.sustain_s))
+    if sustain_error := common.sustain_error(args.sustain_s):
+        parser.error(sustain_error)
     if args.merge and not args.dispatch_table:
         parser.error("--merge needs --dispatch-table: the table to merge this run's rankings into")
     if args.dispatch_table and args.summary_only and not (args.arch and args.gpu):

@@ -155,8 +155,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     shape_error = common.shape_error(args.shape, args.d_heads, args.gqa_ratio)
     if shape_error:
         parser.error(shape_error)
-    if common.sustain_error(args.sustain_s):
-        parser.error(common.sustain_error(args.sustain_s))
+    if sustain_error := common.sustain_error(args.sustain_s):
+        parser.error(sustain_error)
     # The shapes are built here once so that a ratio not dividing some d_head's heads is a usage
     # error, not a failure halfway through the measurements.
     try:
