@@ -177,6 +177,33 @@ def test_no_keys_at_all(cfg, problem, rng):
     assert (out == 0).all() and (lse == math.inf).all()
 
 
+# A multicast pair takes one query block of two heads when the query heads per key/value head are
+# even, else two query blocks of one head (loading the KV tiles either visits, the last pair of an
+# odd count with one block): both pairings under each mask kind, with ragged tails, and grids larger
+# and smaller than the resident pairs.
+PAIRINGS = [
+    Problem(640, 700, 8, 4, causal=True),  # heads paired, 5 query blocks
+    Problem(640, 700, 6, 6, causal=True),  # query blocks paired, the last alone
+    Problem(333, 1000, 4, 2, window_size=(100, 50)),
+    Problem(333, 1000, 3, 1, window_size=(100, 50)),  # a group of 3: query blocks paired
+    Problem(1000, 1000, 8, 2, batch=3),
+    Problem(1000, 1000, 5, 5, batch=3),
+    Problem(4096, 4096, 16, 8, batch=4, causal=True),  # more work tiles than pairs fit at once
+    Problem(4096, 4096, 16, 16, batch=4, causal=True),
+]
+
+
+@gpu
+@gpu_cases(
+    "cfg, problem",
+    [(cfg, problem) for cfg in FEATURE_CONFIGS if getattr(cfg, "multicast", False) for problem in PAIRINGS],
+    config_and_problem_id,
+    "no multicast configuration compiled with every problem variant is under test (a default build has them)",
+)
+def test_multicast_pairings(cfg, problem, rng):
+    check_forward(cfg, problem.make(cfg, rng))
+
+
 def aligned_cases() -> list[tuple]:
     """Whole blocks, unmasked and causal, square and not: what every compiled configuration serves."""
     cases = []

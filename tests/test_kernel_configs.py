@@ -797,9 +797,12 @@ def test_hopper_Q_in_registers_flag():
 def test_hopper_multicast_flag():
     cfg = dataclasses.replace(SM90_FULL, persistent=True, multicast=True)
     assert cfg.mangled_kernel_name().endswith("ELb1ELb1ELb1ELb1ELb0ELb1EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS0_12KernelParamsE")
-    # Neither the shared memory nor the registers change: each block holds whole tiles.
+    # Each block holds whole tiles: the registers stay, and the shared memory grows by the ring through
+    # which a persistent pair's first block hands out the work tiles (four barriers and a word).
     plain = dataclasses.replace(cfg, multicast=False)
-    assert cfg.smem_bytes() == plain.smem_bytes() and cfg.register_estimate() == plain.register_estimate()
+    assert cfg.smem_bytes() == plain.smem_bytes() + 5 * 8 and cfg.register_estimate() == plain.register_estimate()
+    single_pass = dataclasses.replace(cfg, persistent=False)
+    assert single_pass.smem_bytes() == dataclasses.replace(single_pass, multicast=False).smem_bytes()
     tune = of_family(get_autotuning_kernel_configs(), Hopper)
     assert cfg in tune and dataclasses.replace(cfg, d_head=64) in tune and dataclasses.replace(cfg, d_head=96) not in tune
 

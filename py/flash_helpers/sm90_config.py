@@ -66,6 +66,10 @@ _WORK_SLOT_WORDS = 3
 # With e4m3, where the producer marks the end of its V tiles for the transposing warps: an int per
 # stage (at most 4), in two 8-byte words.
 _E4M3_V_STREAM_END_WORDS = 2
+# A persistent cluster's ring of the work tiles it takes next: two entries, each a full and an empty
+# mbarrier, and their two indices in one 8-byte word.
+_CLUSTER_RING_BARRIERS = 4
+_CLUSTER_RING_INDEX_WORDS = 1
 # O's elements are 16-bit whatever the inputs.
 _O_ELEMENT_BYTES = 2
 # The B_c of an e4m3 configuration: a transposed V tile's row of B_c keys is one 64- or 128-byte
@@ -177,15 +181,17 @@ class HopperForwardKernelConfig(KernelConfig):
         tile of Q's rows, of 16-bit elements, when persistent or with e4m3 (whose O is wider than
         Q); slack for aligning the tiles to 1024 bytes; and 8-byte words: the mbarriers (a full and an
         empty one for each consumer warpgroup's Q block, and for each tile of a stage), a work slot
-        of three words per consumer warpgroup, and with e4m3 two words where the producer marks the
-        end of its stream of V tiles."""
+        of three words per consumer warpgroup, with e4m3 two words where the producer marks the end
+        of its stream of V tiles, and in a persistent cluster the ring through which its first block
+        hands out the work tiles."""
         kv_tiles = 3 if self.is_fp8 else 2
         O_rows = self.B_r if self.persistent or self.is_fp8 else 0
         inputs = (self.B_r + self.stages * kv_tiles * self.B_c) * self.d_head * self.dtype.element_bytes
         tiles = inputs + O_rows * self.d_head * _O_ELEMENT_BYTES
         barriers = 2 * self.consumer_warpgroups + 2 * kv_tiles * self.stages
         stream_end = _E4M3_V_STREAM_END_WORDS if self.is_fp8 else 0
-        words = barriers + _WORK_SLOT_WORDS * self.consumer_warpgroups + stream_end
+        ring = _CLUSTER_RING_BARRIERS + _CLUSTER_RING_INDEX_WORDS if self.persistent and self.multicast else 0
+        words = barriers + _WORK_SLOT_WORDS * self.consumer_warpgroups + stream_end + ring
         return tiles + _ALIGNMENT_SLACK_BYTES + _WORD_BYTES * words
 
     def runs_on(self, capability: tuple[int, int]) -> bool:

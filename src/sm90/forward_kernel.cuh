@@ -30,7 +30,7 @@
 //   visit the same KV tiles; each loads half of every tile's rows into both (TMA multicast), so K
 //   and V leave L2 once per pair. A stage is free once the consumers of both blocks have released
 //   it. Under a mask the pair loads every tile either block visits, and a block passes over those
-//   it does not compute on. Persistent pairs take the work tiles in a fixed rotation.
+//   it does not compute on. A persistent pair's first block asks the work counter for both.
 #pragma once
 
 #include <cstdint>

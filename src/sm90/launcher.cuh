@@ -51,19 +51,23 @@ inline int resident_clusters(const void *kernel, cudaLaunchConfig_t config) {
     return found->second;
 }
 
-// How many work tiles a call may have: every (batch, head)'s query blocks (in clusters' groups) for
-// a dense call; for a varlen call at most that, and at most one more group per sequence than its
-// rows fill (what its plan may list).
+// How many work tiles a call may have: a dense call's, as the kernel numbers them
+// (tile_scheduler.cuh); for a varlen call at most every (batch, head)'s query blocks in clusters'
+// groups, and at most one more group per sequence than its rows fill (what its plan may list).
 template <typename Kernel, ProblemVariant VARIANT>
 int64_t max_work_tiles(const ForwardParams &params) {
-    constexpr int64_t group_rows = Kernel::B_r * Kernel::cluster_size;
-    int64_t groups = (params.seqlen_q + group_rows - 1) / group_rows * params.batch;
-    if constexpr (VARIANT.varlen) {
+    constexpr int cluster = Kernel::cluster_size;
+    const int64_t Q_blocks = (params.seqlen_q + Kernel::B_r - 1) / Kernel::B_r;
+    if constexpr (!VARIANT.varlen) {
+        return dense_work_tiles(cluster, Q_blocks, params.batch, params.heads_q, params.heads_kv);
+    } else {
+        constexpr int64_t group_rows = Kernel::B_r * cluster;
         const SequenceLayout &layout = params.sequences;
         const int64_t rows = layout.cu_seqlens_q != nullptr ? layout.rows_q : int64_t{layout.rows_q} * params.batch;
-        groups = std::min(groups, (rows + group_rows - 1) / group_rows + params.batch);
+        const int64_t groups = std::min((Q_blocks + cluster - 1) / cluster * params.batch,
+                                        (rows + group_rows - 1) / group_rows + params.batch);
+        return groups * params.heads_q;
     }
-    return groups * params.heads_q;
 }
 
 // The launch's threads, dynamic shared memory per block, cluster shape and grid: one block per work
@@ -173,9 +177,7 @@ void launch(const ForwardParams &params, cudaStream_t stream) {
 template <HopperForwardKernelConfig CFG, ProblemVariant VARIANT>
 ForwardLauncher launcher() {
     using Kernel = StaticHopperKernelConfig<CFG>;
-    // Persistent clusters take their work tiles in a fixed rotation, without the counter.
-    return ForwardLauncher{reinterpret_cast<const void *>(kernel_of<Kernel, VARIANT>), Kernel::smem_bytes,
-                           Kernel::persistent && !Kernel::multicast, false,
+    return ForwardLauncher{reinterpret_cast<const void *>(kernel_of<Kernel, VARIANT>), Kernel::smem_bytes, Kernel::persistent, false,
                            VARIANT.varlen ? &varlen_scratch_bytes<Kernel, VARIANT> : nullptr, &launch<Kernel, VARIANT>};
 }
 

@@ -62,6 +62,16 @@ struct SharedTiles {
                stage;
     }
 
+    // A persistent cluster's ring of the work tiles it takes next (ClusterCounterScheduler,
+    // tile_scheduler.cuh): two entries of an index, each with a full and an empty barrier.
+    __device__ __forceinline__ int *cluster_index(int entry) const {
+        return reinterpret_cast<int *>(barrier(Kernel::n_barriers + Kernel::work_slot_words * Kernel::consumer_warpgroups +
+                                               Kernel::stream_end_words)) +
+               entry;
+    }
+    __device__ __forceinline__ uint64_t *cluster_index_full(int entry) const { return barrier(ring_barriers + 2 * entry); }
+    __device__ __forceinline__ uint64_t *cluster_index_empty(int entry) const { return barrier(ring_barriers + 1 + 2 * entry); }
+
     // One thread, before any other touches the barriers. A full barrier completes on its loader's
     // arrival plus the bytes; an empty one when every consumer warp of its readers has released it.
     // With e4m3, V's tile is read by the transposing warps, and its transposed tile is written by
@@ -87,12 +97,18 @@ struct SharedTiles {
 #pragma unroll
             for (int stage = 0; stage < Kernel::stages; ++stage)
                 *V_stream_end(stage) = -1;
+#pragma unroll
+        for (int entry = 0; entry < Kernel::cluster_ring_entries; ++entry) {
+            mbarrier_init(cluster_index_full(entry), 1);
+            mbarrier_init(cluster_index_empty(entry), Kernel::cluster_size);
+        }
         mbarrier_init_fence();
     }
 
   private:
     static constexpr int KV_barriers = 2 * Kernel::consumer_warpgroups;
     static constexpr int Vt_barriers = KV_barriers + 4 * Kernel::stages;
+    static constexpr int ring_barriers = Vt_barriers + (Kernel::fp8 ? 2 * Kernel::stages : 0);
 };
 
 // Where a consumer is in the K/V pipeline: the stage of its current tile and the parity of that

@@ -151,7 +151,7 @@ __device__ __forceinline__ void produce(const KernelParams &kp, const SharedTile
     int n = 0;        // work tiles loaded so far
     int KV_loads = 0; // KV tiles loaded so far: the position in the pipeline
     for (int index = scheduler.first(); index < scheduler.end();) {
-        const int next = scheduler.next(index);
+        const int asked = scheduler.ask(index);
         const auto [work, sequence] = locate_work<VARLEN>(kp.params, scheduler, index);
         const ForwardParams &params = sequence.params;
         const Tiles tiles(params, work.Q_block * Kernel::B_r);
@@ -169,12 +169,13 @@ __device__ __forceinline__ void produce(const KernelParams &kp, const SharedTile
         loader.load_Q(work.Q_block * Kernel::B_r, n, index, !tiles.empty() && work.Q_block < work.Q_blocks);
         for (int tile = first_tile; tile < end_tile; ++tile)
             loader.load_KV(tile, KV_loads++);
-        index = next;
+        index = scheduler.agree(asked, n, smem);
         ++n;
     }
     // The end, as a work tile past the last that loads nothing.
     if constexpr (Kernel::persistent)
-        Loader{kp, smem, 0, 0, {}, {}, {}, {}, call_tensor_maps(kp), rank}.load_Q(0, n, scheduler.end(), false);    // With e4m3, the end of the V tiles for the warps that transpose them: their count, and an arrival
+        Loader{kp, smem, 0, 0, {}, {}, {}, {}, call_tensor_maps(kp), rank}.load_Q(0, n, scheduler.end(), false);
+    // With e4m3, the end of the V tiles for the warps that transpose them: their count, and an arrival
     // without bytes on the next stage's V barrier once that stage is free.
     if constexpr (Kernel::fp8) {
         const int stage = KV_loads % Kernel::stages;

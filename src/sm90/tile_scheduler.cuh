@@ -4,7 +4,9 @@
 // - first(): the block's first work tile's index; end(): the index past the last. Callers compare
 //   with it themselves (index >= end()): inside a member function the comparison reaches ptxas with
 //   its operands swapped, and the schedule of the whole kernel changes with it;
-// - next(index): the producer's next work tile after `index`, asked for as it starts loading `index`;
+// - ask(index) and agree(asked, n, smem): the producer's next work tile after `index`, its n-th
+//   (from 0): asked for (from the work counter) as it starts loading `index`, and known once it has
+//   issued that work tile's loads, the same in every block of a cluster;
 // - work_tile(index): the WorkTile an index describes;
 // - hand_off(slot, index) and handed_off(slot): how a persistent block's producer tells a consumer
 //   warpgroup its next work tile's index, through that warpgroup's work slot (SharedTiles::work_slot).
@@ -19,18 +21,29 @@
 #include "common/forward_params.h"
 #include "common/problem_variant.h"
 #include "common/sequence.cuh"
+#include "sm90/tma.cuh"
 #include "sm90/varlen_work_plan.cuh"
 
 namespace flash::sm90 {
+
+// Whether the blocks of a cluster take one query block of `cluster` consecutive heads, which share
+// a key/value head when the query heads per key/value head are a multiple of `cluster`: they visit
+// the same KV tiles under any mask. Otherwise they take `cluster` consecutive query blocks of one
+// head, which under a mask visit nearly the same (the pair loads the tiles either visits). A varlen
+// call's plan lists query blocks only.
+__host__ __device__ __forceinline__ bool cluster_spans_heads(int cluster, int heads_q, int heads_kv) {
+    return cluster > 1 && heads_q / heads_kv % cluster == 0;
+}
 
 // A block's work: B_r query rows of one (batch, head). Work tiles are numbered with the query
 // block fastest, so the blocks running at once share their heads' K and V in L2; under a mask the
 // last query blocks, whose rows see the most keys, come first, so a persistent block, which takes
 // whichever work tile is next when it is free, ends on short ones. The blocks of a cluster take
-// `cluster` consecutive query blocks of one (batch, head) together, as one work tile numbered once;
-// in the last such group a block may have no query block (Q_block >= Q_blocks): it only loads its
-// share of K and V for the others. A varlen call's work tiles are its plan's (PlannedWorkTiles),
-// each with its own sequence's query blocks.
+// one work tile, numbered once: `cluster` consecutive heads' query block (cluster_spans_heads), or
+// `cluster` consecutive query blocks of one (batch, head), where in the last such group a block may
+// have no query block (Q_block >= Q_blocks): it only loads its share of K and V for the others. A
+// varlen call's work tiles are its plan's (PlannedWorkTiles), each with its own sequence's query
+// blocks.
 struct WorkTile {
     int Q_block;
     int first_Q_block; // the cluster's first and last existing query blocks
@@ -40,15 +53,28 @@ struct WorkTile {
     int batch;
 
     template <MaskKind MASK, int cluster>
-    __device__ __forceinline__ static WorkTile of(int index, int Q_blocks, int heads, int rank) {
+    __device__ __forceinline__ static WorkTile of(int index, int Q_blocks, int heads, int rank, bool spans_heads) {
+        if (spans_heads) {
+            const int Q_index = index % Q_blocks;
+            const int Q_block = MASK == MaskKind::NONE ? Q_index : Q_blocks - 1 - Q_index;
+            const int head_index = index / Q_blocks * cluster + rank; // heads is a multiple of cluster
+            return {Q_block, Q_block, Q_block, Q_blocks, head_index % heads, head_index / heads};
+        }
         const int Q_groups = (Q_blocks + cluster - 1) / cluster;
         const int group = index % Q_groups;
         const int head_index = index / Q_groups;
         const int first = (MASK == MaskKind::NONE ? group : Q_groups - 1 - group) * cluster;
         return {first + rank, first, min(first + cluster - 1, Q_blocks - 1), Q_blocks, head_index % heads, head_index / heads};
     }
-
 };
+
+// How many work tiles a dense call has, as WorkTile numbers them.
+__host__ __device__ __forceinline__ int64_t dense_work_tiles(int cluster, int64_t Q_blocks, int batch, int heads_q,
+                                                             int heads_kv) {
+    if (cluster_spans_heads(cluster, heads_q, heads_kv))
+        return Q_blocks * batch * (heads_q / cluster);
+    return (Q_blocks + cluster - 1) / cluster * batch * heads_q;
+}
 
 // A work tile with its sequence (common/sequence.cuh): the lengths the tile's blocks compute with.
 template <bool VARLEN>
@@ -104,18 +130,21 @@ struct WorkTileNumbering {
     static constexpr int cluster_blocks = cluster;
     const ForwardParams &params;
     int Q_blocks;
+    bool spans_heads;
     int n_work_tiles;
     uint32_t rank; // in the cluster
 
     __device__ __forceinline__ WorkTileNumbering(const ForwardParams &params_, uint32_t rank_)
         : params(params_), Q_blocks((params_.seqlen_q + B_r - 1) / B_r),
-          n_work_tiles((Q_blocks + cluster - 1) / cluster * params_.heads_q * params_.batch), rank(rank_) {}
+          spans_heads(cluster_spans_heads(cluster, params_.heads_q, params_.heads_kv)),
+          n_work_tiles(static_cast<int>(dense_work_tiles(cluster, Q_blocks, params_.batch, params_.heads_q, params_.heads_kv))),
+          rank(rank_) {}
 
     __device__ __forceinline__ int first() const { return blockIdx.x / cluster; } // a cluster's blocks are consecutive
     // The index past the last work tile: what a persistent producer hands out at the end.
     __device__ __forceinline__ int end() const { return n_work_tiles; }
     __device__ __forceinline__ WorkTile work_tile(int index) const {
-        return WorkTile::of<MASK, cluster>(index, Q_blocks, params.heads_q, rank);
+        return WorkTile::of<MASK, cluster>(index, Q_blocks, params.heads_q, rank, spans_heads);
     }
 };
 
@@ -186,24 +215,54 @@ struct SinglePassScheduler : WorkTiles, NoHandOff {
     // producer's branch changes how ptxas schedules the consumers' main loop.
     int first_index = blockIdx.x / WorkTiles::cluster_blocks;
     __device__ __forceinline__ int first() const { return first_index; }
-    __device__ __forceinline__ int next(int) const { return this->n_work_tiles; }
+    __device__ __forceinline__ int ask(int) const { return this->n_work_tiles; }
+    template <typename Smem>
+    __device__ __forceinline__ int agree(int asked, int, const Smem &) const { return asked; }
 };
 
 // A persistent block's first work tile is its own; it asks the work counter for each next one as
 // it starts loading this one, so the tiles go to the blocks that are free first (under a mask, the
-// longest first).
+// longest first). The counter's answer is only needed once the loads are issued: its latency hides
+// behind them.
 template <typename WorkTiles>
 struct AtomicCounterScheduler : WorkTiles, WorkSlotHandOff {
     using WorkTiles::WorkTiles;
-    __device__ __forceinline__ int next(int) const { return gridDim.x + atomicAdd(this->params.work_counter, 1); }
+    __device__ __forceinline__ int ask(int) const { return gridDim.x + atomicAdd(this->params.work_counter, 1); }
+    template <typename Smem>
+    __device__ __forceinline__ int agree(int asked, int, const Smem &) const { return asked; }
 };
 
-// The blocks of a cluster must take the same work tiles, so a persistent cluster takes every
-// (gridDim.x / cluster)-th in turn rather than asking the counter.
+// The blocks of a persistent cluster must take the same work tiles: its first block asks the
+// counter, and writes each answer into every block's entry of a ring of two (SharedTiles'
+// cluster_index), completing that block's full barrier there; each block's producer waits for it,
+// reads it and releases the entry on the first block's empty barrier, which counts every block's
+// release before the entry is written again. (A fixed rotation of the work tiles would need no
+// exchange, but under a mask it leaves the pairs that drew long tiles running after the others.)
 template <typename WorkTiles>
-struct ClusterRotationScheduler : WorkTiles, WorkSlotHandOff {
+struct ClusterCounterScheduler : WorkTiles, WorkSlotHandOff {
     using WorkTiles::WorkTiles;
-    __device__ __forceinline__ int next(int index) const { return index + gridDim.x / WorkTiles::cluster_blocks; }
+    __device__ __forceinline__ int ask(int) const {
+        return this->rank == 0 ? gridDim.x / WorkTiles::cluster_blocks + atomicAdd(this->params.work_counter, 1) : 0;
+    }
+    template <typename Smem>
+    __device__ __forceinline__ int agree(int asked, int n, const Smem &smem) const {
+        const int entry = n % 2;
+        const uint32_t parity = (n / 2) & 1;
+        int *const slot = smem.cluster_index(entry);
+        uint64_t *const full = smem.cluster_index_full(entry);
+        uint64_t *const empty = smem.cluster_index_empty(entry);
+        mbarrier_arrive_expect_bytes(full, sizeof(int));
+        if (this->rank == 0) {
+            mbarrier_wait(empty, parity ^ 1);
+#pragma unroll
+            for (uint32_t block = 0; block < WorkTiles::cluster_blocks; ++block)
+                store_cluster_async(slot, asked, full, block);
+        }
+        mbarrier_wait(full, parity);
+        const int index = *static_cast<volatile int *>(slot);
+        mbarrier_arrive_cluster_released(empty, 0);
+        return index;
+    }
 };
 
 } // namespace flash::sm90

@@ -76,6 +76,27 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t *barrier, uint3
                  : "memory");
 }
 
+// The same arrival, released at the cluster's scope: the thread's earlier reads of its own shared
+// memory are done before the block `cta_rank`, once it sees the phase complete, writes there again.
+__device__ __forceinline__ void mbarrier_arrive_cluster_released(uint64_t *barrier, uint32_t cta_rank) {
+    asm volatile("{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(
+                     ptx::shared_address(barrier)),
+                 "r"(cta_rank)
+                 : "memory");
+}
+
+// Writes `value` to the word at `word`'s offset in the cluster's block `cta_rank` (this one
+// included), completing its 4 bytes on the barrier at `barrier`'s offset there.
+__device__ __forceinline__ void store_cluster_async(int *word, int value, uint64_t *barrier, uint32_t cta_rank) {
+    asm volatile("{\n.reg .b32 remote_word, remote_barrier;\nmapa.shared::cluster.u32 remote_word, %0, %2;\n"
+                 "mapa.shared::cluster.u32 remote_barrier, %1, %2;\n"
+                 "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [remote_word], %3, [remote_barrier];\n}\n" ::"r"(
+                     ptx::shared_address(word)),
+                 "r"(ptx::shared_address(barrier)), "r"(cta_rank), "r"(value)
+                 : "memory");
+}
+
 // This block's rank in its cluster.
 __device__ __forceinline__ uint32_t cluster_cta_rank() {
     uint32_t rank;

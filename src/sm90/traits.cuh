@@ -62,14 +62,14 @@ struct StaticHopperKernelConfig {
     // The blocks of a cluster: two with multicast, each loading half of every KV tile for both.
     static constexpr int cluster_size = multicast ? 2 : 1;
     // Which block computes which work tile (tile_scheduler.cuh): one block (or cluster) per work
-    // tile; persistent blocks that ask the work counter for their next; persistent clusters that take
-    // theirs in a fixed rotation. The mask kind decides the work tiles' order, and a varlen call's
-    // work tiles are those its plan lists, longest sequences first.
+    // tile; persistent blocks that ask the work counter for their next; persistent clusters whose
+    // first block asks it for all of them. The mask kind decides the work tiles' order, and a varlen
+    // call's work tiles are those its plan lists, longest sequences first.
     template <MaskKind MASK, bool VARLEN>
     using TileScheduler = std::conditional_t<
         !persistent, SinglePassScheduler<WorkTilesOf<B_r, cluster_size, MASK, VARLEN>>,
         std::conditional_t<(cluster_size > 1),
-                           ClusterRotationScheduler<WorkTilesOf<B_r, cluster_size, MASK, VARLEN>>,
+                           ClusterCounterScheduler<WorkTilesOf<B_r, cluster_size, MASK, VARLEN>>,
                            AtomicCounterScheduler<WorkTilesOf<B_r, 1, MASK, VARLEN>>>>;
 
     static constexpr int n_threads = WARPGROUP_THREADS * (consumer_warpgroups + (warp_specialized ? 1 : 0));
@@ -129,13 +129,18 @@ struct StaticHopperKernelConfig {
     static constexpr int barriers_offset = Vt_offset + (fp8 ? stages * KV_tile_bytes : 0) +
                                            (separate_O ? consumer_warpgroups * wg_O_bytes : 0);
     // Per consumer warpgroup Q full and Q empty, then per stage K full, K empty, V full, V empty
-    // (with e4m3 then per stage the transposed V's full and empty); then, per consumer warpgroup,
-    // the slot where the producer leaves its next work tile's index (and with per-sequence lengths
-    // that tile's sequence's rows: five ints in three 8-byte words); with e4m3 last an int per stage
-    // (in two 8-byte words) where the producer marks the end of its V tiles for the transposing warps.
-    static constexpr int n_barriers = 2 * consumer_warpgroups + (fp8 ? 6 : 4) * stages;
+    // (with e4m3 then per stage the transposed V's full and empty; in a persistent cluster then the
+    // full and empty barriers of its ring of next work tiles); then, per consumer warpgroup, the slot
+    // where the producer leaves its next work tile's index (and with per-sequence lengths that
+    // tile's sequence's rows: five ints in three 8-byte words); with e4m3 an int per stage (in two
+    // 8-byte words) where the producer marks the end of its V tiles for the transposing warps; in a
+    // persistent cluster last the ring's two indices (one word).
+    static constexpr int cluster_ring_entries = persistent && cluster_size > 1 ? 2 : 0;
+    static constexpr int n_barriers = 2 * consumer_warpgroups + (fp8 ? 6 : 4) * stages + 2 * cluster_ring_entries;
     static constexpr int work_slot_words = 3;
-    static constexpr int n_slots = n_barriers + work_slot_words * consumer_warpgroups + (fp8 ? 2 : 0);
+    static constexpr int stream_end_words = fp8 ? 2 : 0;
+    static constexpr int n_slots =
+        n_barriers + work_slot_words * consumer_warpgroups + stream_end_words + cluster_ring_entries / 2;
     // The dynamic shared memory base is only 16-byte aligned: up to 1024 bytes go to aligning it.
     static constexpr int smem_bytes = barriers_offset + n_slots * static_cast<int>(sizeof(uint64_t)) + TILE_ALIGNMENT_BYTES;
 
