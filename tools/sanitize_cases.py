@@ -6,8 +6,9 @@ tools/sanitize.sh runs under compute-sanitizer.
 The problems are the tests' (tests/helpers.py, problem_for_variant): lengths that end in partial
 blocks for the masked-tails variants, causal and local masks with more queries than keys (whole
 query blocks and parts of blocks attend no key), softcap with per-(batch, head) ALiBi slopes for
-the score-modifying variants, and grouped heads (2 query heads per key/value head), with lse. The
-varlen kernels get a packed batch (cu_seqlens) of five sequences of their own lengths: no queries,
+the score-modifying variants, and grouped heads (2 query heads per key/value head; multicast
+configurations also 3, which their pairs split differently), with lse. The varlen kernels get a
+packed batch (cu_seqlens) of five sequences of their own lengths: no queries,
 one query and one key, partial last blocks with more queries than keys and fewer, and queries
 without keys; the last sequence ends the tensors, so a read past its end leaves them. They run the
 batch a second time with its keys and values on pages of 16 rows in random order (block_table
@@ -47,6 +48,9 @@ from flash_helpers.kernel_sets import KERNELS_ENV, get_kernel_configs  # noqa: E
 # matters), 2 query heads sharing 1 key/value head.
 BATCH = 2
 HEADS = (2, 1)
+# A multicast pair's blocks take one query block of two heads of such a group; with an odd group they
+# take two query blocks of one head, which multicast configurations run as well.
+ODD_GROUP_HEADS = (3, 1)
 # The paged call's page size (vLLM's default); the families whose varlen kernels split the keys
 # (their FamilyInfo::splits_keys), and how many splits their paged call and decode step take.
 PAGE_SIZE = 16
@@ -114,6 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         label = f"{cfg.short_form()} [{variant.describe()}] {problem.describe()}"
         inputs = on_gpu(problem.make(cfg, rng))
         calls = [(inputs, label, inputs.k, inputs.v, inputs.kwargs)]
+        if getattr(cfg, "multicast", False):
+            odd = helpers.problem_for_variant(cfg, variant, BATCH, ODD_GROUP_HEADS)
+            odd_inputs = on_gpu(odd.make(cfg, rng))
+            calls.append((odd_inputs, f"{cfg.short_form()} [{variant.describe()}] {odd.describe()}", odd_inputs.k,
+                          odd_inputs.v, odd_inputs.kwargs))
         splits = cfg.family in SPLITTING_FAMILIES
         if variant.varlen:
             paged = f"{label}, paged" + (f" and split in {PAGED_SPLITS}" if splits else "")
