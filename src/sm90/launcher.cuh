@@ -81,6 +81,10 @@ struct LaunchShape {
     cudaLaunchConfig_t config{};
 
     explicit LaunchShape(const ForwardParams &params) {
+        // Raised before the occupancy query as well as the launch: with the default limit no block
+        // of more than 48 KiB fits, so the query would count no cluster. (A varlen call's scratch is
+        // sized, through this shape, before its launch.)
+        ensure_dynamic_smem_limit(kernel(), Kernel::smem_bytes);
         constexpr int cluster = Kernel::cluster_size;
         config.blockDim = dim3(Kernel::n_threads);
         config.dynamicSmemBytes = Kernel::smem_bytes;
@@ -126,7 +130,6 @@ int64_t varlen_scratch_bytes(const ForwardParams &params) {
 template <typename Kernel, ProblemVariant VARIANT>
 void launch(const ForwardParams &params, cudaStream_t stream) {
     const auto kernel = kernel_of<Kernel, VARIANT>;
-    ensure_dynamic_smem_limit(reinterpret_cast<const void *>(kernel), Kernel::smem_bytes);
     // A varlen call's sequences are rows of the tensors' seq dimension (rows_q, rows_k long); with
     // cu_seqlens all of them are in the one batch entry, and with kv_batch_idx k and v have
     // kv_batches entries of their own.
