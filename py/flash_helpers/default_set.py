@@ -143,10 +143,11 @@ VARLEN_KERNELS = (
         "sm90(DTYPE, 64, 192, 128, 2): ws+pingpong+overlap+persistent",
         "sm90(DTYPE, 64, 128, 128, 2): ws+pingpong+overlap+persistent+qregs",
         "sm90(DTYPE, 96, 128, 128, 2): ws+pingpong+overlap+persistent+qregs",
-        # d_head 128: the dispatch table's rankings choose between them (qregs is faster without a
-        # mask at most lengths).
+        # d_head 128: the dispatch table's rankings choose among them (qregs is faster without a
+        # mask at short lengths, the multicast pair at long ones).
         "sm90(DTYPE, 128, 128, 128, 2): ws+pingpong+overlap+persistent",
         "sm90(DTYPE, 128, 128, 128, 2): ws+pingpong+overlap+persistent+qregs",
+        "sm90(DTYPE, 128, 128, 128, 2): ws+pingpong+overlap+persistent+mcast",
         # d_head 160 to 256: the default set has no persistent configuration.
         "sm90(DTYPE, 160, 128, 128, 2): ws+pingpong+overlap",
         "sm90(DTYPE, 192, 128, 112, 2): ws+pingpong+overlap",
