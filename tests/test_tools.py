@@ -35,6 +35,7 @@ import varlen_bench  # noqa: E402
 import run_kernels  # noqa: E402
 import sass_counts  # noqa: E402
 import sass_diff  # noqa: E402
+import work_order_tail  # noqa: E402
 from flash_helpers.build_env import BUILD_KERNELS_ENV  # noqa: E402
 from flash_helpers.default_set import DEFAULT_BUILD_KERNELS  # noqa: E402
 from flash_helpers.dtypes import DType  # noqa: E402
@@ -69,6 +70,7 @@ PYTHON_TOOLS = [
     BENCHMARK_DIR / "generate_bench.py",
     ANALYSIS_DIR / "sass_counts.py",
     ANALYSIS_DIR / "sass_diff.py",
+    ANALYSIS_DIR / "work_order_tail.py",
 ]
 
 # Configurations from the current sets, so the tests follow changes to the configuration space:
@@ -2607,3 +2609,21 @@ def test_flash_mismatch(error, fails):
 def test_progression_rejects_an_unknown_step():
     result = run_tool(sys.executable, str(BENCHMARK_DIR / "progression.py"), "--steps", "99")
     assert result.returncode == 2 and "no step '99'" in result.stderr
+
+
+def test_work_order_numbers_every_query_block_of_every_head_once():
+    for Q_blocks, units, chunk in [(16, 256, 16), (5, 7, 3), (8, 6, 6), (3, 10, 1), (4, 9, 64)]:
+        order = work_order_tail.work_order(Q_blocks, units, min(chunk, units))
+        assert sorted(order) == [(q, u) for q in range(Q_blocks) for u in range(units)]
+    # One head per chunk is each head's query blocks, longest first, head after head.
+    assert work_order_tail.work_order(3, 2, 1) == [(2, 0), (1, 0), (0, 0), (2, 1), (1, 1), (0, 1)]
+    # Inside a chunk, every head's longest query block first.
+    assert work_order_tail.work_order(2, 3, 3) == [(1, 0), (1, 1), (1, 2), (0, 0), (0, 1), (0, 2)]
+
+
+def test_work_order_tail_of_the_kernels_order_is_shorter(capsys):
+    costs = lambda chunk: [q + 2.0 for q, _ in work_order_tail.work_order(16, 256, chunk)]  # noqa: E731
+    assert work_order_tail.efficiency(costs(16), 132) > work_order_tail.efficiency(costs(1), 132) + 0.01
+    assert work_order_tail.efficiency([1.0] * 264, 132) == 1.0
+    assert work_order_tail.main(["--seq-lens", "2048"]) == 0
+    assert "2048" in capsys.readouterr().out

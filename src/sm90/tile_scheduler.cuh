@@ -35,15 +35,23 @@ __host__ __device__ __forceinline__ bool cluster_spans_heads(int cluster, int he
     return cluster > 1 && heads_q / heads_kv % cluster == 0;
 }
 
-// A block's work: B_r query rows of one (batch, head). Work tiles are numbered with the query
-// block fastest, so the blocks running at once share their heads' K and V in L2; under a mask the
-// last query blocks, whose rows see the most keys, come first, so a persistent block, which takes
-// whichever work tile is next when it is free, ends on short ones. The blocks of a cluster take
-// one work tile, numbered once: `cluster` consecutive heads' query block (cluster_spans_heads), or
-// `cluster` consecutive query blocks of one (batch, head), where in the last such group a block may
-// have no query block (Q_block >= Q_blocks): it only loads its share of K and V for the others. A
-// varlen call's work tiles are its plan's (PlannedWorkTiles), each with its own sequence's query
-// blocks.
+// The K and V bytes whose L2 residency a masked problem's numbering plans for: the heads whose work
+// tiles run at once (a chunk, below) keep their K and V in a third of the H100's and H200's 50 MB.
+constexpr int64_t WORK_CHUNK_KV_BYTES = 16 << 20;
+
+// A block's work: B_r query rows of one (batch, head). The blocks of a cluster take one work tile,
+// numbered once: `cluster` consecutive heads' query block (cluster_spans_heads), or `cluster`
+// consecutive query blocks of one (batch, head), where in the last such group a block may have no
+// query block (Q_block >= Q_blocks): it only loads its share of K and V for the others. So a work
+// tile is a position (a query block, or a cluster's group of them) of a unit (a head, or a
+// cluster's heads, of one batch entry). Without a mask the positions of a unit are numbered
+// consecutively, so the blocks running at once share their heads' K and V in L2. Under a mask
+// the positions differ in length (with the causal mask the last query blocks see the most keys),
+// and persistent blocks take whichever work tile is next when they are free: the units go in
+// chunks of `chunk_units`, as many as keep their K and V in WORK_CHUNK_KV_BYTES, and inside a
+// chunk every unit's longest position comes first, then every unit's next: the last work tiles of
+// the grid are its shortest, so the blocks end together. A varlen call's work tiles are its plan's
+// (PlannedWorkTiles), each with its own sequence's query blocks.
 struct WorkTile {
     int Q_block;
     int first_Q_block; // the cluster's first and last existing query blocks
@@ -53,18 +61,27 @@ struct WorkTile {
     int batch;
 
     template <MaskKind MASK, int cluster>
-    __device__ __forceinline__ static WorkTile of(int index, int Q_blocks, int heads, int rank, bool spans_heads) {
-        if (spans_heads) {
-            const int Q_index = index % Q_blocks;
-            const int Q_block = MASK == MaskKind::NONE ? Q_index : Q_blocks - 1 - Q_index;
-            const int head_index = index / Q_blocks * cluster + rank; // heads is a multiple of cluster
-            return {Q_block, Q_block, Q_block, Q_blocks, head_index % heads, head_index / heads};
+    __device__ __forceinline__ static WorkTile of(int index, int Q_blocks, int heads, int units, int chunk_units,
+                                                  int rank, bool spans_heads) {
+        const int positions = spans_heads ? Q_blocks : (Q_blocks + cluster - 1) / cluster;
+        int position;
+        int unit;
+        if constexpr (MASK == MaskKind::NONE) {
+            position = index % positions;
+            unit = index / positions;
+        } else {
+            const int chunk = index / (chunk_units * positions);
+            const int in_chunk = index - chunk * chunk_units * positions;
+            const int chunk_size = min(chunk_units, units - chunk * chunk_units); // the last chunk may be smaller
+            position = positions - 1 - in_chunk / chunk_size;
+            unit = chunk * chunk_units + in_chunk % chunk_size;
         }
-        const int Q_groups = (Q_blocks + cluster - 1) / cluster;
-        const int group = index % Q_groups;
-        const int head_index = index / Q_groups;
-        const int first = (MASK == MaskKind::NONE ? group : Q_groups - 1 - group) * cluster;
-        return {first + rank, first, min(first + cluster - 1, Q_blocks - 1), Q_blocks, head_index % heads, head_index / heads};
+        if (spans_heads) {
+            const int head_index = unit * cluster + rank; // heads is a multiple of cluster
+            return {position, position, position, Q_blocks, head_index % heads, head_index / heads};
+        }
+        const int first = position * cluster;
+        return {first + rank, first, min(first + cluster - 1, Q_blocks - 1), Q_blocks, unit % heads, unit / heads};
     }
 };
 
@@ -124,19 +141,23 @@ __device__ __forceinline__ std::pair<int, int> loaded_tiles(const ForwardParams 
 }
 
 // The grid's work tiles, numbered as WorkTile describes, for blocks in clusters of `cluster`
-// (consecutive blocks).
-template <int B_r, int cluster, MaskKind MASK>
+// (consecutive blocks); KV_row_bytes is a key's K and V row together.
+template <int B_r, int cluster, MaskKind MASK, int KV_row_bytes>
 struct WorkTileNumbering {
     static constexpr int cluster_blocks = cluster;
     const ForwardParams &params;
     int Q_blocks;
     bool spans_heads;
+    int units; // (batch, head) pairs, or with spans_heads (batch, cluster's heads) tuples
+    int chunk_units;
     int n_work_tiles;
     uint32_t rank; // in the cluster
 
     __device__ __forceinline__ WorkTileNumbering(const ForwardParams &params_, uint32_t rank_)
         : params(params_), Q_blocks((params_.seqlen_q + B_r - 1) / B_r),
           spans_heads(cluster_spans_heads(cluster, params_.heads_q, params_.heads_kv)),
+          units(params_.batch * (spans_heads ? params_.heads_q / cluster : params_.heads_q)),
+          chunk_units(units_sharing_kv(params_, spans_heads ? cluster : 1)),
           n_work_tiles(static_cast<int>(dense_work_tiles(cluster, Q_blocks, params_.batch, params_.heads_q, params_.heads_kv))),
           rank(rank_) {}
 
@@ -144,7 +165,18 @@ struct WorkTileNumbering {
     // The index past the last work tile: what a persistent producer hands out at the end.
     __device__ __forceinline__ int end() const { return n_work_tiles; }
     __device__ __forceinline__ WorkTile work_tile(int index) const {
-        return WorkTile::of<MASK, cluster>(index, Q_blocks, params.heads_q, rank, spans_heads);
+        return WorkTile::of<MASK, cluster>(index, Q_blocks, params.heads_q, units, chunk_units, rank, spans_heads);
+    }
+
+  private:
+    // How many units' K and V fit WORK_CHUNK_KV_BYTES (at least one): a unit of heads_per_unit
+    // query heads reads heads_per_unit / group key/value heads' (a group's query heads are consecutive).
+    __device__ __forceinline__ static int units_sharing_kv(const ForwardParams &params, int heads_per_unit) {
+        if constexpr (MASK == MaskKind::NONE)
+            return 1; // not used
+        const int group = params.heads_q / params.heads_kv;
+        const int64_t unit_bytes = max(int64_t{1}, int64_t{params.seqlen_k} * KV_row_bytes * heads_per_unit / group);
+        return static_cast<int>(max(int64_t{1}, WORK_CHUNK_KV_BYTES / unit_bytes));
     }
 };
 
@@ -172,8 +204,9 @@ struct PlannedWorkTiles {
 };
 
 // How a kernel's work tiles are numbered: densely, or (varlen) as the call's plan lists them.
-template <int B_r, int cluster, MaskKind MASK, bool VARLEN>
-using WorkTilesOf = std::conditional_t<VARLEN, PlannedWorkTiles<cluster>, WorkTileNumbering<B_r, cluster, MASK>>;
+template <int B_r, int cluster, MaskKind MASK, bool VARLEN, int KV_row_bytes>
+using WorkTilesOf =
+    std::conditional_t<VARLEN, PlannedWorkTiles<cluster>, WorkTileNumbering<B_r, cluster, MASK, KV_row_bytes>>;
 
 // A block computes one work tile and knows it from its index: nothing is handed off.
 struct NoHandOff {

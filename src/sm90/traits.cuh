@@ -67,10 +67,10 @@ struct StaticHopperKernelConfig {
     // call's work tiles are those its plan lists, longest sequences first.
     template <MaskKind MASK, bool VARLEN>
     using TileScheduler = std::conditional_t<
-        !persistent, SinglePassScheduler<WorkTilesOf<B_r, cluster_size, MASK, VARLEN>>,
+        !persistent, SinglePassScheduler<WorkTilesOf<B_r, cluster_size, MASK, VARLEN, 2 * d_head * element_bytes>>,
         std::conditional_t<(cluster_size > 1),
-                           ClusterCounterScheduler<WorkTilesOf<B_r, cluster_size, MASK, VARLEN>>,
-                           AtomicCounterScheduler<WorkTilesOf<B_r, 1, MASK, VARLEN>>>>;
+                           ClusterCounterScheduler<WorkTilesOf<B_r, cluster_size, MASK, VARLEN, 2 * d_head * element_bytes>>,
+                           AtomicCounterScheduler<WorkTilesOf<B_r, 1, MASK, VARLEN, 2 * d_head * element_bytes>>>>;
 
     static constexpr int n_threads = WARPGROUP_THREADS * (consumer_warpgroups + (warp_specialized ? 1 : 0));
     static constexpr int consumer_warps = consumer_warpgroups * WARPGROUP_THREADS / WARP_SIZE;
