@@ -35,6 +35,7 @@ import varlen_bench  # noqa: E402
 import run_kernels  # noqa: E402
 import sass_counts  # noqa: E402
 import sass_diff  # noqa: E402
+import stall_paths  # noqa: E402
 import work_order_tail  # noqa: E402
 from flash_helpers.build_env import BUILD_KERNELS_ENV  # noqa: E402
 from flash_helpers.default_set import DEFAULT_BUILD_KERNELS  # noqa: E402
@@ -71,6 +72,7 @@ PYTHON_TOOLS = [
     ANALYSIS_DIR / "sass_counts.py",
     ANALYSIS_DIR / "sass_diff.py",
     ANALYSIS_DIR / "work_order_tail.py",
+    ANALYSIS_DIR / "stall_paths.py",
 ]
 
 # Configurations from the current sets, so the tests follow changes to the configuration space:
@@ -2627,3 +2629,39 @@ def test_work_order_tail_of_the_kernels_order_is_shorter(capsys):
     assert work_order_tail.efficiency([1.0] * 264, 132) == 1.0
     assert work_order_tail.main(["--seq-lens", "2048"]) == 0
     assert "2048" in capsys.readouterr().out
+
+
+# An exported source page: the kernel's name first, then the header, then a row per instruction.
+STALL_PATHS_CSV = """"Kernel Name","void kernel()"
+"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","Instructions Executed","stall_wait","stall_barrier","stall_wait (Not Issued)"
+"0x10","  FFMA R1, R2, R3, R4","30","20","800","25","0","20"
+"0x20","  @!P0  BRA 0x10","10","10","800","0","10","0"
+"0x30","  STS [R5], R6","6","4","100","1","5","1"
+"0x40","  MUFU.RCP R7, R8","4","4","100","4","0","4"
+"0x50","  EXIT","0","0","0","0","0","0"
+"""
+
+
+def test_stall_paths_groups_instructions_by_their_execution_count(tmp_path, capsys):
+    instructions = stall_paths.read_instructions(STALL_PATHS_CSV.splitlines())
+    assert [instruction.opcode for instruction in instructions] == ["FFMA", "BRA", "STS", "MUFU", "EXIT"]
+    assert instructions[0].stalls == {"wait": 25.0}  # the not-issued column is left out
+    groups = stall_paths.group_by_executions(instructions)
+    assert [(group.executed, group.samples, len(group.instructions)) for group in groups] == [(800, 40, 2), (100, 10, 2)]
+    text = stall_paths.report(instructions, groups=4, hottest=1)
+    # 40 of 50 samples in the loop's group; a pass of the other costs (10 / 100) / (40 / 800) = 2 of the loop's.
+    assert "| 800 | 80.0 | 2 | 1.00 |" in text and "| 100 | 20.0 | 2 | 2.00 |" in text
+    assert "wait 60.0, barrier 30.0" in text and "60.00 FFMA R1, R2, R3, R4" in text
+    path = tmp_path / "sass.csv"
+    path.write_text(STALL_PATHS_CSV)
+    assert stall_paths.main([str(path), "--groups", "1", "--hottest", "0"]) == 0
+    assert "(1 more groups, 20.0% of the samples)" in capsys.readouterr().out
+
+
+def test_stall_paths_rejects_a_file_without_its_columns(tmp_path, capsys):
+    path = tmp_path / "other.csv"
+    path.write_text("a,b\n1,2\n")
+    assert stall_paths.main([str(path)]) == 1
+    assert "no header with the columns" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        stall_paths.parse_args([str(path), "--groups", "0"])
