@@ -1154,6 +1154,32 @@ def test_ncu_command_profiles_run_kernels_with_every_metric():
     assert run_kernels.parse_args(causal[causal.index(sys.executable) + 2 :]).causal
 
 
+def test_ncu_bench_stall_reasons_are_asked_for_printed_and_written(tmp_path):
+    args = ncu_bench.parse_args(["--stall-reasons"])
+    metrics = ncu_bench.ncu_command("ncu", args, common.benchmark_problem(4096, 128))
+    asked = metrics[metrics.index("--metrics") + 1].split(",")
+    assert asked == [*ncu_bench.NCU_METRICS, *ncu_bench.STALL_METRICS.values()]
+    assert "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio" in asked
+    plain = ncu_bench.ncu_command("ncu", ncu_bench.parse_args([]), common.benchmark_problem(4096, 128))
+    assert plain[plain.index("--metrics") + 1].split(",") == list(ncu_bench.NCU_METRICS)
+    # Two kernels' stalls as ncu's raw page gives them ("inst" units, left as they are).
+    wait, barrier, gmma = (ncu_bench.STALL_METRICS[reason] for reason in ("wait", "barrier", "gmma"))
+    summaries = [
+        ncu_bench.KernelSummary(ncu_bench.KernelName("ours", "ours"), 1, {wait: 2.32, barrier: 0.97, gmma: 0.001}),
+        ncu_bench.KernelSummary(ncu_bench.KernelName("FA3", "peer"), 1, {wait: 1.49, barrier: 0.59, gmma: 0.36}),
+    ]
+    stalls = [ncu_bench.stall_reasons(summary) for summary in summaries]
+    assert stalls[0] == {"wait": 2.32, "barrier": 0.97, "gmma": 0.001}
+    problem = common.benchmark_problem(2048, 128, causal=True)
+    rows = [ncu_bench.profile_row(summary, "bf16", problem) for summary in summaries]
+    table = ncu_bench.format_stall_table(rows, stalls).splitlines()
+    assert table[0].split() == ["kernel", "wait", "barrier", "gmma", "total"]  # largest first over the table
+    assert table[2].split() == ["ours", "2.32", "0.97", "0.00", "3.29"]
+    assert table[3].split() == ["FA3", "1.49", "0.59", "0.36", "2.44"]
+    # Reasons no kernel stalls on are left out.
+    assert "misc" not in ncu_bench.format_stall_table(rows, stalls)
+
+
 def _stand_in_ncu(tmp_path, output: str, status: int = 0) -> pathlib.Path:
     """An executable that records its arguments and prints ``output`` the way ncu would."""
     (tmp_path / "ncu_output.txt").write_text(output)
@@ -1187,6 +1213,27 @@ def test_ncu_bench_with_a_stand_in_ncu(tmp_path):
     assert [row["kernel"] for row in rows] == [CFG_A.short_form(), "SDPA FLASH (FA2)"]
     assert float(rows[0]["duration_us"]) == pytest.approx(1400.0) and rows[0]["launches"] == "2"
     assert rows[0]["causal"] == "False"
+
+
+def test_ncu_bench_with_a_stand_in_ncu_writes_stall_reasons(tmp_path):
+    # NCU_RAW_OUTPUT with one stall reason's column added: its values per launch, "inst" its unit.
+    wait = ncu_bench.STALL_METRICS["wait"]
+    lines = NCU_RAW_OUTPUT.splitlines()
+    header = lines.index(RAW_HEADER)
+    column = [wait, "inst", "", "2.0", "3.0", "", ""]  # header, units, then per launch: ours twice, the others none
+    for offset, value in enumerate(column):
+        lines[header + offset] += f',"{value}"'
+    ncu = _stand_in_ncu(tmp_path, "\n".join(lines))
+    result = run_tool(
+        sys.executable, BENCHMARK_DIR / "ncu_bench.py", "--ncu", ncu, "--seq_lens", "4096", "--stall-reasons",
+        "--csv", tmp_path / "profile.csv",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "warps stalled per issued instruction, by reason" in result.stdout
+    with open(tmp_path / "profile.csv", newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert float(rows[0]["stalled_wait"]) == pytest.approx(2.5) and rows[1]["stalled_wait"] == ""
+    assert "stalled_barrier" in rows[0]
 
 
 def test_ncu_bench_causal_profiles_each_mask(tmp_path):

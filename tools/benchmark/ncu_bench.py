@@ -17,7 +17,11 @@ and the MUFU (XU) pipe's utilization, the issue slots used, the instructions exe
 TFLOP/s counting all the work (total_flop) or only the two matmuls (attn_flop); with the causal
 mask, half of the unmasked problem's, as FlashAttention counts. Then, for each kernel at a length
 that is not a multiple of 128 and at the next multiple (both among --seq_lens), how many more
-cycles per attention FLOP it takes at the former.
+cycles per attention FLOP it takes at the former. With --stall-reasons, also per kernel why its warps
+did not issue: for each reason Nsight Compute's warp state statistics name (waiting on a fixed
+latency, a barrier, a long or short scoreboard, a matrix instruction, ...), the warps stalled on it
+per issued instruction (the reasons add up to the warp cycles per issued instruction), the peers'
+beside ours: where one kernel's warps wait more than another's, and on what.
 
 --peers fa3 fa4 profiles each peer's flash_attn_func on the same shapes (bfloat16 or e4m3 for FA3's
 fa3-fwd build), each in an ncu run of its own (run_kernels.py --peer): every kernel of that run
@@ -85,6 +89,31 @@ NCU_METRICS = (
     ISSUE_ACTIVE,
     INSTRUCTIONS,
 )
+# --stall-reasons: why warps did not issue, per reason the warps stalled on it per issued instruction.
+STALL_REASONS = (
+    "wait",
+    "barrier",
+    "long_scoreboard",
+    "short_scoreboard",
+    "dispatch_stall",
+    "not_selected",
+    "selected",
+    "no_instruction",
+    "gmma",
+    "sleeping",
+    "mio_throttle",
+    "math_pipe_throttle",
+    "branch_resolving",
+    "lg_throttle",
+    "membar",
+    "drain",
+    "imc_miss",
+    "tex_throttle",
+    "misc",
+)
+STALL_METRICS = {reason: f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio" for reason in STALL_REASONS}
+# A reason is listed where some kernel of the table stalls on it at least this much.
+STALL_LISTED_FROM = 0.005
 
 # SDPA kernels, recognised by a part of their name (compared in lower case), in the order tried.
 REFERENCE_KERNEL_PATTERNS = (
@@ -409,6 +438,26 @@ def ragged_length_lines(rows: list[ProfileRow], seqlen_k: int | None = None) -> 
     return lines
 
 
+def stall_reasons(summary: KernelSummary) -> dict[str, float]:
+    """The warps stalled per issued instruction on each reason ncu reported for the kernel."""
+    return {reason: summary.metrics[metric] for reason, metric in STALL_METRICS.items() if metric in summary.metrics}
+
+
+def format_stall_table(rows: list[ProfileRow], stalls: list[dict[str, float]]) -> str:
+    """One row per kernel: its warps stalled per issued instruction on each reason some kernel of the
+    table stalls on (largest first, by the table's sum), and their total."""
+    totals = collections.Counter()
+    for kernel_stalls in stalls:
+        totals.update(kernel_stalls)
+    listed = [reason for reason, _ in totals.most_common() if any(s.get(reason, 0) >= STALL_LISTED_FROM for s in stalls)]
+    headers = ["kernel", *listed, "total"]
+    table = [
+        [row.kernel, *(kernel_stalls.get(reason, math.nan) for reason in listed), sum(kernel_stalls.values())]
+        for row, kernel_stalls in zip(rows, stalls)
+    ]
+    return common.format_table(headers, table, float_formats={i: ".2f" for i in range(1, len(headers))})
+
+
 def format_profile_table(rows: list[ProfileRow]) -> str:
     headers = [header for header, _, _ in TABLE_COLUMNS]
     formats = {i: fmt for i, (_, _, fmt) in enumerate(TABLE_COLUMNS) if fmt}
@@ -455,6 +504,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--csv", metavar="PATH", help="also write the averaged table to PATH")
     parser.add_argument("--ncu", default="ncu", help="the Nsight Compute command line (default: ncu on PATH)")
     parser.add_argument(
+        "--stall-reasons",
+        action="store_true",
+        help="also print (and write to --csv) why each kernel's warps did not issue: per reason, the warps "
+        "stalled on it per issued instruction",
+    )
+    parser.add_argument(
         "--all-kernels",
         action="store_true",
         help="also report kernels that are neither ours nor SDPA's (input fills, ...)",
@@ -485,7 +540,7 @@ def ncu_command(ncu: str, args: argparse.Namespace, problem: common.Problem, pee
         # Demangled names carry the configuration's template arguments; the default may be the
         # bare function name, which all our configurations share.
         "--print-kernel-base", "demangled",
-        "--metrics", ",".join(NCU_METRICS),
+        "--metrics", ",".join(NCU_METRICS + (tuple(STALL_METRICS.values()) if args.stall_reasons else ())),
         sys.executable, str(RUN_KERNELS), str(problem.seqlen_q), str(problem.d_head),
         "--n_runs", str(args.runs),
         "--batch", str(problem.batch),
@@ -533,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
 
-    all_rows, tables, failures = [], [], []
+    all_rows, all_stalls, tables, failures = [], [], [], []
     for problem in common.track(shape_problems(args), description="profiling"):
         where = f"{args.dtype}, {problem.describe()}"
         summaries = []
@@ -552,10 +607,14 @@ def main(argv: list[str] | None = None) -> int:
                 failures.append(f"{where}, {whose} run: {trouble}\n{output_tail(result)}")
             summaries += found
         rows = [profile_row(summary, args.dtype, problem) for summary in summaries]
+        stalls = [stall_reasons(summary) for summary in summaries]
         if rows:
             title = f"{where} (averages over {args.runs} run(s)); attention FLOPs: {common.flop_rule(problem)}"
             tables.append(f"{title}\n{format_profile_table(rows)}")
+            if args.stall_reasons:
+                tables.append(f"{where}: warps stalled per issued instruction, by reason\n{format_stall_table(rows, stalls)}")
         all_rows += rows
+        all_stalls += stalls
 
     print("\n\n".join(tables))
     ragged = ragged_length_lines(all_rows, args.seqlen_k)
@@ -563,7 +622,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nLengths that are not multiples of {common.ALIGNED_LENGTH}, against the next multiple:")
         print("\n".join(ragged))
     if args.csv:
-        common.write_csv(args.csv, all_rows, [field.name for field in dataclasses.fields(ProfileRow)])
+        fields = [field.name for field in dataclasses.fields(ProfileRow)]
+        if args.stall_reasons:
+            stall_fields = [f"stalled_{reason}" for reason in STALL_REASONS]
+            records = [
+                dataclasses.asdict(row) | {f"stalled_{reason}": value for reason, value in kernel_stalls.items()}
+                for row, kernel_stalls in zip(all_rows, all_stalls)
+            ]
+            common.write_csv(args.csv, records, fields + stall_fields)
+        else:
+            common.write_csv(args.csv, all_rows, fields)
     for failure in failures:
         print(f"\n{failure}", file=sys.stderr)
     return 1 if failures else 0
