@@ -10,6 +10,7 @@ import functools
 import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import types
@@ -2668,6 +2669,14 @@ def test_work_order_numbers_every_query_block_of_every_head_once():
     assert work_order_tail.work_order(3, 2, 1) == [(2, 0), (1, 0), (0, 0), (2, 1), (1, 1), (0, 1)]
     # Inside a chunk, every head's longest query block first.
     assert work_order_tail.work_order(2, 3, 3) == [(1, 0), (1, 1), (1, 2), (0, 0), (0, 1), (0, 2)]
+
+
+def test_work_order_tail_models_the_kernels_chunk_budget():
+    # The model's budget is the kernel's: WORK_CHUNK_KV_BYTES as tile_scheduler.cuh states it.
+    header = (REPO_ROOT / "src" / "sm90" / "tile_scheduler.cuh").read_text()
+    stated = re.search(r"constexpr int64_t WORK_CHUNK_KV_BYTES = (\d+) << (\d+);", header)
+    assert stated, "tile_scheduler.cuh states WORK_CHUNK_KV_BYTES as a shift"
+    assert work_order_tail.KERNEL_CHUNK_KV_BYTES == int(stated[1]) << int(stated[2])
 
 
 def test_work_order_tail_of_the_kernels_order_is_shorter(capsys):
