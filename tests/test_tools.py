@@ -25,6 +25,7 @@ sys.path[:0] = [str(BENCHMARK_DIR), str(ANALYSIS_DIR)]
 import autotune  # noqa: E402
 import bench_common as common  # noqa: E402
 import call_bench  # noqa: E402
+import ceiling_bench  # noqa: E402
 import decode_bench  # noqa: E402
 import generate_bench  # noqa: E402
 import model_bench  # noqa: E402
@@ -68,6 +69,7 @@ PYTHON_TOOLS = [
     BENCHMARK_DIR / "progression.py",
     BENCHMARK_DIR / "model_bench.py",
     BENCHMARK_DIR / "power_bench.py",
+    BENCHMARK_DIR / "ceiling_bench.py",
     BENCHMARK_DIR / "decode_bench.py",
     BENCHMARK_DIR / "generate_bench.py",
     ANALYSIS_DIR / "sass_counts.py",
@@ -180,6 +182,7 @@ def test_autotune_script_passes_lengths_and_options_on(tmp_path):
         [BENCHMARK_DIR / "progression.py", "--csv", "unused.csv"],
         [BENCHMARK_DIR / "model_bench.py", "--csv", "unused.csv"],
         [BENCHMARK_DIR / "power_bench.py", "4096", "128"],
+        [BENCHMARK_DIR / "ceiling_bench.py"],
         [BENCHMARK_DIR / "decode_bench.py", "--csv", "unused.csv"],
         [BENCHMARK_DIR / "generate_bench.py", "--csv", "unused.csv"],
     ],
@@ -409,6 +412,39 @@ def test_power_bench_reports_work_per_cycle_and_energy_per_flop_and_names_a_miss
     assert "TFLOP/s per GHz" in text and "400.0" in text and "419.8" in text
     assert "TFLOP/J" in text and "0.928" in text and "1.000" in text
     assert text.splitlines()[-1] == "FA4: missing: ModuleNotFoundError: No module named 'flash_attn'"
+
+
+def test_ceiling_bench_counts_each_warpgroup_s_products_and_their_depth_per_dtype():
+    kernels = types.SimpleNamespace(wgmma_m=64, wgmma_k_bytes=32, warpgroups_per_sm=3, products_per_iteration=8)
+    # 132 SMs x 3 warpgroups x 10 iterations x 8 products, each 2 * 64 * N * K: K = 16 for 16-bit, 32 for e4m3.
+    assert ceiling_bench.tensor_flop(132, 256, 2, 10, kernels) == 132 * 3 * 10 * 8 * 2 * 64 * 256 * 16
+    assert ceiling_bench.tensor_flop(132, 256, 1, 10, kernels) == 2 * ceiling_bench.tensor_flop(132, 256, 2, 10, kernels)
+
+
+def test_ceiling_bench_rates_leave_out_the_settling_and_name_a_missing_ceiling():
+    samples = [power_bench.Sample(1980, 300, 40), power_bench.Sample(1755, 690, 60), power_bench.Sample(1740, 688, 61)]
+    # 4 GB per call: the settled median of 1.0 ms (2.0 is the settling third) is 4,000 GB/s.
+    read = ceiling_bench.ceiling_from("HBM read", "GB/s", 4e9, [2.0, 1.0, 1.0], samples)
+    assert read.rate == pytest.approx(4000.0) and (read.sm_clock_mhz, read.power_w) == (1747.5, 689.0)
+    tensor = ceiling_bench.ceiling_from("tensor pipe", "TFLOP/s", 8.58e11, [1.0, 1.0, 1.0], samples)
+    assert tensor.rate == pytest.approx(858.0) and tensor.rate_per_watt == pytest.approx(858.0 / 689.0)
+    text = ceiling_bench.format_ceilings([read, tensor], {"torch.matmul 8192^3 e4m3": "RuntimeError: no fp8 gemm"})
+    assert "4000.0" in text and "858.0" in text and "TFLOP/s" in text and "GB/s" in text
+    assert text.splitlines()[-1] == "torch.matmul 8192^3 e4m3: missing: RuntimeError: no fp8 gemm"
+
+
+def test_ceiling_bench_arguments():
+    args = ceiling_bench.parse_args(["--what", "tensor", "read", "--dtypes", "e4m3", "--n", "128", "256"])
+    assert (args.what, args.dtypes, args.n) == (["tensor", "read"], ["e4m3"], [128, 256])
+    for bad in (["--n", "100"], ["--seconds", "0"], ["--what", "softmax"]):
+        with pytest.raises(SystemExit):
+            ceiling_bench.parse_args(bad)
+
+
+def test_ceiling_bench_without_nvidia_smi_names_it(monkeypatch, capsys):
+    monkeypatch.setattr(common, "gpu_available", lambda: True)
+    assert ceiling_bench.main(["--nvidia-smi", "/nonexistent/nvidia-smi"]) == 1
+    assert "/nonexistent/nvidia-smi not found" in capsys.readouterr().err
 
 
 def test_power_bench_peers_and_the_llama70b_shape():
