@@ -1068,6 +1068,7 @@ def test_default_set_has_the_hopper_configurations():
 E4M3_DEFAULTS = [
     "sm90(E4M3, 64, 192, 128, 2): ws+pingpong+overlap",
     "sm90(E4M3, 128, 128, 128, 2): ws+pingpong+overlap+persistent",
+    "sm90(E4M3, 128, 128, 192, 2): ws+pingpong+overlap+persistent",
     "sm90(E4M3, 256, 128, 64, 2): ws+pingpong+overlap",
 ]
 E4M3_FULL = Hopper(E4M3, 128, 128, 128, 2, True, True, True)
@@ -1156,8 +1157,8 @@ BAD_E4M3_CONFIGS = [
     (Hopper(E4M3, 128, 128, 128, 2), ["e4m3 needs warp_specialized", "K-major", "transposes each V tile"]),
     (dataclasses.replace(E4M3_FULL, persistent=True, Q_in_registers=True), ["e4m3 needs Q_in_registers off"]),
     (dataclasses.replace(E4M3_FULL, persistent=True, multicast=True), ["e4m3 needs multicast off"]),
-    (Hopper(E4M3, 128, 128, 96, 2, True, True, True), ["e4m3 needs B_c of 64 or 128", "swizzle row", "got B_c = 96"]),
-    (Hopper(E4M3, 128, 128, 192, 2, True, True, True), ["e4m3 needs B_c of 64 or 128", "got B_c = 192"]),
+    (Hopper(E4M3, 128, 128, 96, 2, True, True, True), ["e4m3 needs B_c of 64, 128 or 192", "swizzle rows", "got B_c = 96"]),
+    (Hopper(E4M3, 128, 128, 160, 2, True, True, True), ["e4m3 needs B_c of 64, 128 or 192", "got B_c = 160"]),
     (Hopper(E4M3, 96, 128, 128, 2, True, True, True), ["multiple of 64 (64, 128, 192, 256)", "got d_head = 96"]),
     (Hopper(E4M3, 32, 128, 128, 2, True, True, True), ["multiple of 64", "got d_head = 32"]),
     (Hopper(E4M3, 256, 128, 128, 2, True, True, True), ["shared memory", "transposed V", str(MAX_SMEM_BYTES)]),
@@ -1183,7 +1184,7 @@ def test_bad_e4m3_configs_are_rejected_with_a_reason(cfg, words):
 def test_e4m3_is_in_all_but_in_no_sweep():
     all_e4m3 = [cfg for cfg in get_all_kernel_configs() if cfg.dtype == E4M3]
     assert all_e4m3 and all(cfg.family == "sm90" for cfg in all_e4m3)
-    assert {cfg.B_c for cfg in all_e4m3} == {64, 128} and {cfg.d_head for cfg in all_e4m3} == {64, 128, 192, 256}
+    assert {cfg.B_c for cfg in all_e4m3} == {64, 128, 192} and {cfg.d_head for cfg in all_e4m3} == {64, 128, 192, 256}
     assert not any(cfg.dtype == E4M3 for cfg in get_kernel_configs("tune") + get_kernel_configs("progall"))
     assert not should_autotune_config(E4M3_FULL)
 

@@ -97,9 +97,11 @@ DEFAULT_BUILD_KERNELS = (
     # at d_head 64 three consumer warpgroups, the fastest at every benchmark length with both masks
     # (0.90 to 0.92 x FlashAttention-3; two warpgroups 448 against its 641 TFLOP/s at 16k); at 128 persistent,
     # which measured 1.0 to 1.2 x the single-pass configuration and within 2% where it was slower
-    # (H200, benchmarks/HISTORY.md #2026-11-27-fp8-cache).
+    # (H200, benchmarks/HISTORY.md #2026-11-27-fp8-cache); beside it 192-key tiles, 2 to 6% faster
+    # without a mask from 2k keys and slower below (#2026-11-28-fp8-wide-tiles).
     "sm90(E4M3, 64, 192, 128, 2): ws+pingpong+overlap",
     "sm90(E4M3, 128, 128, 128, 2): ws+pingpong+overlap+persistent",
+    "sm90(E4M3, 128, 128, 192, 2): ws+pingpong+overlap+persistent",
     "sm90(E4M3, 256, 128, 64, 2): ws+pingpong+overlap",
 )
 
@@ -128,6 +130,7 @@ DECODE_KERNELS = tuple(
 VARLEN_KERNELS = (
     "sm90(E4M3, 64, 192, 128, 2): ws+pingpong+overlap",
     "sm90(E4M3, 128, 128, 128, 2): ws+pingpong+overlap+persistent",
+    "sm90(E4M3, 128, 128, 192, 2): ws+pingpong+overlap+persistent",
     "sm90(E4M3, 256, 128, 64, 2): ws+pingpong+overlap",
 ) + tuple(
     short_form.replace("(DTYPE", f"({dtype}")

@@ -72,9 +72,9 @@ _CLUSTER_RING_BARRIERS = 4
 _CLUSTER_RING_INDEX_WORDS = 1
 # O's elements are 16-bit whatever the inputs.
 _O_ELEMENT_BYTES = 2
-# The B_c of an e4m3 configuration: a transposed V tile's row of B_c keys is one 64- or 128-byte
-# swizzle row.
-_E4M3_B_CS = (64, 128)
+# The B_c of an e4m3 configuration: a transposed V tile's rows of B_c keys are whole 64- or 128-byte
+# swizzle rows (192: three of 64 bytes).
+_E4M3_B_CS = (64, 128, 192)
 # The e4m3 head sizes are multiples of this: a row of Q or K is d_head bytes, and the 8-bit tiles use
 # the 64- and 128-byte swizzles.
 _E4M3_D_HEAD_MULTIPLE = 64
@@ -286,8 +286,8 @@ class HopperForwardKernelConfig(KernelConfig):
             )
         if self.B_c not in _E4M3_B_CS:
             return (
-                f"e4m3 needs B_c of {' or '.join(map(str, _E4M3_B_CS))}: a transposed V tile's rows are B_c bytes, "
-                f"one 64- or 128-byte swizzle row; got B_c = {self.B_c}."
+                f"e4m3 needs B_c of {', '.join(map(str, _E4M3_B_CS[:-1]))} or {_E4M3_B_CS[-1]}: a transposed V tile's rows are B_c bytes, "
+                f"whole 64- or 128-byte swizzle rows; got B_c = {self.B_c}."
             )
         if self.d_head % _E4M3_D_HEAD_MULTIPLE:
             heads = ", ".join(str(d) for d in D_HEADS if d % _E4M3_D_HEAD_MULTIPLE == 0)

@@ -52,7 +52,7 @@ __device__ __forceinline__ void probabilities_to_e4m3(FragmentsA<1, N_tiles / 4>
 // The warps of the producer warpgroup after its first: each V tile the producer loads, in the order
 // it loads them, once it has landed and its stage's transposed tile has been released, goes into
 // that tile as d_head rows of B_c keys (each 16 keys in P's register order), swizzled as the wgmma's
-// K-major B operand. The producer ends the stream by arriving on the next stage's V barrier
+// K-major B operand: column blocks of one swizzled row's keys (Kernel::Vt_col_block_bytes apart). The producer ends the stream by arriving on the next stage's V barrier
 // without bytes, having written how many tiles it loaded in that stage's word (SharedTiles::V_stream_end).
 //
 // A warp's unit is 16 keys of each of 32 / lanes_per_row key groups by one column block of V's
@@ -69,6 +69,8 @@ struct VTransposer {
     static constexpr int groups_per_unit = WARP_SIZE / lanes_per_row;
     static constexpr int unit_groups = Kernel::B_c / 16 / groups_per_unit;
     static constexpr int units = unit_groups * Kernel::col_blocks;
+    // 16-key groups (one 16-byte chunk each) per row of a transposed tile's column block.
+    static constexpr int groups_per_Vt_row = Vt_Swizzle::bytes / COPY_BYTES;
 
     const SharedTiles<Kernel> &smem;
 
@@ -132,8 +134,10 @@ struct VTransposer {
                         chunk[w] = byte_permute(pairs[w][i / 2][0], pairs[w][i / 2][1], take);
                     // The column block's rows start on a swizzle atom too.
                     const int row = column + (i + rotation) % 4;
-                    *reinterpret_cast<uint4 *>(Vt + block * Swizzle::cols * Vt_Swizzle::bytes + row * Vt_Swizzle::bytes +
-                                               Vt_Swizzle::chunk_in_row(row, group) * COPY_BYTES) =
+                    const int Vt_block = group / groups_per_Vt_row;
+                    *reinterpret_cast<uint4 *>(Vt + Vt_block * Kernel::Vt_col_block_bytes +
+                                               (block * Swizzle::cols + row) * Vt_Swizzle::bytes +
+                                               Vt_Swizzle::chunk_in_row(row, group % groups_per_Vt_row) * COPY_BYTES) =
                         make_uint4(chunk[0], chunk[1], chunk[2], chunk[3]);
                 }
             }

@@ -118,8 +118,9 @@ struct MainLoop {
 
   private:
     // k-slice kk of a K-major tile: its column block, then 32 bytes per slice inside the row.
+    template <typename TileSwizzle = Swizzle>
     __device__ __forceinline__ static uint64_t k_slice(int kk, int col_block_bytes) {
-        constexpr int slices_per_row = Swizzle::bytes / WGMMA_K_BYTES;
+        constexpr int slices_per_row = TileSwizzle::bytes / WGMMA_K_BYTES;
         return static_cast<uint64_t>((kk / slices_per_row * col_block_bytes + kk % slices_per_row * WGMMA_K_BYTES) >> 4);
     }
 
@@ -160,16 +161,17 @@ struct MainLoop {
         }
     }
     // P's k-slice kk multiplies V's keys wgmma_k kk .. wgmma_k (kk + 1) - 1: rows of V's tile, or
-    // 32 bytes of each row of its transposed tile; the slices past `width` keys hold only masked
-    // (zero) probabilities.
+    // 32 bytes of each row of its transposed tile (in the column block of those keys); the slices
+    // past `width` keys hold only masked (zero) probabilities.
     template <typename Width>
     __device__ __forceinline__ void issue_PV(const typename Kernel::P_fragments &P, int stage, Width) {
         static_assert(Width::value % Kernel::wgmma_k == 0, "P V runs over whole k-slices");
-        constexpr int slice_bytes = Kernel::fp8 ? WGMMA_K_BYTES : WGMMA_K * Swizzle::bytes;
 #pragma unroll
-        for (int kk = 0; kk < Width::value / Kernel::wgmma_k; ++kk)
-            Wgmma<d_head>::template rs<value_t>(flat(O_acc), P.r[0][kk],
-                                                V_desc + stage * stage_step + ((kk * slice_bytes) >> 4), 1);
+        for (int kk = 0; kk < Width::value / Kernel::wgmma_k; ++kk) {
+            const uint64_t slice = Kernel::fp8 ? k_slice<typename Kernel::Vt_Swizzle>(kk, Kernel::Vt_col_block_bytes)
+                                               : static_cast<uint64_t>((kk * WGMMA_K * Swizzle::bytes) >> 4);
+            Wgmma<d_head>::template rs<value_t>(flat(O_acc), P.r[0][kk], V_desc + stage * stage_step + slice, 1);
+        }
     }
     // The probabilities as the A operand of P V.
     __device__ __forceinline__ static void to_P(typename Kernel::P_fragments &P, const typename Kernel::S_accumulators &S) {

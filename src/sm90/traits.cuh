@@ -48,9 +48,9 @@ struct StaticHopperKernelConfig {
     static_assert(B_r % WGMMA_M == 0 && B_r <= 3 * WGMMA_M, "B_r must be 64, 128 or 192");
     static_assert(B_c % WGMMA_K == 0 && B_c >= 64 && B_c <= 192, "B_c must be a multiple of 16 from 64 to 192");
     static_assert(stages >= 1 && stages <= 4, "stages must be 1 to 4"); // (e4m3's end words: two 8-byte words)
-    static_assert(!fp8 || (warp_specialized && !Q_in_registers && !multicast && B_c == Vt_Swizzle::cols),
+    static_assert(!fp8 || (warp_specialized && !Q_in_registers && !multicast && B_c % Vt_Swizzle::cols == 0),
                   "e4m3 needs a producer warpgroup (which transposes V), Q in shared memory, no multicast, and "
-                  "B_c of one swizzled row (64 or 128)");
+                  "B_c of whole swizzled rows (64, 128 or 192 keys)");
 
     // Each consumer warpgroup computes 64 query rows (one wgmma M) against every key; with warp
     // specialization one more warpgroup only issues the loads.
@@ -115,6 +115,8 @@ struct StaticHopperKernelConfig {
     static constexpr int Q_col_block_bytes = WGMMA_M * Swizzle::bytes;
     static constexpr int O_col_block_bytes = WGMMA_M * O_Swizzle::bytes;
     static constexpr int KV_col_block_bytes = B_c * Swizzle::bytes;
+    // A transposed V tile's column blocks: d_head rows of one swizzled row's keys each.
+    static constexpr int Vt_col_block_bytes = d_head * Vt_Swizzle::bytes;
     // With a cluster, each block loads 1 / cluster_size of every KV tile's rows for all of them.
     static constexpr int KV_slice_rows = B_c / cluster_size;
     static constexpr int KV_slice_bytes = KV_slice_rows * Swizzle::bytes;
