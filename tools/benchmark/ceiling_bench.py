@@ -25,7 +25,6 @@ import argparse
 import dataclasses
 import functools
 import pathlib
-import shutil
 import statistics
 import sys
 
@@ -154,12 +153,8 @@ def matmul_call(dtype_name: str):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not common.gpu_available():
-        print(common.no_gpu_message("ceiling_bench.py"), file=sys.stderr)
-        return 1
-    smi = shutil.which(args.nvidia_smi)
+    smi = power_bench.find_nvidia_smi("ceiling_bench.py", args.nvidia_smi)
     if smi is None:
-        print(f"{args.nvidia_smi} not found: ceiling_bench.py samples the clock and power with it", file=sys.stderr)
         return 1
 
     import torch

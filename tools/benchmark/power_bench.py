@@ -189,14 +189,22 @@ def format_runs(runs: list[SustainedRun], missing: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+def find_nvidia_smi(tool: str, command: str) -> str | None:
+    """The path of nvidia-smi (``command``), or None after saying on stderr why ``tool`` cannot
+    sample the GPU: no GPU visible, or no such command."""
+    if not common.gpu_available():
+        print(common.no_gpu_message(tool), file=sys.stderr)
+        return None
+    smi = shutil.which(command)
+    if smi is None:
+        print(f"{command} not found: {tool} samples the clock and power with it", file=sys.stderr)
+    return smi
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not common.gpu_available():
-        print(common.no_gpu_message("power_bench.py"), file=sys.stderr)
-        return 1
-    smi = shutil.which(args.nvidia_smi)
+    smi = find_nvidia_smi("power_bench.py", args.nvidia_smi)
     if smi is None:
-        print(f"{args.nvidia_smi} not found: power_bench.py samples the clock and power with it", file=sys.stderr)
         return 1
 
     import torch
