@@ -52,8 +52,9 @@ __device__ __forceinline__ void probabilities_to_e4m3(FragmentsA<1, N_tiles / 4>
 // The warps of the producer warpgroup after its first: each V tile the producer loads, in the order
 // it loads them, once it has landed and its stage's transposed tile has been released, goes into
 // that tile as d_head rows of B_c keys (each 16 keys in P's register order), swizzled as the wgmma's
-// K-major B operand: column blocks of one swizzled row's keys (Kernel::Vt_col_block_bytes apart). The producer ends the stream by arriving on the next stage's V barrier
-// without bytes, having written how many tiles it loaded in that stage's word (SharedTiles::V_stream_end).
+// K-major B operand: column blocks of one swizzled row's keys (Kernel::Vt_col_block_bytes apart).
+// The producer ends the stream by arriving on the next stage's V barrier without bytes, having
+// written how many tiles it loaded in that stage's word (SharedTiles::V_stream_end).
 //
 // A warp's unit is 16 keys of each of 32 / lanes_per_row key groups by one column block of V's
 // tile: a lane reads 4 bytes (4 columns) of each of its group's 16 keys, one row per load (so a
