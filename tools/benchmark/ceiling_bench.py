@@ -16,7 +16,8 @@ Each runs back to back for --seconds while nvidia-smi samples the SM clock and b
 of 20 calls each), the median clock and power, and the rate per watt. A ceiling that cannot run
 (an e4m3 matmul this torch lacks) is named under the table, with why.
 
-Needs a GPU of compute capability 9.0 for tensor, nvcc, and nvidia-smi.
+Needs nvidia-smi, and for tensor and read a GPU of compute capability 9.0 and nvcc (the kernels are
+compiled for sm_90a; elsewhere read is named as missing).
 """
 
 from __future__ import annotations
