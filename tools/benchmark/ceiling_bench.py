@@ -26,7 +26,6 @@ import argparse
 import dataclasses
 import functools
 import pathlib
-import statistics
 import sys
 
 import bench_common as common
@@ -66,16 +65,11 @@ def tensor_flop(sms: int, n: int, element_bytes: int, iterations: int, kernels) 
 
 
 def ceiling_from(label: str, unit: str, amount: float, timings_ms: list[float], samples) -> Ceiling:
-    """amount (FLOP, or bytes) per call over the settled median time, in TFLOP/s or GB/s."""
-    timings_ms, samples = power_bench.after_settling(timings_ms), power_bench.after_settling(samples)
-    rate = amount / statistics.median(timings_ms) / (1e9 if unit == "TFLOP/s" else 1e6)
-    return Ceiling(
-        label,
-        unit,
-        rate,
-        statistics.median(s.sm_clock_mhz for s in samples) if samples else float("nan"),
-        statistics.median(s.power_w for s in samples) if samples else float("nan"),
-    )
+    """amount (FLOP, or bytes) per call over the settled median time, in TFLOP/s or GB/s: power_bench's
+    summary of a loop (whose rate counts amount / 1e12 per second), in this unit."""
+    run = power_bench.summarize(label, "random", amount, timings_ms, samples)
+    rate = run.tflops if unit == "TFLOP/s" else run.tflops * 1000
+    return Ceiling(label, unit, rate, run.sm_clock_mhz, run.power_w)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
