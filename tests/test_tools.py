@@ -22,6 +22,7 @@ BENCHMARK_DIR = REPO_ROOT / "tools" / "benchmark"
 ANALYSIS_DIR = REPO_ROOT / "tools" / "analysis"
 sys.path[:0] = [str(BENCHMARK_DIR), str(ANALYSIS_DIR)]
 
+import ab_builds  # noqa: E402
 import autotune  # noqa: E402
 import bench_common as common  # noqa: E402
 import call_bench  # noqa: E402
@@ -62,6 +63,7 @@ from flash_helpers.sm90_config import HopperForwardKernelConfig  # noqa: E402
 from flash_helpers.tuning_space import get_all_kernel_configs, get_autotuning_kernel_configs  # noqa: E402
 
 PYTHON_TOOLS = [
+    BENCHMARK_DIR / "ab_builds.py",
     BENCHMARK_DIR / "pt_bench.py",
     BENCHMARK_DIR / "run_kernels.py",
     BENCHMARK_DIR / "ncu_bench.py",
@@ -2757,3 +2759,102 @@ def test_stall_paths_rejects_a_file_without_its_columns(tmp_path, capsys):
     assert "no header with the columns" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         stall_paths.parse_args([str(path), "--groups", "0"])
+
+
+# ----------------------------------------------------------------------------------------------
+# ab_builds
+
+# A stand-in benchmark: writes a CSV row per implementation whose gbps says which build's py/ came
+# first on PYTHONPATH (base 2.0, change 3.0; the peer 5.0 either way), and appends its build to a log.
+_AB_BENCHMARK = """
+import csv, os, pathlib, sys
+first = pathlib.Path(os.environ["PYTHONPATH"].split(os.pathsep)[0])
+build = "change" if first == pathlib.Path({repo!r}) / "py" else "base"
+with open({log!r}, "a") as log:
+    log.write(build + " " + " ".join(sys.argv[1:-2]) + "\\n")
+path = sys.argv[sys.argv.index("--csv") + 1]
+with open(path, "w", newline="") as file:
+    writer = csv.writer(file)
+    writer.writerow(["dtype", "keys", "implementation", "time_ms", "gbps"])
+    writer.writerow(["bf16", 8192, "ours", 0.25, 2.0 if build == "base" else 3.0])
+    writer.writerow(["bf16", 8192, "SDPA", 0.125, 5.0])
+"""
+
+
+def test_ab_builds_runs_the_builds_in_turn_and_compares_them(tmp_path):
+    log = tmp_path / "runs.log"
+    script = tmp_path / "stand_in_bench.py"
+    script.write_text(_AB_BENCHMARK.format(repo=str(REPO_ROOT), log=str(log)))
+    (tmp_path / "base" / "py").mkdir(parents=True)
+    combined = tmp_path / "all.csv"
+    result = run_tool(
+        sys.executable, BENCHMARK_DIR / "ab_builds.py", "--base-tree", tmp_path / "base", "--no-build", "--rounds", "2",
+        "--work-dir", tmp_path / "work", "--csv", combined, "--", script, "--shapes", "1x8192",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert log.read_text().splitlines() == ["base --shapes 1x8192", "change --shapes 1x8192"] * 2
+    table = result.stdout.splitlines()
+    assert "| implementation | base gbps | change gbps | change/base | base runs | change runs |" in table
+    assert "| ours | 2 | 3 | 1.500 | 2, 2 | 3, 3 |" in table
+    assert "| SDPA | 5 | 5 | 1.000 | 5, 5 | 5, 5 |" in table
+    with open(combined, newline="") as file:
+        rows = list(csv.DictReader(file))
+    runs = [(row["build"], row["run"]) for row in rows[::2]]
+    assert runs == [("base", "1"), ("change", "2"), ("base", "3"), ("change", "4")]
+
+
+def test_ab_builds_summary_names_rows_by_their_non_measurement_columns():
+    rows = [
+        {"build": build, "run": str(run), "dtype": "bf16", "seq_len": seq, "config": "sm90(...)", "tflops": tflops,
+         "time_ms": time}
+        for build, run, values in (("base", 1, (100.0, 200.5)), ("change", 2, (110.0, float("nan"))))
+        for seq, tflops, time in zip(("512", "1024"), values, ("0.51", "0.25"))
+    ]  # fmt: skip
+    rows = [{k: str(v) for k, v in row.items()} for row in rows]
+    metric, columns, lines = ab_builds.summarize(rows)
+    assert metric == "tflops" and columns == ["seq_len"]  # time_ms is a measurement; dtype, config never vary
+    assert lines[0]["seq_len"] == "512" and lines[0]["ratio"] == pytest.approx(1.1)
+    assert math.isnan(lines[1]["change_median"]) and math.isnan(lines[1]["ratio"])
+    assert ab_builds.summarize(rows, "time_ms")[0] == "time_ms"
+    with pytest.raises(ValueError, match="--metric gbps"):
+        ab_builds.summarize(rows, "gbps")
+    with pytest.raises(ValueError, match="name --metric"):
+        ab_builds.summarize([{"build": "base", "run": "1", "implementation": "ours", "host_us": "1.5"}])
+
+
+def test_ab_builds_runs_base_first_then_in_turn():
+    assert ab_builds.run_order(3) == [("base", 1), ("change", 1), ("base", 2), ("change", 2), ("base", 3),
+                                      ("change", 3)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--base", "HEAD"], "name the benchmark after '--'"),
+        (["--base", "HEAD", "--", "decode_bench"], "name the benchmark after '--'"),
+        (["--base", "HEAD", "--", "tools/benchmark/decode_bench.py", "--csv", "x.csv"], "--csv is ab_builds' own"),
+        (["--base", "HEAD", "--rounds", "0", "--", "tools/benchmark/decode_bench.py"], "--rounds must be at least 1"),
+        (["--", "tools/benchmark/decode_bench.py"], "one of the arguments --base --base-tree is required"),
+        (["--base", "HEAD", "--base-tree", "x", "--", "tools/benchmark/decode_bench.py"], "not allowed with argument"),
+    ],
+)
+def test_ab_builds_rejects_bad_arguments(argv, words, capsys):
+    with pytest.raises(SystemExit) as error:
+        ab_builds.parse_args(argv)
+    assert error.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_ab_builds_refuses_a_base_tree_that_is_not_one(tmp_path):
+    result = run_tool(
+        sys.executable, BENCHMARK_DIR / "ab_builds.py", "--base-tree", tmp_path, "--no-build", "--work-dir",
+        tmp_path / "work", "--", "tools/benchmark/decode_bench.py",
+    )  # fmt: skip
+    assert result.returncode == 1 and "holds no tree of this repository" in result.stderr
+
+
+@pytest.mark.skipif(not (REPO_ROOT / ".git").exists(), reason="this checkout has no git history to export from")
+def test_ab_builds_exports_a_revision(tmp_path):
+    ab_builds.export_revision("HEAD", tmp_path / "base")
+    assert (tmp_path / "base" / "setup.py").is_file() and (tmp_path / "base" / "py" / "flash_helpers").is_dir()
+    with pytest.raises(SystemExit, match="git archive no-such-revision failed"):
+        ab_builds.export_revision("no-such-revision", tmp_path / "other")
