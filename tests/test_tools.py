@@ -2822,6 +2822,21 @@ def test_ab_builds_summary_names_rows_by_their_non_measurement_columns():
         ab_builds.summarize([{"build": "base", "run": "1", "implementation": "ours", "host_us": "1.5"}])
 
 
+@pytest.mark.parametrize("status", [0, 3])
+def test_ab_builds_builds_a_tree_in_place_with_the_selection_and_jobs(tmp_path, status):
+    """build() runs the tree's own setup.py (here a stand-in that records what it got) in the tree, with
+    the kernel selection and MAX_JOBS, its output in the log, and returns its exit status."""
+    (tmp_path / "setup.py").write_text(
+        "import os, sys\n"
+        f"print(sys.argv[1:], os.environ['{BUILD_KERNELS_ENV}'], os.environ['MAX_JOBS'], os.getcwd())\n"
+        f"sys.exit({status})\n"
+    )
+    log = tmp_path / "build.log"
+    assert ab_builds.build(tmp_path, log, "(FP16, 64, 16, 64, 4)", 3) == status
+    expected = ["['build_ext',", "'--inplace']", "(FP16,", "64,", "16,", "64,", "4)", "3", str(tmp_path)]
+    assert log.read_text().split() == expected
+
+
 def test_ab_builds_runs_base_first_then_in_turn():
     assert ab_builds.run_order(3) == [("base", 1), ("change", 1), ("base", 2), ("change", 2), ("base", 3),
                                       ("change", 3)]  # fmt: skip
