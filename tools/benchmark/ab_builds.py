@@ -40,6 +40,7 @@ import sys
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "py"))
 
+import bench_common as common  # noqa: E402
 from flash_helpers.build_env import BUILD_KERNELS_ENV  # noqa: E402
 
 BUILDS = ("base", "change")
@@ -198,10 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += [{"build": name, "run": str(run), **row} for row in csv.DictReader(file)]
     metric, columns, lines = summarize(rows, args.metric)
     if args.csv:
-        with open(args.csv, "w", newline="") as file:
-            writer = csv.DictWriter(file, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        common.write_csv(args.csv, rows)
     print(f"base: {trees['base']}; change: {trees['change']}; {args.rounds} round(s), in turn base, change")
     print(format_summary(metric, columns, lines))
     return 0
