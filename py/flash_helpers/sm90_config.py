@@ -47,9 +47,6 @@ _SM_REGISTERS = 65536
 # What setmaxnreg gives each consumer thread, by the number of consumer warpgroups (the producer
 # keeps 24 registers per thread with two, 32 with three).
 _SETMAXNREG_CONSUMER_REGISTERS = {2: 240, 3: 160}
-# What setmaxnreg gives each consumer thread with e4m3, by the number of consumer warpgroups: the
-# producer warpgroup's warps that transpose V keep 56.
-_E4M3_CONSUMER_REGISTERS = {2: 224, 3: 152}
 # What the varlen kernels of two consumer warpgroups give each of them: their producer keeps 40.
 VARLEN_CONSUMER_REGISTERS = 232
 # The most registers any thread can have.
@@ -175,17 +172,25 @@ class HopperForwardKernelConfig(KernelConfig):
         a 16-bit O."""
         return self.dtype is DType.E4M3
 
+    @property
+    def o_in_v_tiles(self) -> bool:
+        """Whether O (16-bit) goes out through the stages' V tiles, as the traits' O_in_V: with e4m3,
+        in a single pass (a persistent block's next V tiles load while O is stored), where they hold
+        every consumer warpgroup's O block. The transposing warps have read every V tile by the time a
+        consumer warpgroup has waited for its last transposed one."""
+        return self.is_fp8 and not self.persistent and self.stages * self.B_c >= self.B_r * _O_ELEMENT_BYTES
+
     def smem_bytes(self) -> int:
         """Dynamic shared memory of one block, as the kernel's traits compute it: the Q tile and, per
         pipeline stage, a K and a V tile (with e4m3 also V transposed), of the inputs' elements; an O
         tile of Q's rows, of 16-bit elements, when persistent or with e4m3 (whose O is wider than
-        Q); slack for aligning the tiles to 1024 bytes; and 8-byte words: the mbarriers (a full and an
+        Q) unless it goes out through the V tiles (o_in_v_tiles); slack for aligning the tiles to 1024 bytes; and 8-byte words: the mbarriers (a full and an
         empty one for each consumer warpgroup's Q block, and for each tile of a stage), a work slot
         of three words per consumer warpgroup, with e4m3 two words where the producer marks the end
         of its stream of V tiles, and in a persistent cluster the ring through which its first block
         hands out the work tiles."""
         kv_tiles = 3 if self.is_fp8 else 2
-        O_rows = self.B_r if self.persistent or self.is_fp8 else 0
+        O_rows = self.B_r if self.persistent or (self.is_fp8 and not self.o_in_v_tiles) else 0
         inputs = (self.B_r + self.stages * kv_tiles * self.B_c) * self.d_head * self.dtype.element_bytes
         tiles = inputs + O_rows * self.d_head * _O_ELEMENT_BYTES
         barriers = 2 * self.consumer_warpgroups + 2 * kv_tiles * self.stages
@@ -205,10 +210,8 @@ class HopperForwardKernelConfig(KernelConfig):
         registers to them: 240 each with two, 160 with three. Otherwise each thread has what the
         launch bound leaves, the register file over the block's threads rounded down to a multiple
         of 8, at most the 255 a thread can have. (The varlen kernels of two consumer warpgroups give
-        them VARLEN_CONSUMER_REGISTERS; with e4m3, 224 each with two and 152 with three.)"""
+        them VARLEN_CONSUMER_REGISTERS.)"""
         if self.warp_specialized and self.consumer_warpgroups >= 2:
-            if self.is_fp8:
-                return _E4M3_CONSUMER_REGISTERS[self.consumer_warpgroups]
             return _SETMAXNREG_CONSUMER_REGISTERS[self.consumer_warpgroups]
         return min(_SM_REGISTERS // self.n_threads // 8 * 8, _MAX_THREAD_REGISTERS)
 
@@ -250,7 +253,7 @@ class HopperForwardKernelConfig(KernelConfig):
 
         if self.smem_bytes() > MAX_SMEM_BYTES:
             tiles = (
-                "Q, a K, a V and a transposed V tile per stage, O"
+                "Q, a K, a V and a transposed V tile per stage, O unless the V tiles hold it"
                 if self.is_fp8
                 else "Q, a K and a V tile per stage, O when persistent"
             )

@@ -56,7 +56,7 @@ __device__ __forceinline__ void write_outputs(const KernelParams &kp, const Forw
                    [&] { return params.seqlen_q - Q_first_row; });
 
     // O leaves through shared memory, in the swizzled layout TMA reads, once every warp
-    // of the warpgroup is done with Q (whose block O reuses unless persistent) and the previous
+    // of the warpgroup is done with Q (whose block O reuses, SharedTiles::O) and the previous
     // work tile's store has read its O; TMA drops the rows past seqlen_q (past the sequence's end).
     const bool stores = threadIdx.x % WARPGROUP_THREADS == 0;
     if (Kernel::persistent && stores)

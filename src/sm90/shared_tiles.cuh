@@ -22,9 +22,10 @@ struct SharedTiles {
     }
 
     __device__ __forceinline__ uint8_t *Q(int warpgroup) const { return base + warpgroup * Kernel::wg_Q_bytes; }
-    // Where a warpgroup's O goes out: its own block (persistent, or e4m3), else its Q block.
+    // Where a warpgroup's O goes out: its own block (persistent, or e4m3 where the V tiles cannot
+    // hold it), the V tiles (other e4m3), else its Q block (of 16-bit elements, as O is).
     __device__ __forceinline__ uint8_t *O(int warpgroup) const {
-        return base + Kernel::O_offset + warpgroup * (Kernel::separate_O ? Kernel::wg_O_bytes : Kernel::wg_Q_bytes);
+        return base + Kernel::O_offset + warpgroup * Kernel::wg_O_bytes;
     }
     __device__ __forceinline__ uint8_t *K(int stage) const { return base + Kernel::K_offset + stage * Kernel::KV_tile_bytes; }
     __device__ __forceinline__ uint8_t *V(int stage) const { return base + Kernel::V_offset + stage * Kernel::KV_tile_bytes; }

@@ -78,13 +78,13 @@ struct StaticHopperKernelConfig {
     // Registers per thread (setmaxnreg) when a producer warpgroup gives most of its own to the
     // consumers; with one consumer warpgroup the launch bound already allows 255. A varlen kernel's
     // producer (per work tile the plan's entry, the sequence's rows and bounded tensor maps) spills
-    // at 24 beside two consumer warpgroups, so it keeps 40 and they take 232.
-    // With e4m3 the producer warpgroup's other warps transpose V and keep 56 (at 32 they spill).
+    // at 24 beside two consumer warpgroups, so it keeps 40 and they take 232. (With e4m3 the
+    // producer warpgroup's other warps transpose V in as few.)
     static constexpr bool moves_registers = warp_specialized && consumer_warpgroups >= 2;
     template <bool VARLEN>
-    static constexpr int producer_registers = fp8 ? 56 : consumer_warpgroups == 2 ? (VARLEN ? 40 : 24) : 32;
+    static constexpr int producer_registers = consumer_warpgroups == 2 ? (VARLEN ? 40 : 24) : 32;
     template <bool VARLEN>
-    static constexpr int consumer_registers = consumer_warpgroups == 2 ? (fp8 ? 224 : VARLEN ? 232 : 240) : fp8 ? 152 : 160;
+    static constexpr int consumer_registers = consumer_warpgroups == 2 ? (VARLEN ? 232 : 240) : 160;
     // setmaxnreg.inc waits until the block has the registers free, and a block has only what its
     // launch bound (n_threads, one block per multiprocessor) gave every thread: 65,536 over
     // n_threads, in steps of 8 (168 each at 384 threads, 64,512 in all). A split asking for more
@@ -103,8 +103,10 @@ struct StaticHopperKernelConfig {
     // Shared memory, each tile at a 1024-byte boundary (TILE_ALIGNMENT_BYTES): Q (one 64-row block per
     // consumer warpgroup), a K and a V tile per stage (with e4m3 also a transposed V tile), then the
     // barriers. O goes out through Q's blocks, or, in a persistent block (whose next Q loads while
-    // this O is stored) and with e4m3 (whose O is wider than Q), through O blocks of its own after
-    // the K and V tiles. A tile of R rows is column blocks of R swizzled rows (R x 128 or R x 64
+    // this O is stored), through O blocks of its own after the K and V tiles. With e4m3, whose O is
+    // wider than Q, a single pass's O goes out through the stages' V tiles where they hold it (once
+    // a consumer warpgroup has waited for its last transposed tile, the transposing warps have read
+    // every V tile, and no more arrive), else through blocks of its own. A tile of R rows is column blocks of R swizzled rows (R x 128 or R x 64
     // bytes), one TMA box each.
     static constexpr int col_blocks = d_head / Swizzle::cols;
     static constexpr int O_col_blocks = d_head / O_Swizzle::cols;
@@ -123,11 +125,12 @@ struct StaticHopperKernelConfig {
     static_assert(KV_slice_bytes % Swizzle::atom_bytes == 0 && KV_tile_bytes % TILE_ALIGNMENT_BYTES == 0,
                   "tiles and their slices must start on swizzle atoms");
 
-    static constexpr bool separate_O = persistent || fp8;
+    static constexpr bool O_in_V = fp8 && !persistent && stages * KV_tile_bytes >= consumer_warpgroups * wg_O_bytes;
+    static constexpr bool separate_O = persistent || (fp8 && !O_in_V);
     static constexpr int K_offset = Q_bytes;
     static constexpr int V_offset = K_offset + stages * KV_tile_bytes;
     static constexpr int Vt_offset = V_offset + stages * KV_tile_bytes;
-    static constexpr int O_offset = separate_O ? Vt_offset + (fp8 ? stages * KV_tile_bytes : 0) : 0;
+    static constexpr int O_offset = O_in_V ? V_offset : separate_O ? Vt_offset + (fp8 ? stages * KV_tile_bytes : 0) : 0;
     static constexpr int barriers_offset = Vt_offset + (fp8 ? stages * KV_tile_bytes : 0) +
                                            (separate_O ? consumer_warpgroups * wg_O_bytes : 0);
     // Per consumer warpgroup Q full and Q empty, then per stage K full, K empty, V full, V empty
