@@ -106,8 +106,8 @@ struct StaticHopperKernelConfig {
     // this O is stored), through O blocks of its own after the K and V tiles. With e4m3, whose O is
     // wider than Q, a single pass's O goes out through the stages' V tiles where they hold it (once
     // a consumer warpgroup has waited for its last transposed tile, the transposing warps have read
-    // every V tile, and no more arrive), else through blocks of its own. A tile of R rows is column blocks of R swizzled rows (R x 128 or R x 64
-    // bytes), one TMA box each.
+    // every V tile, and no more arrive), else through blocks of its own. A tile of R rows is column
+    // blocks of R swizzled rows (R x 128 or R x 64 bytes), one TMA box each.
     static constexpr int col_blocks = d_head / Swizzle::cols;
     static constexpr int O_col_blocks = d_head / O_Swizzle::cols;
     static constexpr int wg_Q_bytes = WGMMA_M * d_head * element_bytes;
