@@ -178,14 +178,16 @@ class HopperForwardKernelConfig(KernelConfig):
         in a single pass (a persistent block's next V tiles load while O is stored), where they hold
         every consumer warpgroup's O block. The transposing warps have read every V tile by the time a
         consumer warpgroup has waited for its last transposed one."""
-        return self.is_fp8 and not self.persistent and self.stages * self.B_c >= self.B_r * _O_ELEMENT_BYTES
+        V_tiles = self.stages * self.B_c * self.dtype.element_bytes
+        return self.is_fp8 and not self.persistent and V_tiles >= self.B_r * _O_ELEMENT_BYTES
 
     def smem_bytes(self) -> int:
         """Dynamic shared memory of one block, as the kernel's traits compute it: the Q tile and, per
         pipeline stage, a K and a V tile (with e4m3 also V transposed), of the inputs' elements; an O
         tile of Q's rows, of 16-bit elements, when persistent or with e4m3 (whose O is wider than
-        Q) unless it goes out through the V tiles (o_in_v_tiles); slack for aligning the tiles to 1024 bytes; and 8-byte words: the mbarriers (a full and an
-        empty one for each consumer warpgroup's Q block, and for each tile of a stage), a work slot
+        Q) unless it goes out through the V tiles (o_in_v_tiles); slack for aligning the tiles to
+        1024 bytes; and 8-byte words: the mbarriers (a full and an empty one for each consumer
+        warpgroup's Q block, and for each tile of a stage), a work slot
         of three words per consumer warpgroup, with e4m3 two words where the producer marks the end
         of its stream of V tiles, and in a persistent cluster the ring through which its first block
         hands out the work tiles."""

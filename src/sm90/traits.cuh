@@ -130,9 +130,9 @@ struct StaticHopperKernelConfig {
     static constexpr int K_offset = Q_bytes;
     static constexpr int V_offset = K_offset + stages * KV_tile_bytes;
     static constexpr int Vt_offset = V_offset + stages * KV_tile_bytes;
-    static constexpr int O_offset = O_in_V ? V_offset : separate_O ? Vt_offset + (fp8 ? stages * KV_tile_bytes : 0) : 0;
-    static constexpr int barriers_offset = Vt_offset + (fp8 ? stages * KV_tile_bytes : 0) +
-                                           (separate_O ? consumer_warpgroups * wg_O_bytes : 0);
+    static constexpr int KV_tiles_end = Vt_offset + (fp8 ? stages * KV_tile_bytes : 0);
+    static constexpr int O_offset = O_in_V ? V_offset : separate_O ? KV_tiles_end : 0;
+    static constexpr int barriers_offset = KV_tiles_end + (separate_O ? consumer_warpgroups * wg_O_bytes : 0);
     // Per consumer warpgroup Q full and Q empty, then per stage K full, K empty, V full, V empty
     // (with e4m3 then per stage the transposed V's full and empty; in a persistent cluster then the
     // full and empty barriers of its ring of next work tiles); then, per consumer warpgroup, the slot
