@@ -1068,7 +1068,7 @@ def test_ncu_bench_compares_ragged_lengths_with_the_next_multiple_of_128_per_flo
         problem = common.benchmark_problem(seq_len, 128)
         keys = seqlen_k or seq_len
         return ncu_bench.ProfileRow(
-            "fp16", 128, False, seq_len, keys, problem.batch, problem.heads_q, kernel, 2, 1.0, cycles, *[math.nan] * 13
+            "fp16", 128, False, seq_len, keys, problem.batch, problem.heads_q, kernel, 2, 1.0, cycles, *[math.nan] * 15
         )
 
     # The same cycles for 1000 x 1000 as for 1024 x 1024: (1024 / 1000)^2 as many FLOPs at 1024. A
@@ -1380,13 +1380,18 @@ def test_ncu_profile_row_reports_the_clock_pipes_and_issue_slots():
             ncu_bench.XU_PIPE: 48.0,
             ncu_bench.ISSUE_ACTIVE: 55.5,
             ncu_bench.INSTRUCTIONS: 123_400_000,
+            ncu_bench.SMEM_READS: 27.0,
+            ncu_bench.SMEM_WRITES: 13.5,
         },
     )
     row = ncu_bench.profile_row(summary, "bf16", common.benchmark_problem(4096, 128))
     assert (row.clock_mhz, row.fma_pct, row.mufu_pct, row.issue_pct) == pytest.approx((1755, 31.5, 48.0, 55.5))
     assert row.instructions_m == pytest.approx(123.4)
+    assert (row.smem_read_pct, row.smem_write_pct) == pytest.approx((27.0, 13.5))
     table = ncu_bench.format_profile_table([row])
-    assert all(header in table for header in ("MHz", "FMA %", "MUFU %", "issue %", "inst (M)"))
+    assert all(
+        header in table for header in ("MHz", "FMA %", "MUFU %", "issue %", "inst (M)", "smem rd %", "smem wr %")
+    )
 
 
 def test_ncu_bench_profiles_each_peer_in_a_run_of_its_own(tmp_path):

@@ -13,7 +13,8 @@ each profiled kernel back to its configuration's short form (SDPA kernels to the
 other kernels, such as the inputs' random fill, are left out), averages over the runs and prints
 per kernel: duration, cycles, the SM clock, registers per thread, shared memory
 per block, achieved occupancy, L2 hit rate, DRAM throughput, the tensor pipe's, the FMA pipe's
-and the MUFU (XU) pipe's utilization, the issue slots used, the instructions executed, and
+and the MUFU (XU) pipe's utilization, the issue slots used, the instructions executed, shared
+memory's bank reads and writes (of their peak), and
 TFLOP/s counting all the work (total_flop) or only the two matmuls (attn_flop); with the causal
 mask, half of the unmasked problem's, as FlashAttention counts. Then, for each kernel at a length
 that is not a multiple of 128 and at the next multiple (both among --seq_lens), how many more
@@ -73,6 +74,11 @@ FMA_PIPE = "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"
 XU_PIPE = "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active"
 ISSUE_ACTIVE = "sm__inst_issued.avg.pct_of_peak_sustained_active"
 INSTRUCTIONS = "smsp__inst_executed.sum"
+# Shared memory's banks, read and written: what the wgmma's shared-memory operands, ldmatrix,
+# stmatrix and TMA's writes share (with e4m3, whose products run at twice the rate on the same
+# bytes per product, and whose V is transposed in shared memory, the suspect bound).
+SMEM_READS = "l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed"
+SMEM_WRITES = "l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed"
 NCU_METRICS = (
     TIME,
     CYCLES,
@@ -88,6 +94,8 @@ NCU_METRICS = (
     XU_PIPE,
     ISSUE_ACTIVE,
     INSTRUCTIONS,
+    SMEM_READS,
+    SMEM_WRITES,
 )
 # --stall-reasons: why warps did not issue, per reason the warps stalled on it per issued instruction.
 STALL_REASONS = (
@@ -355,6 +363,8 @@ class ProfileRow:
     mufu_pct: float  # the XU pipe: exponentials, conversions
     issue_pct: float  # issue slots used
     instructions_m: float  # warp instructions executed, millions
+    smem_read_pct: float  # shared memory's banks: reads, of their peak
+    smem_write_pct: float  # and writes
     tflops: float  # total_flop / duration
     attn_tflops: float  # attn_flop / duration
 
@@ -386,6 +396,8 @@ def profile_row(summary: KernelSummary, dtype: str, problem: common.Problem) -> 
         mufu_pct=metric(XU_PIPE, math.nan),
         issue_pct=metric(ISSUE_ACTIVE, math.nan),
         instructions_m=metric(INSTRUCTIONS, math.nan) / 1e6,
+        smem_read_pct=metric(SMEM_READS, math.nan),
+        smem_write_pct=metric(SMEM_WRITES, math.nan),
         tflops=common.tflops(total_flop, duration_ms),
         attn_tflops=common.tflops(attn_flop, duration_ms),
     )
@@ -408,6 +420,8 @@ TABLE_COLUMNS = (
     ("MUFU %", "mufu_pct", ".1f"),
     ("issue %", "issue_pct", ".1f"),
     ("inst (M)", "instructions_m", ".1f"),
+    ("smem rd %", "smem_read_pct", ".1f"),
+    ("smem wr %", "smem_write_pct", ".1f"),
     ("TFLOP/s", "tflops", ".1f"),
     ("attn TFLOP/s", "attn_tflops", ".1f"),
 )
