@@ -1058,7 +1058,9 @@ def test_default_set_has_the_hopper_configurations():
     sm90 = of_family(get_kernels_to_build("default"), Hopper)
     sixteen_bit = {(dtype, d) for dtype in (FP16, BF16) for d in sm90_config.D_HEADS}
     assert {(cfg.dtype, cfg.d_head) for cfg in sm90} == sixteen_bit | {(E4M3, 64), (E4M3, 128), (E4M3, 256)}
-    assert all(cfg.warp_specialized and cfg.pingpong for cfg in sm90)
+    assert all(cfg.warp_specialized for cfg in sm90)
+    # Every one takes turns between its consumer warpgroups but d_head 64's e4m3 three, which measured faster without.
+    assert [cfg for cfg in sm90 if not cfg.pingpong] == [parse_kernel_name_into_config(E4M3_DEFAULTS[0])]
     # Every one overlaps within its warpgroups but d_head 256's e4m3 128-key tiles, which measured faster without.
     assert [cfg for cfg in sm90 if not cfg.intra_wg_overlap] == [parse_kernel_name_into_config(E4M3_DENSE_ONLY)]
     assert sm90 == sorted(parse_kernel_name_into_config(text) for text in DEFAULT_BUILD_KERNELS if text.startswith("sm90("))
@@ -1068,7 +1070,7 @@ def test_default_set_has_the_hopper_configurations():
 # The Hopper family's e4m3 (FP8) configurations
 
 E4M3_DEFAULTS = [
-    "sm90(E4M3, 64, 192, 128, 2): ws+pingpong+overlap",
+    "sm90(E4M3, 64, 192, 128, 2): ws+overlap",
     "sm90(E4M3, 128, 128, 128, 2): ws+pingpong+overlap+persistent",
     "sm90(E4M3, 128, 128, 192, 2): ws+pingpong+overlap+persistent",
     "sm90(E4M3, 256, 128, 128, 2): ws+pingpong",

@@ -95,14 +95,15 @@ DEFAULT_BUILD_KERNELS = (
     "sm90(BF16, 256, 128, 64, 2): ws+pingpong+overlap",
     # e4m3 (FP8) inputs, 128-key tiles as large as the FP8 kernel's rules allow;
     # at d_head 64 three consumer warpgroups, the fastest at every benchmark length with both masks
-    # (0.90 to 0.92 x FlashAttention-3; two warpgroups 448 against its 641 TFLOP/s at 16k); at 128 persistent,
+    # (0.90 to 0.92 x FlashAttention-3; two warpgroups 448 against its 641 TFLOP/s at 16k), without
+    # ping-pong turns, 1.03 to 1.10 x with them (#2026-12-02-fp8-transposer-turns); at 128 persistent,
     # which measured 1.0 to 1.2 x the single-pass configuration and within 2% where it was slower
     # (H200, benchmarks/HISTORY.md #2026-11-27-fp8-cache); beside it 192-key tiles, 2 to 6% faster
     # without a mask from 2k keys and slower below (#2026-11-28-fp8-wide-tiles); at 256 without the
     # intra-warpgroup overlap, 1.06 to 1.17 x the 64-key tiles at every length and 1 to 4% faster than
     # with it (#2026-12-02-fp8-d256-wide-tiles); the 64-key tiles beside them serve its varlen calls
     # (VARLEN_KERNELS).
-    "sm90(E4M3, 64, 192, 128, 2): ws+pingpong+overlap",
+    "sm90(E4M3, 64, 192, 128, 2): ws+overlap",
     "sm90(E4M3, 128, 128, 128, 2): ws+pingpong+overlap+persistent",
     "sm90(E4M3, 128, 128, 192, 2): ws+pingpong+overlap+persistent",
     "sm90(E4M3, 256, 128, 128, 2): ws+pingpong",
@@ -134,7 +135,7 @@ DECODE_KERNELS = tuple(
 # 128-key tiles, whose consumers would spill at the 232 registers a varlen kernel gives them (its
 # 64-key tiles serve varlen calls instead).
 VARLEN_KERNELS = (
-    "sm90(E4M3, 64, 192, 128, 2): ws+pingpong+overlap",
+    "sm90(E4M3, 64, 192, 128, 2): ws+overlap",
     "sm90(E4M3, 128, 128, 128, 2): ws+pingpong+overlap+persistent",
     "sm90(E4M3, 128, 128, 192, 2): ws+pingpong+overlap+persistent",
     "sm90(E4M3, 256, 128, 64, 2): ws+pingpong+overlap",
