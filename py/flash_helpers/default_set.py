@@ -96,7 +96,7 @@ DEFAULT_BUILD_KERNELS = (
     # e4m3 (FP8) inputs, 128-key tiles as large as the FP8 kernel's rules allow;
     # at d_head 64 three consumer warpgroups, the fastest at every benchmark length with both masks
     # (0.90 to 0.92 x FlashAttention-3; two warpgroups 448 against its 641 TFLOP/s at 16k), without
-    # ping-pong turns, 1.03 to 1.10 x with them (#2026-12-02-fp8-transposer-turns); at 128 persistent,
+    # ping-pong turns, 1.02 to 1.10 x with them (#2026-12-02-fp8-transposer-turns); at 128 persistent,
     # which measured 1.0 to 1.2 x the single-pass configuration and within 2% where it was slower
     # (H200, benchmarks/HISTORY.md #2026-11-27-fp8-cache); beside it 192-key tiles, 2 to 6% faster
     # without a mask from 2k keys and slower below (#2026-11-28-fp8-wide-tiles); at 256 without the
