@@ -75,8 +75,8 @@ XU_PIPE = "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active"
 ISSUE_ACTIVE = "sm__inst_issued.avg.pct_of_peak_sustained_active"
 INSTRUCTIONS = "smsp__inst_executed.sum"
 # Shared memory's banks, read and written: what the wgmma's shared-memory operands, ldmatrix,
-# stmatrix and TMA's writes share (with e4m3, whose products run at twice the rate on the same
-# bytes per product, and whose V is transposed in shared memory, the suspect bound).
+# stmatrix and TMA's writes share; whether they bound a kernel (e4m3's products read as many bytes
+# per cycle as 16-bit ones at twice the rate, and its V is transposed in shared memory).
 SMEM_READS = "l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed"
 SMEM_WRITES = "l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed"
 NCU_METRICS = (
