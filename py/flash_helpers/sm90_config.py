@@ -59,7 +59,7 @@ _STATE_REGISTERS = 32
 _ALIGNMENT_SLACK_BYTES = 1024
 _WORD_BYTES = 8
 # A consumer warpgroup's work slot, in 8-byte words (the traits' work_slot_words).
-_WORK_SLOT_WORDS = 3
+_WORK_SLOT_WORDS = 1
 # With e4m3, where the producer marks the end of its V tiles for the transposing warps: an int per
 # stage (at most 4), in two 8-byte words.
 _E4M3_V_STREAM_END_WORDS = 2
@@ -188,7 +188,7 @@ class HopperForwardKernelConfig(KernelConfig):
         Q) unless it goes out through the V tiles (o_in_v_tiles); slack for aligning the tiles to
         1024 bytes; and 8-byte words: the mbarriers (a full and an empty one for each consumer
         warpgroup's Q block, and for each tile of a stage), a work slot
-        of three words per consumer warpgroup, with e4m3 two words where the producer marks the end
+        of one word per consumer warpgroup, with e4m3 two words where the producer marks the end
         of its stream of V tiles, and in a persistent cluster the ring through which its first block
         hands out the work tiles."""
         kv_tiles = 3 if self.is_fp8 else 2

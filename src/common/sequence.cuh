@@ -74,6 +74,14 @@ __device__ __forceinline__ int64_t row_offset(int row, int64_t seq_stride, int64
     return query * query_stride + (row - query * params.rows_per_query) * seq_stride;
 }
 
+// Both sides' rows of sequence `batch`, clamped to the tensors.
+__device__ __forceinline__ SequenceRows sequence_rows(const SequenceLayout &layout, int batch) {
+    return {used_rows(layout.cu_seqlens_q, layout.seqused_q, layout.leftpad_q, layout.rows_q, batch),
+            layout.paged.block_table != nullptr
+                ? paged_rows(layout, batch)
+                : used_rows(layout.cu_seqlens_k, layout.seqused_k, layout.leftpad_k, layout.rows_k, batch)};
+}
+
 template <bool VARLEN>
 struct Sequence;
 
@@ -99,14 +107,8 @@ struct Sequence<true> {
     UsedRows k_rows;
 
     __device__ __forceinline__ Sequence(const ForwardParams &call, int batch_)
-        : Sequence(call, batch_,
-                   SequenceRows{used_rows(call.sequences.cu_seqlens_q, call.sequences.seqused_q, call.sequences.leftpad_q,
-                                          call.sequences.rows_q, batch_),
-                                call.sequences.paged.block_table != nullptr
-                                    ? paged_rows(call.sequences, batch_)
-                                    : used_rows(call.sequences.cu_seqlens_k, call.sequences.seqused_k,
-                                                call.sequences.leftpad_k, call.sequences.rows_k, batch_)}) {}
-    // A sequence whose rows were read from the layout already (by a persistent block's producer).
+        : Sequence(call, batch_, sequence_rows(call.sequences, batch_)) {}
+    // A sequence whose rows were read from the layout already (by the Hopper family's varlen work plan).
     __device__ __forceinline__ Sequence(const ForwardParams &call, int batch_, SequenceRows rows)
         : params(call), batch(batch_), q_rows(rows.q), k_rows(rows.k) {
         params.seqlen_q = q_rows.length;
@@ -122,7 +124,6 @@ struct Sequence<true> {
             params.split.lse_partial = call.split.lse_partial + q_rows.start;
         }
     }
-    __device__ __forceinline__ SequenceRows rows() const { return {q_rows, k_rows}; }
     // The batch coordinate of q's and k's tensors: with cu_seqlens their batch dimension is 1, and
     // every slot is in entry 0; k's is kv_batch_idx's entry where that is given; a paged cache's
     // is a page, which the table gives key by key (0 here).

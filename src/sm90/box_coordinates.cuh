@@ -30,11 +30,6 @@ struct BoxCoordinates {
     }
 };
 
-// A sequence's rows, as a persistent block's producer hands them to the consumers (a dense
-// sequence's are not handed off).
-__device__ __forceinline__ SequenceRows rows_of(const Sequence<false> &) { return {}; }
-__device__ __forceinline__ SequenceRows rows_of(const Sequence<true> &sequence) { return sequence.rows(); }
-
 // A sequence's keys in a paged cache: its row of the block table and how many keys it has
 // (paged_rows in common/sequence.cuh); a null table where its keys are rows of k and v.
 struct KVPages {

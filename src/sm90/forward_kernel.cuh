@@ -66,13 +66,7 @@ __device__ __forceinline__ void consume_work_tile(const KernelParams &kp, Consum
     const SharedTiles<Kernel> &smem = consumer.smem;
     const int wg = consumer.wg;
 
-    const auto [work, sequence] = [&] {
-        if constexpr (VARLEN && Kernel::persistent)
-            return locate_work<VARLEN>(kp.params, scheduler, index,
-                                                    Scheduler::handed_off_rows(smem.work_slot(wg)));
-        else
-            return locate_work<VARLEN>(kp.params, scheduler, index);
-    }();
+    const auto [work, sequence] = locate_work<VARLEN>(kp.params, scheduler, index);
     const ForwardParams &params = sequence.params;
     const int Q_first_row = work.Q_block * Kernel::B_r;
     const int head = work.head;
@@ -84,8 +78,7 @@ __device__ __forceinline__ void consume_work_tile(const KernelParams &kp, Consum
     const bool loads = !Kernel::warp_specialized && threadIdx.x == 0;
     const KVTensorMaps kv_maps =
         loads ? KVTensorMapBinder<Kernel, VARLEN>{kp}.bind(sequence, tiles.begin, tiles.end) : call_tensor_maps(kp);
-    const Loader loader{kp,   smem, head, head / group_size, Q_boxes, kv_boxes(sequence), kv_pages(sequence),
-                        rows_of(sequence), kv_maps, rank};
+    const Loader loader{kp, smem, head, head / group_size, Q_boxes, kv_boxes(sequence), kv_pages(sequence), kv_maps, rank};
     if (loads && !tiles.empty()) {
         loader.load_Q(Q_first_row, 0, index, true);
         for (int tile = tiles.begin; tile < min(tiles.begin + Kernel::stages, tiles.end); ++tile)

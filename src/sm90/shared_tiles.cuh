@@ -49,8 +49,8 @@ struct SharedTiles {
     // transposed tile's.
     __device__ __forceinline__ uint64_t *PV_full(int stage) const { return Kernel::fp8 ? Vt_full(stage) : V_full(stage); }
     __device__ __forceinline__ uint64_t *PV_empty(int stage) const { return Kernel::fp8 ? Vt_empty(stage) : V_empty(stage); }
-    // Where a persistent block's producer leaves the index of a consumer warpgroup's next work tile,
-    // and its sequence's rows (WorkSlotHandOff, tile_scheduler.cuh).
+    // Where a persistent block's producer leaves the index of a consumer warpgroup's next work tile
+    // (WorkSlotHandOff, tile_scheduler.cuh).
     __device__ __forceinline__ int *work_slot(int warpgroup) const {
         return reinterpret_cast<int *>(barrier(Kernel::n_barriers + Kernel::work_slot_words * warpgroup));
     }

@@ -29,7 +29,6 @@ struct TileLoader {
     BoxCoordinates q_boxes; // of the work tile's sequence
     BoxCoordinates kv_boxes;
     KVPages pages; // of a paged sequence
-    SequenceRows rows; // with VARLEN, handed off to the consumers with the index
     KVTensorMaps kv_maps;
     uint32_t rank; // in the cluster
 
@@ -40,8 +39,6 @@ struct TileLoader {
         for (int wg = 0; wg < Kernel::consumer_warpgroups; ++wg) {
             mbarrier_wait(smem.Q_empty(wg), (n & 1) ^ 1);
             Scheduler::hand_off(smem.work_slot(wg), index); // the arrival below releases it to the waiters
-            if constexpr (VARLEN)
-                Scheduler::hand_off_rows(smem.work_slot(wg), rows);
             if (!loads) {
                 mbarrier_arrive(smem.Q_full(wg));
                 continue;
@@ -163,7 +160,6 @@ __device__ __forceinline__ void produce(const KernelParams &kp, const SharedTile
                             q_boxes(sequence),
                             kv_boxes(sequence),
                             kv_pages(sequence),
-                            rows_of(sequence),
                             kv_maps.bind(sequence, first_tile, end_tile),
                             rank};
         loader.load_Q(work.Q_block * Kernel::B_r, n, index, !tiles.empty() && work.Q_block < work.Q_blocks);
@@ -174,7 +170,7 @@ __device__ __forceinline__ void produce(const KernelParams &kp, const SharedTile
     }
     // The end, as a work tile past the last that loads nothing.
     if constexpr (Kernel::persistent)
-        Loader{kp, smem, 0, 0, {}, {}, {}, {}, call_tensor_maps(kp), rank}.load_Q(0, n, scheduler.end(), false);
+        Loader{kp, smem, 0, 0, {}, {}, {}, call_tensor_maps(kp), rank}.load_Q(0, n, scheduler.end(), false);
     // With e4m3, the end of the V tiles for the warps that transpose them: their count, and an arrival
     // without bytes on the next stage's V barrier once that stage is free.
     if constexpr (Kernel::fp8) {

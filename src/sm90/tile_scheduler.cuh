@@ -7,7 +7,7 @@
 // - ask(index) and agree(asked, n, smem): the producer's next work tile after `index`, its n-th
 //   (from 0): asked for (from the work counter) as it starts loading `index`, and known once it has
 //   issued that work tile's loads, the same in every block of a cluster;
-// - work_tile(index): the WorkTile an index describes;
+// - work_tile(index): the WorkTile an index describes (locate_work: with its sequence);
 // - hand_off(slot, index) and handed_off(slot): how a persistent block's producer tells a consumer
 //   warpgroup its next work tile's index, through that warpgroup's work slot (SharedTiles::work_slot).
 #pragma once
@@ -100,13 +100,16 @@ struct LocatedWork {
     Sequence<VARLEN> sequence;
 };
 
-// The work tile numbered `index`, with its sequence's lengths: read from the sequence layout, or
-// (with VARLEN) handed off with the index.
-template <bool VARLEN, typename Scheduler, typename... HandedOffRows>
+// The work tile numbered `index`, with its sequence's lengths (with VARLEN, as the plan lists them).
+template <bool VARLEN, typename Scheduler>
 __device__ __forceinline__ LocatedWork<VARLEN> locate_work(const ForwardParams &params, const Scheduler &scheduler,
-                                                           int index, HandedOffRows... rows) {
-    const WorkTile work = scheduler.work_tile(index);
-    return {work, Sequence<VARLEN>(params, work.batch, rows...)};
+                                                           int index) {
+    if constexpr (VARLEN) {
+        return scheduler.located(index);
+    } else {
+        const WorkTile work = scheduler.work_tile(index);
+        return {work, Sequence<false>(params, work.batch)};
+    }
 }
 
 // The KV tiles a work tile's cluster loads, [begin, end): every tile some block of it visits. A
@@ -196,10 +199,12 @@ struct PlannedWorkTiles {
 
     __device__ __forceinline__ int first() const { return blockIdx.x / cluster; }
     __device__ __forceinline__ int end() const { return n_work_tiles; }
-    __device__ __forceinline__ WorkTile work_tile(int index) const {
+    // The work tile numbered `index` with its sequence, from one plan entry.
+    __device__ __forceinline__ LocatedWork<true> located(int index) const {
         const PlannedTile tile = tiles[index];
-        return {tile.first_Q_block + static_cast<int>(rank), tile.first_Q_block,
-                min(tile.first_Q_block + cluster - 1, tile.Q_blocks - 1), tile.Q_blocks, tile.head, tile.batch};
+        const WorkTile work{tile.first_Q_block + static_cast<int>(rank), tile.first_Q_block,
+                            min(tile.first_Q_block + cluster - 1, tile.Q_blocks - 1), tile.Q_blocks, tile.head, tile.batch};
+        return {work, Sequence<true>(params, tile.batch, tile.rows)};
     }
 };
 
@@ -211,7 +216,6 @@ using WorkTilesOf =
 // A block computes one work tile and knows it from its index: nothing is handed off.
 struct NoHandOff {
     __device__ __forceinline__ static void hand_off(int *, int) {}
-    __device__ __forceinline__ static void hand_off_rows(int *, SequenceRows) {}
 };
 
 // The producer leaves the index in the work slot before its arrival on the warpgroup's Q full
@@ -224,18 +228,6 @@ struct WorkSlotHandOff {
     __device__ __forceinline__ static int handed_off(int *slot) {
         const int lane = threadIdx.x % WARP_SIZE;
         return __shfl_sync(FULL_WARP_MASK, lane == 0 ? atomicOr(slot, 0) : 0, 0);
-    }
-    // With per-sequence lengths the producer, which has read the work tile's sequence from global
-    // memory already, leaves its rows after the index: a consumer reading them there starts the
-    // work tile a global memory latency sooner, which a short sequence's few KV tiles feel.
-    __device__ __forceinline__ static void hand_off_rows(int *slot, SequenceRows rows) {
-        atomicExch(slot + 1, rows.q.start);
-        atomicExch(slot + 2, rows.q.length);
-        atomicExch(slot + 3, rows.k.start);
-        atomicExch(slot + 4, rows.k.length);
-    }
-    __device__ __forceinline__ static SequenceRows handed_off_rows(int *slot) {
-        return {{handed_off(slot + 1), handed_off(slot + 2)}, {handed_off(slot + 3), handed_off(slot + 4)}};
     }
 };
 

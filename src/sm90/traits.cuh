@@ -136,13 +136,12 @@ struct StaticHopperKernelConfig {
     // Per consumer warpgroup Q full and Q empty, then per stage K full, K empty, V full, V empty
     // (with e4m3 then per stage the transposed V's full and empty; in a persistent cluster then the
     // full and empty barriers of its ring of next work tiles); then, per consumer warpgroup, the slot
-    // where the producer leaves its next work tile's index (and with per-sequence lengths that
-    // tile's sequence's rows: five ints in three 8-byte words); with e4m3 an int per stage (in two
+    // where the producer leaves its next work tile's index (one 8-byte word); with e4m3 an int per stage (in two
     // 8-byte words) where the producer marks the end of its V tiles for the transposing warps; in a
     // persistent cluster last the ring's two indices (one word).
     static constexpr int cluster_ring_entries = persistent && cluster_size > 1 ? 2 : 0;
     static constexpr int n_barriers = 2 * consumer_warpgroups + (fp8 ? 6 : 4) * stages + 2 * cluster_ring_entries;
-    static constexpr int work_slot_words = 3;
+    static constexpr int work_slot_words = 1;
     static constexpr int stream_end_words = fp8 ? 2 : 0;
     static constexpr int n_slots =
         n_barriers + work_slot_words * consumer_warpgroups + stream_end_words + cluster_ring_entries / 2;

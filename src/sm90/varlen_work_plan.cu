@@ -41,8 +41,8 @@ struct SequenceSize {
 };
 
 __device__ __forceinline__ SequenceSize sequence_size(const ForwardParams &params, const WorkTileShape &shape, int b) {
-    const Sequence<true> sequence(params, b);
-    return {(sequence.q_rows.length + shape.B_r - 1) / shape.B_r, sequence.k_rows.length};
+    const SequenceRows rows = sequence_rows(params.sequences, b);
+    return {(rows.q.length + shape.B_r - 1) / shape.B_r, rows.k.length};
 }
 
 // The positions' arrays, in the batch's order: the sequence at each position, its query blocks,
@@ -56,8 +56,9 @@ struct PlanArrays {
 // Lists this block's share of the tiles: tile `index` finds its position, the last whose prefix is
 // at most the index. Tiles of one (sequence, head) come with the query block fastest and, when
 // shape.last_Q_blocks_first, the last query blocks first, as the dense numbering has them (WorkTile).
-__device__ __forceinline__ void list_tiles(const PlanArrays &arrays, int batch, const WorkTileShape &shape,
-                                           PlannedTile *tiles) {
+// Each carries its sequence's rows, read again here (the loads of a thread's tiles overlap).
+__device__ __forceinline__ void list_tiles(const ForwardParams &params, const PlanArrays &arrays, int batch,
+                                           const WorkTileShape &shape, PlannedTile *tiles) {
     const int count = arrays.prefix[batch];
     for (int index = blockIdx.x * PLAN_THREADS + threadIdx.x; index < count; index += gridDim.x * PLAN_THREADS) {
         int low = 0;
@@ -74,7 +75,9 @@ __device__ __forceinline__ void list_tiles(const PlanArrays &arrays, int batch, 
         const int local = index - arrays.prefix[low];
         const int group = local % Q_groups;
         const int first_group = shape.last_Q_blocks_first ? Q_groups - 1 - group : group;
-        tiles[index] = {arrays.order[low], local / Q_groups, first_group * shape.cluster, Q_blocks};
+        const int sequence = arrays.order[low];
+        tiles[index] = {sequence, local / Q_groups, first_group * shape.cluster, Q_blocks,
+                        sequence_rows(params.sequences, sequence)};
     }
 }
 
@@ -148,7 +151,7 @@ __global__ void __launch_bounds__(PLAN_THREADS)
             *static_cast<int *>(params.scratch) = total;
     }
     __syncthreads();
-    list_tiles(arrays, batch, shape,
+    list_tiles(params, arrays, batch, shape,
                reinterpret_cast<PlannedTile *>(static_cast<uint8_t *>(params.scratch) + layout.tiles_offset()));
 }
 
@@ -187,7 +190,7 @@ __global__ void __launch_bounds__(PLAN_THREADS)
         *reinterpret_cast<int *>(scratch) = carry;
     }
     __syncthreads();
-    list_tiles(arrays, batch, shape, reinterpret_cast<PlannedTile *>(scratch + layout.tiles_offset()));
+    list_tiles(params, arrays, batch, shape, reinterpret_cast<PlannedTile *>(scratch + layout.tiles_offset()));
 }
 
 void plan_varlen_work(const ForwardParams &params, const VarlenPlanLayout &layout, int B_r, int cluster,

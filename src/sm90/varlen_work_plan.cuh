@@ -20,15 +20,21 @@
 #include "common/common.h"
 #include "common/forward_params.h"
 #include "common/ptx.cuh"
+#include "common/sequence.cuh"
 
 namespace flash::sm90 {
 
-// One work tile: B_r query rows (cluster blocks of them) of one (sequence, head).
+// One work tile: B_r query rows (cluster blocks of them) of one (sequence, head), with the
+// sequence's rows, so that a block locates its work tile with one load (two 16-byte words): reading
+// the rows from the sequence layout would take another global memory latency after it, on the
+// producer's way from one work tile's loads to the next's, which a short sequence's few KV tiles
+// do not hide (benchmarks/HISTORY.md #2026-12-02-varlen-plan-rows).
 struct alignas(16) PlannedTile {
     int batch;
     int head;
     int first_Q_block; // the cluster's first
     int Q_blocks;      // of the sequence
+    SequenceRows rows;
 };
 
 // Where the plan's parts lie in the scratch, for a call of `batch` sequences: at most `capacity`
