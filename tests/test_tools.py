@@ -334,6 +334,49 @@ def test_varlen_bench_calls_fa3_by_position_and_fa4_by_keyword_and_keeps_the_out
     assert seen["fa4"] == (("q", "k", "v"), keywords)
 
 
+def test_varlen_bench_config_runs_its_own_dtype_and_head_size():
+    short_form = "sm90(BF16, 64, 128, 128, 2): ws+pingpong+overlap+persistent+qregs"
+    args = varlen_bench.parse_args(["--config", short_form])
+    assert args.config.short_form() == short_form and (args.dtypes, args.d_heads) == (["bf16"], [64])
+    assert varlen_bench.parse_args([]).config is None
+    with pytest.raises(SystemExit):
+        varlen_bench.parse_args(["--config", short_form, "--d-heads", "128"])
+
+
+def test_varlen_bench_runs_ours_on_the_named_configuration_packed_and_dense(monkeypatch):
+    """--config: both of our calls go through forward on that configuration, the packed one with the
+    batch's cu_seqlens and longest length; without it, the public calls (the automatic choice)."""
+    seen = []
+    fake = types.SimpleNamespace(
+        forward=lambda *args, **kwargs: seen.append(("forward", args, kwargs)),
+        flash_attn_varlen_func=lambda *args, **kwargs: seen.append(("flash_attn_varlen_func", args, kwargs)),
+        flash_attn_func=lambda *args, **kwargs: seen.append(("flash_attn_func", args, kwargs)),
+    )
+    monkeypatch.setitem(sys.modules, "flash_attention", fake)
+
+    class Packed:
+        def __init__(self, name):
+            self.name = name
+
+        def view(self, *shape):
+            return (self.name, shape)
+
+    q, k, v = Packed("q"), Packed("k"), Packed("v")
+    batch = varlen_bench.Batch((4, 4), heads=2, d_head=64, causal=True)
+    varlen_bench.ours_packed_call("CFG", batch, q, k, v, "cu")()
+    varlen_bench.ours_dense_call("CFG", batch, q, k, v)()
+    varlen_bench.ours_packed_call(None, batch, q, k, v, "cu")()
+    varlen_bench.ours_dense_call(None, batch, q, k, v)()
+    lengths = {"cu_seqlens_q": "cu", "cu_seqlens_k": "cu", "max_seqlen_q": 4, "max_seqlen_k": 4}
+    views = tuple((name, (2, 4, 2, 64)) for name in "qkv")
+    assert seen == [
+        ("forward", ("CFG", q, k, v), {"causal": True, **lengths}),
+        ("forward", ("CFG", *views), {"causal": True}),
+        ("flash_attn_varlen_func", (q, k, v, "cu", "cu", 4, 4), {"causal": True}),
+        ("flash_attn_func", views, {"causal": True}),
+    ]
+
+
 def test_varlen_bench_table_shows_a_missing_peer_as_missing():
     batch = varlen_bench.Batch((100, 200), heads=16, d_head=128, causal=False)
     statuses = {varlen_bench.FA4: varlen_bench.NOT_INSTALLED, "sdpa_cudnn": varlen_bench.REFUSED}

@@ -8,7 +8,9 @@ Per head size (--d-heads: 16 heads of 128, 32 heads of 64, heads * d_head = 2048
 and mask (--causal), on the same packed inputs in one run, in a seeded random order per shape
 (bench_common.timing_order):
 
-  ours       flash_attention.flash_attn_varlen_func (the configuration chosen automatically);
+  ours       flash_attention.flash_attn_varlen_func (the configuration chosen automatically), or
+             with --config CFG flash_attention.forward(CFG, ...) on the same packed inputs: that
+             configuration by name (a short form), in both tables;
   FA3        FlashAttention-3's flash_attn_varlen_func (the fa3-fwd package, module
              fa3_fwd_interface; its build runs bfloat16 only, so its float16 cells read "n/a");
   FA4        FlashAttention-4's flash_attn_varlen_func (the flash-attn-4 package, module
@@ -27,8 +29,9 @@ peer's TFLOP/s (above 1: ours is faster).
 
 The equal-lengths table (--equal-lengths, default 512 2048 8192): the same number of tokens as a
 batch of equal lengths, ours packed (flash_attn_varlen_func) against ours dense (flash_attn_func on
-(batch, seq, heads, d) views of the same tokens); "varlen/dense" is the dense time over the
-varlen time, where the target is 0.97 or more (varlen within 3% of dense).
+(batch, seq, heads, d) views of the same tokens), or with --config both calls on that
+configuration (what a packed call costs beside the dense one on the same kernel); "varlen/dense"
+is the dense time over the varlen time, where the target is 0.97 or more (varlen within 3% of dense).
 
 --kernel-times also lists, for ours on each batch (the ragged one, and packed and dense on equal
 lengths), every kernel a call launches with its mean device time, from the PyTorch profiler over
@@ -59,6 +62,8 @@ from collections.abc import Callable
 import bench_common as common
 from model_bench import markdown_table
 from ncu_bench import classify_kernel
+
+from flash_helpers.kernel_names import parse_kernel_name_into_config
 
 # The peers, in table order: FA3, FA4, then SDPA on nested tensors with each backend.
 FA3 = "fa3"
@@ -161,15 +166,39 @@ def flash_peer_call(peer: str, function, batch: Batch, q, k, v, cu_seqlens) -> C
     return run
 
 
-def calls(batch: Batch, q, k, v, cu_seqlens, flash_peers: dict) -> dict[str, Callable | str]:
+def ours_packed_call(config, batch: Batch, q, k, v, cu_seqlens) -> Callable:
+    """Our call on the packed inputs: flash_attn_varlen_func, or with ``config`` (a configuration,
+    else None) forward on that configuration."""
+    import flash_attention
+
+    longest = max(batch.lengths)
+    if config is None:
+        return functools.partial(
+            flash_attention.flash_attn_varlen_func, q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal=batch.causal
+        )
+    return functools.partial(
+        flash_attention.forward, config, q, k, v, causal=batch.causal, cu_seqlens_q=cu_seqlens,
+        cu_seqlens_k=cu_seqlens, max_seqlen_q=longest, max_seqlen_k=longest,
+    )
+
+
+def ours_dense_call(config, batch: Batch, q, k, v) -> Callable:
+    """Our call on (batch, seq, heads, d) views of packed inputs of equal lengths: flash_attn_func,
+    or with ``config`` forward on that configuration."""
+    import flash_attention
+
+    dense = [t.view(len(batch.lengths), batch.lengths[0], batch.heads, batch.d_head) for t in (q, k, v)]
+    if config is None:
+        return functools.partial(flash_attention.flash_attn_func, *dense, causal=batch.causal)
+    return functools.partial(flash_attention.forward, config, *dense, causal=batch.causal)
+
+
+def calls(batch: Batch, q, k, v, cu_seqlens, flash_peers: dict, config=None) -> dict[str, Callable | str]:
     """Each implementation's call on the packed inputs, returning (total, heads, d_head); a string
     for a peer that is not installed (main prints why)."""
-    import flash_attention
     import torch
     import torch.nn.functional as F
 
-    longest = max(batch.lengths)
-    varlen = (q, k, v, cu_seqlens, cu_seqlens, longest, longest)
     jagged = [torch.nested.nested_tensor_from_jagged(t, cu_seqlens.long()).transpose(1, 2) for t in (q, k, v)]
 
     def sdpa(backend: str):
@@ -179,7 +208,7 @@ def calls(batch: Batch, q, k, v, cu_seqlens, flash_peers: dict) -> dict[str, Cal
 
         return run
 
-    implementations = {"ours": functools.partial(flash_attention.flash_attn_varlen_func, *varlen, causal=batch.causal)}
+    implementations = {"ours": ours_packed_call(config, batch, q, k, v, cu_seqlens)}
     for peer, (function, _) in flash_peers.items():
         implementations[peer] = (
             NOT_INSTALLED if function is None else flash_peer_call(peer, function, batch, q, k, v, cu_seqlens)
@@ -189,12 +218,21 @@ def calls(batch: Batch, q, k, v, cu_seqlens, flash_peers: dict) -> dict[str, Cal
 
 
 def time_batch(
-    table: str, batch: Batch, dtype_name: str, flash_peers: dict, timer, progress, seed: int, kernel_rows: list | None
+    table: str,
+    batch: Batch,
+    dtype_name: str,
+    flash_peers: dict,
+    timer,
+    progress,
+    seed: int,
+    kernel_rows: list | None,
+    config=None,
 ) -> tuple[list, str | None]:
-    """Times ours and every peer on ``batch``; returns the rows (in table order) and a correctness
-    failure, if any. With ``kernel_rows`` (a list), also appends our call's kernels to it."""
+    """Times ours (on ``config``, else the automatic choice) and every peer on ``batch``; returns
+    the rows (in table order) and a correctness failure, if any. With ``kernel_rows`` (a list),
+    also appends our call's kernels to it."""
     q, k, v, cu_seqlens = packed_inputs(batch, dtype_name, seed)
-    implementations = calls(batch, q, k, v, cu_seqlens, flash_peers)
+    implementations = calls(batch, q, k, v, cu_seqlens, flash_peers, config)
     outputs, rows = {}, {}
     for name in common.timing_order(list(implementations), 0, (table, dtype_name, batch)):
         call, status, time_ms = implementations[name], "", math.nan
@@ -251,20 +289,14 @@ def timing(table: str, batch: Batch, dtype_name: str, implementation: str, time_
 
 
 def time_equal_lengths(
-    batch: Batch, dtype_name: str, timer, progress, seed: int, kernel_rows: list | None
+    batch: Batch, dtype_name: str, timer, progress, seed: int, kernel_rows: list | None, config=None
 ) -> list[VarlenTiming]:
-    """Ours on a batch of equal lengths, packed (varlen) and dense (the same tokens as 4-D views).
-    With ``kernel_rows`` (a list), also appends both calls' kernels to it."""
-    import flash_attention
-
+    """Ours on a batch of equal lengths, packed (varlen) and dense (the same tokens as 4-D views),
+    both on ``config`` if given. With ``kernel_rows`` (a list), also appends both calls' kernels to it."""
     q, k, v, cu_seqlens = packed_inputs(batch, dtype_name, seed)
-    length = batch.lengths[0]
-    dense = [t.view(len(batch.lengths), length, batch.heads, batch.d_head) for t in (q, k, v)]
     implementations = {
-        "ours_varlen": functools.partial(
-            flash_attention.flash_attn_varlen_func, q, k, v, cu_seqlens, cu_seqlens, length, length, causal=batch.causal
-        ),
-        "ours_dense": functools.partial(flash_attention.flash_attn_func, *dense, causal=batch.causal),
+        "ours_varlen": ours_packed_call(config, batch, q, k, v, cu_seqlens),
+        "ours_dense": ours_dense_call(config, batch, q, k, v),
     }
     rows = {}
     for name in common.timing_order(list(implementations), 0, ("equal_lengths", dtype_name, batch)):
@@ -429,6 +461,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--kernel-times", action="store_true", help="also list the kernels each of our calls launches, with their times"
     )
+    parser.add_argument(
+        "--config",
+        type=parse_kernel_name_into_config,
+        metavar="CFG",
+        help="run ours on this configuration (a short form, one argument) instead of the automatic choice",
+    )
     parser.add_argument("--csv", metavar="PATH", help="also write every timing to PATH")
     args = parser.parse_args(argv)
     if args.min_len > args.max_len:
@@ -436,6 +474,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for length in args.equal_lengths:
         if args.total_tokens % length:
             parser.error(f"--equal-lengths: {length} does not divide --total-tokens {args.total_tokens}")
+    if args.config is not None:
+        # A configuration runs one dtype and head size: the shapes are those of --dtypes and --d-heads it runs.
+        dtype_name, d_head = args.config.dtype.name.lower(), args.config.d_head
+        if dtype_name not in args.dtypes or d_head not in args.d_heads:
+            parser.error(
+                f"--config: it runs {dtype_name} at d_head {d_head}, not among --dtypes {' '.join(args.dtypes)} "
+                f"and --d-heads {' '.join(map(str, args.d_heads))}"
+            )
+        args.dtypes, args.d_heads = [dtype_name], [d_head]
     return args
 
 
@@ -466,6 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         f"ragged batch: {len(lengths)} sequences, {sum(lengths)} tokens, lengths {min(lengths)} to {max(lengths)} "
         f"({origin})"
     )
+    print(f"ours: {'the automatic choice' if args.config is None else args.config.short_form()}")
     shapes = list(itertools.product(args.dtypes, args.d_heads, common.causal_values(args.causal)))
     batches = [(dtype, Batch(lengths, common.heads_for_d_head(d), d, causal)) for dtype, d, causal in shapes]
     equal = [
@@ -479,13 +527,13 @@ def main(argv: list[str] | None = None) -> int:
     with torch.inference_mode(), common.Progress(total, "varlen") as progress:
         for dtype_name, batch in batches:
             rows, failure = time_batch(
-                "ragged", batch, dtype_name, flash_peers, timer, progress, args.seed, kernel_rows
+                "ragged", batch, dtype_name, flash_peers, timer, progress, args.seed, kernel_rows, args.config
             )
             ragged_rows += rows
             if failure:
                 failures.append(failure)
         for dtype_name, batch in equal:
-            equal_rows += time_equal_lengths(batch, dtype_name, timer, progress, args.seed, kernel_rows)
+            equal_rows += time_equal_lengths(batch, dtype_name, timer, progress, args.seed, kernel_rows, args.config)
 
     print()
     print("TFLOP/s over the attended pairs of each sequence (causal: L (L + 1) / 2 per sequence and head)")
