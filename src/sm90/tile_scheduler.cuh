@@ -7,7 +7,8 @@
 // - ask(index) and agree(asked, n, smem): the producer's next work tile after `index`, its n-th
 //   (from 0): asked for (from the work counter) as it starts loading `index`, and known once it has
 //   issued that work tile's loads, the same in every block of a cluster;
-// - work_tile(index): the WorkTile an index describes (locate_work: with its sequence);
+// - work_tile(index) (dense numbering) or located(index) (a varlen plan, whose entry holds the
+//   sequence's rows too): the work tile an index describes; locate_work calls whichever it has;
 // - hand_off(slot, index) and handed_off(slot): how a persistent block's producer tells a consumer
 //   warpgroup its next work tile's index, through that warpgroup's work slot (SharedTiles::work_slot).
 #pragma once
