@@ -2758,10 +2758,10 @@ def test_work_order_numbers_every_query_block_of_every_head_once():
 
 
 def test_work_order_tail_models_the_kernels_chunk_budget():
-    # The model's budget is the kernel's: WORK_CHUNK_KV_BYTES as tile_scheduler.cuh states it.
-    header = (REPO_ROOT / "src" / "sm90" / "tile_scheduler.cuh").read_text()
+    # The model's budget is the kernel's: WORK_CHUNK_KV_BYTES as work_order.cuh states it.
+    header = (REPO_ROOT / "src" / "sm90" / "work_order.cuh").read_text()
     stated = re.search(r"constexpr int64_t WORK_CHUNK_KV_BYTES = (\d+) << (\d+);", header)
-    assert stated, "tile_scheduler.cuh states WORK_CHUNK_KV_BYTES as a shift"
+    assert stated, "work_order.cuh states WORK_CHUNK_KV_BYTES as a shift"
     assert work_order_tail.KERNEL_CHUNK_KV_BYTES == int(stated[1]) << int(stated[2])
 
 

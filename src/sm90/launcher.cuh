@@ -160,7 +160,8 @@ void launch(const ForwardParams &params, cudaStream_t stream) {
     if constexpr (VARIANT.varlen) {
         const VarlenScratch<Kernel, VARIANT> scratch(params);
         sequence_maps = reinterpret_cast<CUtensorMap *>(static_cast<uint8_t *>(params.scratch) + scratch.maps_offset);
-        plan_varlen_work(params, scratch.plan, Kernel::B_r, Kernel::cluster_size, VARIANT.mask != MaskKind::NONE, stream);
+        plan_varlen_work(params, scratch.plan, Kernel::B_r, Kernel::cluster_size, VARIANT.mask != MaskKind::NONE,
+                         Kernel::KV_row_bytes, stream);
     }
     const KernelParams kp{
         params,

@@ -24,6 +24,7 @@
 #include "common/sequence.cuh"
 #include "sm90/tma.cuh"
 #include "sm90/varlen_work_plan.cuh"
+#include "sm90/work_order.cuh"
 
 namespace flash::sm90 {
 
@@ -36,23 +37,14 @@ __host__ __device__ __forceinline__ bool cluster_spans_heads(int cluster, int he
     return cluster > 1 && heads_q / heads_kv % cluster == 0;
 }
 
-// The K and V bytes whose L2 residency a masked problem's numbering plans for: the heads whose work
-// tiles run at once (a chunk, below) keep their K and V in a third of the H100's and H200's 50 MB.
-constexpr int64_t WORK_CHUNK_KV_BYTES = 16 << 20;
-
 // A block's work: B_r query rows of one (batch, head). The blocks of a cluster take one work tile,
 // numbered once: `cluster` consecutive heads' query block (cluster_spans_heads), or `cluster`
 // consecutive query blocks of one (batch, head), where in the last such group a block may have no
 // query block (Q_block >= Q_blocks): it only loads its share of K and V for the others. So a work
 // tile is a position (a query block, or a cluster's group of them) of a unit (a head, or a
-// cluster's heads, of one batch entry). Without a mask the positions of a unit are numbered
-// consecutively, so the blocks running at once share their heads' K and V in L2. Under a mask
-// the positions differ in length (with the causal mask the last query blocks see the most keys),
-// and persistent blocks take whichever work tile is next when they are free: the units go in
-// chunks of `chunk_units`, as many as keep their K and V in WORK_CHUNK_KV_BYTES, and inside a
-// chunk every unit's longest position comes first, then every unit's next: the last work tiles of
-// the grid are its shortest, so the blocks end together. A varlen call's work tiles are its plan's
-// (PlannedWorkTiles), each with its own sequence's query blocks.
+// cluster's heads, of one batch entry), in the order of work_order.cuh (under a mask, in chunks of
+// `chunk_units` units). A varlen call's work tiles are its plan's (PlannedWorkTiles), each with its
+// own sequence's query blocks.
 struct WorkTile {
     int Q_block;
     int first_Q_block; // the cluster's first and last existing query blocks
@@ -65,18 +57,7 @@ struct WorkTile {
     __device__ __forceinline__ static WorkTile of(int index, int Q_blocks, int heads, int units, int chunk_units,
                                                   int rank, bool spans_heads) {
         const int positions = spans_heads ? Q_blocks : (Q_blocks + cluster - 1) / cluster;
-        int position;
-        int unit;
-        if constexpr (MASK == MaskKind::NONE) {
-            position = index % positions;
-            unit = index / positions;
-        } else {
-            const int chunk = index / (chunk_units * positions);
-            const int in_chunk = index - chunk * chunk_units * positions;
-            const int chunk_size = min(chunk_units, units - chunk * chunk_units); // the last chunk may be smaller
-            position = positions - 1 - in_chunk / chunk_size;
-            unit = chunk * chunk_units + in_chunk % chunk_size;
-        }
+        const auto [unit, position] = ordered_work(index, units, positions, chunk_units, MASK != MaskKind::NONE);
         if (spans_heads) {
             const int head_index = unit * cluster + rank; // heads is a multiple of cluster
             return {position, position, position, Q_blocks, head_index % heads, head_index / heads};
@@ -161,7 +142,7 @@ struct WorkTileNumbering {
         : params(params_), Q_blocks((params_.seqlen_q + B_r - 1) / B_r),
           spans_heads(cluster_spans_heads(cluster, params_.heads_q, params_.heads_kv)),
           units(params_.batch * (spans_heads ? params_.heads_q / cluster : params_.heads_q)),
-          chunk_units(units_sharing_kv(params_, spans_heads ? cluster : 1)),
+          chunk_units(chunk_units_of(params_, spans_heads ? cluster : 1)),
           n_work_tiles(static_cast<int>(dense_work_tiles(cluster, Q_blocks, params_.batch, params_.heads_q, params_.heads_kv))),
           rank(rank_) {}
 
@@ -173,14 +154,11 @@ struct WorkTileNumbering {
     }
 
   private:
-    // How many units' K and V fit WORK_CHUNK_KV_BYTES (at least one): a unit of heads_per_unit
-    // query heads reads heads_per_unit / group key/value heads' (a group's query heads are consecutive).
-    __device__ __forceinline__ static int units_sharing_kv(const ForwardParams &params, int heads_per_unit) {
+    // How many units' K and V fit a chunk (work_order.cuh).
+    __device__ __forceinline__ static int chunk_units_of(const ForwardParams &params, int heads_per_unit) {
         if constexpr (MASK == MaskKind::NONE)
             return 1; // not used
-        const int group = params.heads_q / params.heads_kv;
-        const int64_t unit_bytes = max(int64_t{1}, int64_t{params.seqlen_k} * KV_row_bytes * heads_per_unit / group);
-        return static_cast<int>(max(int64_t{1}, WORK_CHUNK_KV_BYTES / unit_bytes));
+        return units_sharing_kv(params.seqlen_k, KV_row_bytes, heads_per_unit, params.heads_q / params.heads_kv);
     }
 };
 

@@ -65,12 +65,13 @@ struct StaticHopperKernelConfig {
     // tile; persistent blocks that ask the work counter for their next; persistent clusters whose
     // first block asks it for all of them. The mask kind decides the work tiles' order, and a varlen
     // call's work tiles are those its plan lists, longest sequences first.
+    static constexpr int KV_row_bytes = 2 * d_head * element_bytes; // a key's K and V rows (the work order's chunks)
     template <MaskKind MASK, bool VARLEN>
     using TileScheduler = std::conditional_t<
-        !persistent, SinglePassScheduler<WorkTilesOf<B_r, cluster_size, MASK, VARLEN, 2 * d_head * element_bytes>>,
+        !persistent, SinglePassScheduler<WorkTilesOf<B_r, cluster_size, MASK, VARLEN, KV_row_bytes>>,
         std::conditional_t<(cluster_size > 1),
-                           ClusterCounterScheduler<WorkTilesOf<B_r, cluster_size, MASK, VARLEN, 2 * d_head * element_bytes>>,
-                           AtomicCounterScheduler<WorkTilesOf<B_r, 1, MASK, VARLEN, 2 * d_head * element_bytes>>>>;
+                           ClusterCounterScheduler<WorkTilesOf<B_r, cluster_size, MASK, VARLEN, KV_row_bytes>>,
+                           AtomicCounterScheduler<WorkTilesOf<B_r, 1, MASK, VARLEN, KV_row_bytes>>>>;
 
     static constexpr int n_threads = WARPGROUP_THREADS * (consumer_warpgroups + (warp_specialized ? 1 : 0));
     static constexpr int consumer_warps = consumer_warpgroups * WARPGROUP_THREADS / WARP_SIZE;

@@ -11,6 +11,7 @@
 #include "common/ptx.cuh"
 #include "common/sequence.cuh"
 #include "sm90/varlen_work_plan.cuh"
+#include "sm90/work_order.cuh"
 
 namespace flash::sm90 {
 namespace {
@@ -29,7 +30,8 @@ constexpr int MAX_PLAN_BLOCKS = 64;
 struct WorkTileShape {
     int B_r;
     int cluster;
-    bool last_Q_blocks_first;
+    bool masked;
+    int KV_row_bytes;
 
     __device__ __forceinline__ int Q_groups(int Q_blocks) const { return (Q_blocks + cluster - 1) / cluster; }
 };
@@ -38,6 +40,10 @@ struct WorkTileShape {
 struct SequenceSize {
     int Q_blocks;
     int keys;
+
+    __device__ __forceinline__ bool operator!=(const SequenceSize &other) const {
+        return Q_blocks != other.Q_blocks || keys != other.keys;
+    }
 };
 
 __device__ __forceinline__ SequenceSize sequence_size(const ForwardParams &params, const WorkTileShape &shape, int b) {
@@ -45,40 +51,60 @@ __device__ __forceinline__ SequenceSize sequence_size(const ForwardParams &param
     return {(rows.q.length + shape.B_r - 1) / shape.B_r, rows.k.length};
 }
 
-// The positions' arrays, in the batch's order: the sequence at each position, its query blocks,
-// and the tiles before each position (batch + 1 prefix sums).
+// The plan's arrays: per sequence its query blocks and keys; per position of the batch's order its
+// sequence; and the runs of the order, consecutive positions whose sequences have the same query
+// blocks and keys, each ordered as one dense problem of that many sequences (work_order.cuh): per
+// run its first position and the tiles before it, with one more entry past the last run (the batch,
+// and every tile).
 struct PlanArrays {
-    int *order;
     int *Q_blocks;
-    int *prefix;
+    int *keys;
+    int *order;
+    int *run_first;
+    int *run_prefix;
+
+    __device__ __forceinline__ void set_size(int b, const SequenceSize &size) const {
+        Q_blocks[b] = size.Q_blocks;
+        keys[b] = size.keys;
+    }
+    __device__ __forceinline__ SequenceSize size(int b) const { return {Q_blocks[b], keys[b]}; }
 };
 
-// Lists this block's share of the tiles: tile `index` finds its position, the last whose prefix is
-// at most the index. Tiles of one (sequence, head) come with the query block fastest and, when
-// shape.last_Q_blocks_first, the last query blocks first, as the dense numbering has them (WorkTile).
-// Each carries its sequence's rows, read again here (the loads of a thread's tiles overlap).
-__device__ __forceinline__ void list_tiles(const ForwardParams &params, const PlanArrays &arrays, int batch,
+// Lists this block's share of the tiles: tile `index` finds its run, the last whose prefix is at
+// most the index, and its place in that run's order (work_order.cuh): the run's (sequence, head)
+// units, the heads of a sequence consecutive, and their query block groups, under a mask in chunks
+// of units whose K and V fit L2, longest first. Each tile carries its sequence's rows, read again
+// here (the loads of a thread's tiles overlap).
+__device__ __forceinline__ void list_tiles(const ForwardParams &params, const PlanArrays &arrays, int runs,
                                            const WorkTileShape &shape, PlannedTile *tiles) {
-    const int count = arrays.prefix[batch];
+    const int count = arrays.run_prefix[runs];
+    const int heads = params.heads_q;
     for (int index = blockIdx.x * PLAN_THREADS + threadIdx.x; index < count; index += gridDim.x * PLAN_THREADS) {
         int low = 0;
-        int high = batch - 1;
+        int high = runs - 1;
         while (low < high) {
             const int middle = (low + high + 1) / 2;
-            if (arrays.prefix[middle] <= index)
+            if (arrays.run_prefix[middle] <= index)
                 low = middle;
             else
                 high = middle - 1;
         }
-        const int Q_blocks = arrays.Q_blocks[low];
-        const int Q_groups = shape.Q_groups(Q_blocks);
-        const int local = index - arrays.prefix[low];
-        const int group = local % Q_groups;
-        const int first_group = shape.last_Q_blocks_first ? Q_groups - 1 - group : group;
-        const int sequence = arrays.order[low];
-        tiles[index] = {sequence, local / Q_groups, first_group * shape.cluster, Q_blocks,
+        const int first = arrays.run_first[low];
+        const SequenceSize size = arrays.size(arrays.order[first]);
+        const int units = (arrays.run_first[low + 1] - first) * heads;
+        const int chunk_units =
+            shape.masked ? units_sharing_kv(size.keys, shape.KV_row_bytes, 1, params.heads_q / params.heads_kv) : 1;
+        const OrderedWork work =
+            ordered_work(index - arrays.run_prefix[low], units, shape.Q_groups(size.Q_blocks), chunk_units, shape.masked);
+        const int sequence = arrays.order[first + work.unit / heads];
+        tiles[index] = {sequence, work.unit % heads, work.position * shape.cluster, size.Q_blocks,
                         sequence_rows(params.sequences, sequence)};
     }
+}
+
+// Whether the sequence at `position` starts a run, from its size and the previous position's.
+__device__ __forceinline__ bool starts_run(int position, const SequenceSize &size, const SequenceSize &previous) {
+    return position == 0 || size != previous;
 }
 
 } // namespace
@@ -86,7 +112,7 @@ __device__ __forceinline__ void list_tiles(const ForwardParams &params, const Pl
 // A batch of at most PLAN_THREADS * SORT_ITEMS sequences, in blocks that each sort it and list their
 // share of the tiles. Thread t sorts sequences SORT_ITEMS * t ..; the sort (a stable radix sort on
 // the keys, most first, over the bits the longest needs) leaves it positions SORT_ITEMS * t ..,
-// whose tile counts one block scan sums. The arrays are in shared memory.
+// whose tile counts and run starts block scans sum. The arrays are in shared memory.
 template <int SORT_ITEMS>
 __global__ void __launch_bounds__(PLAN_THREADS)
     varlen_plan_sorted_forward_kernel(const ForwardParams params, VarlenPlanLayout layout, WorkTileShape shape) {
@@ -102,8 +128,8 @@ __global__ void __launch_bounds__(PLAN_THREADS)
     __shared__ unsigned longest;
     extern __shared__ int shared_arrays[];
     const int batch = layout.batch;
-    int *const Q_blocks_of = shared_arrays; // by sequence
-    const PlanArrays arrays{shared_arrays + batch, shared_arrays + 2 * batch, shared_arrays + 3 * batch};
+    const PlanArrays arrays{shared_arrays, shared_arrays + batch, shared_arrays + 2 * batch, shared_arrays + 3 * batch,
+                            shared_arrays + 4 * batch + 1};
 
     if (threadIdx.x == 0)
         longest = 0;
@@ -117,7 +143,7 @@ __global__ void __launch_bounds__(PLAN_THREADS)
         keys[i] = 0; // past the batch: after every sequence of the batch, which sorts on its keys + 1
         if (b < batch) {
             const SequenceSize size = sequence_size(params, shape, b);
-            Q_blocks_of[b] = size.Q_blocks;
+            arrays.set_size(b, size);
             keys[i] = static_cast<unsigned>(size.keys) + 1;
             atomicMax(&longest, keys[i]);
         }
@@ -125,33 +151,49 @@ __global__ void __launch_bounds__(PLAN_THREADS)
     __syncthreads();
     const int key_bits = 32 - __clz(static_cast<int>(longest)); // at least 1: a batch has a sequence
     Sort(temp.sort).SortDescending(keys, sequences, 0, key_bits);
-    __syncthreads(); // the sort's storage is reused by the scan
-
-    int counts[SORT_ITEMS];
 #pragma unroll
     for (int i = 0; i < SORT_ITEMS; ++i) {
         const int position = SORT_ITEMS * static_cast<int>(threadIdx.x) + i;
-        counts[i] = position < batch ? shape.Q_groups(Q_blocks_of[sequences[i]]) * params.heads_q : 0;
+        if (position < batch)
+            arrays.order[position] = sequences[i];
+    }
+    __syncthreads(); // the sort's storage is reused by the scans, and the order is read across threads
+
+    int counts[SORT_ITEMS];
+    int starts[SORT_ITEMS];
+#pragma unroll
+    for (int i = 0; i < SORT_ITEMS; ++i) {
+        const int position = SORT_ITEMS * static_cast<int>(threadIdx.x) + i;
+        counts[i] = 0;
+        starts[i] = 0;
+        if (position < batch) {
+            const SequenceSize size = arrays.size(sequences[i]);
+            counts[i] = shape.Q_groups(size.Q_blocks) * params.heads_q;
+            starts[i] = starts_run(position, size, position > 0 ? arrays.size(arrays.order[position - 1]) : size);
+        }
     }
     int before[SORT_ITEMS];
     int total = 0;
     Scan(temp.scan).ExclusiveSum(counts, before, total);
+    __syncthreads();
+    int run[SORT_ITEMS];
+    int runs = 0;
+    Scan(temp.scan).ExclusiveSum(starts, run, runs);
 #pragma unroll
     for (int i = 0; i < SORT_ITEMS; ++i) {
-        const int position = SORT_ITEMS * static_cast<int>(threadIdx.x) + i;
-        if (position < batch) {
-            arrays.order[position] = sequences[i];
-            arrays.Q_blocks[position] = Q_blocks_of[sequences[i]];
-            arrays.prefix[position] = before[i];
+        if (starts[i]) {
+            arrays.run_first[run[i]] = SORT_ITEMS * static_cast<int>(threadIdx.x) + i;
+            arrays.run_prefix[run[i]] = before[i];
         }
     }
     if (threadIdx.x == 0) {
-        arrays.prefix[batch] = total;
+        arrays.run_first[runs] = batch;
+        arrays.run_prefix[runs] = total;
         if (blockIdx.x == 0)
             *static_cast<int *>(params.scratch) = total;
     }
     __syncthreads();
-    list_tiles(params, arrays, batch, shape,
+    list_tiles(params, arrays, runs, shape,
                reinterpret_cast<PlannedTile *>(static_cast<uint8_t *>(params.scratch) + layout.tiles_offset()));
 }
 
@@ -163,42 +205,56 @@ __global__ void __launch_bounds__(PLAN_THREADS)
     __shared__ typename Scan::TempStorage scan_storage;
     uint8_t *const scratch = static_cast<uint8_t *>(params.scratch);
     const int batch = layout.batch;
-    const PlanArrays arrays{reinterpret_cast<int *>(scratch + layout.order_offset()),
-                            reinterpret_cast<int *>(scratch + layout.Q_blocks_offset()),
-                            reinterpret_cast<int *>(scratch + layout.prefix_offset())};
-    // The tiles before each position, PLAN_THREADS positions at a time.
-    int carry = 0;
+    const PlanArrays arrays{reinterpret_cast<int *>(scratch + layout.Q_blocks_offset()),
+                            reinterpret_cast<int *>(scratch + layout.keys_offset()),
+                            reinterpret_cast<int *>(scratch + layout.order_offset()),
+                            reinterpret_cast<int *>(scratch + layout.run_first_offset()),
+                            reinterpret_cast<int *>(scratch + layout.run_prefix_offset())};
+    // The tiles and runs before each position, PLAN_THREADS positions at a time.
+    int tiles_carry = 0;
+    int runs_carry = 0;
     for (int first = 0; first < batch; first += PLAN_THREADS) {
         const int position = first + static_cast<int>(threadIdx.x);
         int count = 0;
+        int start = 0;
         if (position < batch) {
-            const int Q_blocks = sequence_size(params, shape, position).Q_blocks;
+            const SequenceSize size = sequence_size(params, shape, position);
+            arrays.set_size(position, size);
             arrays.order[position] = position;
-            arrays.Q_blocks[position] = Q_blocks;
-            count = shape.Q_groups(Q_blocks) * params.heads_q;
+            count = shape.Q_groups(size.Q_blocks) * params.heads_q;
+            start = starts_run(position, size, position > 0 ? sequence_size(params, shape, position - 1) : size);
         }
         int before = 0;
-        int chunk_total = 0;
-        Scan(scan_storage).ExclusiveSum(count, before, chunk_total);
-        if (position < batch)
-            arrays.prefix[position] = carry + before;
-        carry += chunk_total;
+        int chunk_tiles = 0;
+        Scan(scan_storage).ExclusiveSum(count, before, chunk_tiles);
         __syncthreads(); // the scan's storage is reused
+        int run = 0;
+        int chunk_runs = 0;
+        Scan(scan_storage).ExclusiveSum(start, run, chunk_runs);
+        if (start) {
+            arrays.run_first[runs_carry + run] = position;
+            arrays.run_prefix[runs_carry + run] = tiles_carry + before;
+        }
+        tiles_carry += chunk_tiles;
+        runs_carry += chunk_runs;
+        __syncthreads();
     }
     if (threadIdx.x == 0) {
-        arrays.prefix[batch] = carry;
-        *reinterpret_cast<int *>(scratch) = carry;
+        arrays.run_first[runs_carry] = batch;
+        arrays.run_prefix[runs_carry] = tiles_carry;
+        *reinterpret_cast<int *>(scratch) = tiles_carry;
     }
     __syncthreads();
-    list_tiles(params, arrays, batch, shape, reinterpret_cast<PlannedTile *>(scratch + layout.tiles_offset()));
+    list_tiles(params, arrays, runs_carry, shape, reinterpret_cast<PlannedTile *>(scratch + layout.tiles_offset()));
 }
 
-void plan_varlen_work(const ForwardParams &params, const VarlenPlanLayout &layout, int B_r, int cluster,
-                      bool last_Q_blocks_first, cudaStream_t stream) {
-    const WorkTileShape shape{B_r, cluster, last_Q_blocks_first};
+void plan_varlen_work(const ForwardParams &params, const VarlenPlanLayout &layout, int B_r, int cluster, bool masked,
+                      int KV_row_bytes, cudaStream_t stream) {
+    const WorkTileShape shape{B_r, cluster, masked, KV_row_bytes};
     if (layout.batch <= PLAN_SORTED_SEQUENCES) {
-        // Per sequence its query blocks, and per position its sequence, query blocks and prefix.
-        const auto shared_bytes = [](int batch) { return (4 * batch + 1) * static_cast<int>(sizeof(int)); };
+        // PlanArrays: per sequence its query blocks and keys, per position its sequence, and per run
+        // (at most one per position, and one entry more) its first position and prefix.
+        const auto shared_bytes = [](int batch) { return (5 * batch + 2) * static_cast<int>(sizeof(int)); };
         const int items = layout.batch <= PLAN_THREADS ? 1 : MAX_SORT_ITEMS;
         const auto kernel = items == 1 ? varlen_plan_sorted_forward_kernel<1> : varlen_plan_sorted_forward_kernel<MAX_SORT_ITEMS>;
         ensure_dynamic_smem_limit(reinterpret_cast<const void *>(kernel), shared_bytes(PLAN_THREADS * items));

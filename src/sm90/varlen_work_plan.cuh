@@ -5,7 +5,10 @@
 // and the sequences would run in batch order, so that a long one last leaves the GPU idle but for
 // it. With the plan every listed tile has rows, and a sequence's tiles come before those of every
 // shorter sequence (by keys, which is what a work tile's time grows with): the longest-processing-
-// time-first order, so that the last wave is short tiles.
+// time-first order, so that the last wave is short tiles. Consecutive sequences of the same lengths
+// (a run) are ordered as a dense problem of that many sequences is (work_order.cuh): under a mask
+// in chunks whose K and V fit L2, every head's last query blocks first, so a packed batch of equal
+// lengths runs in the dense call's order.
 //
 // The planning kernel is compiled once, in varlen_work_plan.cu, not in every configuration's unit.
 //
@@ -45,13 +48,16 @@ struct VarlenPlanLayout {
     int batch;
 
     __host__ __device__ int64_t tiles_offset() const { return header_bytes; }
-    // The planning kernel's arrays, where a batch too large to sort keeps them (a sorted one keeps
-    // them in shared memory): per position in the order its sequence and that sequence's query
-    // blocks, and the tiles before each position (batch + 1 prefix sums).
-    __host__ __device__ int64_t order_offset() const { return tiles_offset() + capacity * sizeof(PlannedTile); }
-    __host__ __device__ int64_t Q_blocks_offset() const { return order_offset() + batch * sizeof(int); }
-    __host__ __device__ int64_t prefix_offset() const { return Q_blocks_offset() + batch * sizeof(int); }
-    __host__ __device__ int64_t bytes() const { return prefix_offset() + (batch + 1) * sizeof(int); }
+    // The planning kernel's arrays (PlanArrays in varlen_work_plan.cu), where a batch too large to
+    // sort keeps them (a sorted one keeps them in shared memory): per sequence its query blocks and
+    // keys, per position in the order its sequence, and per run of equal sequences (at most one per
+    // position, and one entry past the last) its first position and the tiles before it.
+    __host__ __device__ int64_t Q_blocks_offset() const { return tiles_offset() + capacity * sizeof(PlannedTile); }
+    __host__ __device__ int64_t keys_offset() const { return Q_blocks_offset() + batch * sizeof(int); }
+    __host__ __device__ int64_t order_offset() const { return keys_offset() + batch * sizeof(int); }
+    __host__ __device__ int64_t run_first_offset() const { return order_offset() + batch * sizeof(int); }
+    __host__ __device__ int64_t run_prefix_offset() const { return run_first_offset() + (batch + 1) * sizeof(int); }
+    __host__ __device__ int64_t bytes() const { return run_prefix_offset() + (batch + 1) * sizeof(int); }
 };
 
 // The plan's count and tiles, as the attention kernel reads them.
@@ -61,12 +67,12 @@ __device__ __forceinline__ const PlannedTile *planned_tiles(const void *scratch)
 }
 
 // Writes the plan of `params` (a varlen call) into its scratch, on `stream`: work tiles of B_r query
-// rows in clusters of `cluster` blocks; with `last_Q_blocks_first` (under a mask) a sequence's last
-// query blocks, which see the most keys, come first. The attention kernel that reads the plan may be
-// launched at once after it with programmatic stream serialization: it waits for the plan with
-// wait_for_planned_work.
-void plan_varlen_work(const ForwardParams &params, const VarlenPlanLayout &layout, int B_r, int cluster,
-                      bool last_Q_blocks_first, cudaStream_t stream);
+// rows in clusters of `cluster` blocks, in the order of work_order.cuh where `masked` (a key's K and
+// V rows are KV_row_bytes; a sequence's last query blocks, which see the most keys, come first). The
+// attention kernel that reads the plan may be launched at once after it with programmatic stream
+// serialization: it waits for the plan with wait_for_planned_work.
+void plan_varlen_work(const ForwardParams &params, const VarlenPlanLayout &layout, int B_r, int cluster, bool masked,
+                      int KV_row_bytes, cudaStream_t stream);
 
 // In a kernel launched after plan_varlen_work as above: waits until the plan is complete and
 // visible. (A kernel launched without the attribute returns from it at once.)

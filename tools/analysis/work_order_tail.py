@@ -3,7 +3,7 @@
 causal mask: a model of the work counter, not a measurement.
 
 The persistent blocks take work tiles from a global counter in the kernel's numbering
-(src/sm90/tile_scheduler.cuh, WorkTile): heads are taken in chunks, and inside a chunk every head's
+(src/sm90/work_order.cuh, which a varlen call's plan follows too): heads are taken in chunks, and inside a chunk every head's
 longest query block first, then every head's next. Each block takes the next work tile when it is
 free, as the counter hands them out; a work tile costs the KV tiles it visits (with the causal mask
 and as many queries as keys, query block i of B_r rows visits ceil((i + 1) * B_r / B_c)) plus a
@@ -30,7 +30,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmark"))
 import bench_common as common  # noqa: E402
 
-# The kernel's chunk budget (tile_scheduler.cuh's WORK_CHUNK_KV_BYTES).
+# The kernel's chunk budget (work_order.cuh's WORK_CHUNK_KV_BYTES).
 KERNEL_CHUNK_KV_BYTES = 16 << 20
 # The multiprocessors of an H100 SXM or H200: one persistent block each.
 DEFAULT_BLOCKS = 132
@@ -44,7 +44,7 @@ def chunk_heads(budget_bytes: int | None, seqlen_k: int, d_head: int, element_by
 
 
 def work_order(Q_blocks: int, units: int, chunk_units: int) -> list[tuple[int, int]]:
-    """The (query block, unit) of each work index, as WorkTile::of numbers a masked problem's work
+    """The (query block, unit) of each work index, as ordered_work numbers a masked problem's work
     tiles (without clusters): in chunks of chunk_units units, inside a chunk every unit's last query
     block first."""
     order = []
