@@ -25,6 +25,7 @@
 #include "binding/fp8.h"
 #include "binding/kvcache_append.h"
 #include "binding/problem.h"
+#include "binding/varlen_work_plan.h"
 #include "common/cuda_utils.cuh"
 #include "generated/kernel_registry.h"
 
@@ -463,6 +464,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("visited_tiles", &binding::visited_tiles_of, py::arg("B_r"), py::arg("B_c"), py::arg("seqlen_q"),
           py::arg("seqlen_k"), py::arg("causal") = false, py::arg("window_size") = py::make_tuple(-1, -1),
           "The (query block, key tile) pairs a B_r x B_c configuration visits per (batch, head).");
+    m.def("varlen_work_plan", &binding::varlen_work_plan, py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"),
+          py::arg("heads_q"), py::arg("heads_kv"), py::arg("B_r"), py::arg("cluster"), py::arg("masked"),
+          py::arg("KV_row_bytes"),
+          "The Hopper family's work plan of a varlen batch (cu_seqlens_q, cu_seqlens_k: int32 CUDA tensors of batch "
+          "+ 1 offsets) for work tiles of B_r query rows in clusters of `cluster` blocks, with or without a mask, a "
+          "key's K and V rows being KV_row_bytes: an int32 tensor (tiles, 8), one row per work tile in the order the "
+          "attention kernel takes them: sequence, query head, the cluster's first query block, the sequence's query "
+          "blocks, then the start and length of its query rows and of its key rows.");
     m.def("compiled_kernels", &binding::compiled_kernels,
           "The compiled kernels as (family, configuration fields, (mask kind, masked tails, score mods)), in the "
           "registries' order.");

@@ -17,7 +17,8 @@ into a NaN-poisoned o and is repeated bitwise identically (helpers.check_forward
   compiled with the varlen kernels (both families, every head size and dtype that has them).
 - Focused tests: softmax scales; seqused_k alone (decode-like); the Hopper family's work plan (a
   long sequence after short ones, a plan written by several blocks, the largest batch it sorts
-  and a larger one); rows outside the batch; equal
+  and a larger one; its order, read through flash_attention._C.varlen_work_plan, against the model of
+  varlen_work_plan.cuh); rows outside the batch; equal
   lengths against the dense call; the automatic choice (flash_attn_varlen_func) and the packed
   entry points; configurations without varlen kernels.
 - Bad arguments (the exception, the argument named, CUDA usable afterwards); contents that break
@@ -39,7 +40,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import pathlib
 import random
+import sys
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -48,6 +51,9 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed: these tests need it")
 
 import helpers  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tools" / "analysis"))
+import work_order_tail  # noqa: E402
 from flash_helpers.problem import VARLEN_VARIANTS  # noqa: E402
 from flash_helpers.reference import (  # noqa: E402
     VARLEN_KEYWORDS,
@@ -292,6 +298,86 @@ def test_work_plan_of_many_sequences(cfg, batch, rng):
     inputs = varlen_problem(Varlen(lengths, lengths), heads_q=4, heads_kv=2).make(cfg, rng)
     out = inputs.forward(cfg, nan_like(inputs.q))
     assert torch.equal(out, inputs.v.repeat_interleave(2, dim=1)), "a row's output is not its key's value"
+
+
+# The most sequences the plan sorts (varlen_work_plan.cu's PLAN_SORTED_SEQUENCES).
+PLAN_SORTED_SEQUENCES = 4096
+
+
+def planned_order(lengths_q, lengths_k, heads_q: int, heads_kv: int, B_r: int, cluster: int, masked: bool,
+                  KV_row_bytes: int) -> list[tuple[int, int, int, int]]:
+    """The (sequence, head, first query block, query blocks) of each work tile, in the order
+    sm90/varlen_work_plan.cuh states: the sequences by keys, most first (a stable sort; a batch of
+    more than PLAN_SORTED_SEQUENCES keeps its order), and each run of consecutive sequences with the
+    same query blocks and keys ordered as a dense problem of that many sequences (work_order.cuh:
+    unit after unit without a mask; under one, in chunks of the units whose K and V fit the chunk's
+    budget, longest position first)."""
+    batch = len(lengths_q)
+    Q_blocks = [-(-length // B_r) for length in lengths_q]
+    order = sorted(range(batch), key=lambda b: -lengths_k[b]) if batch <= PLAN_SORTED_SEQUENCES else list(range(batch))
+    tiles = []
+    first = 0
+    while first < batch:
+        size = (Q_blocks[order[first]], lengths_k[order[first]])
+        end = first
+        while end < batch and (Q_blocks[order[end]], lengths_k[order[end]]) == size:
+            end += 1
+        run = order[first:end]
+        units = len(run) * heads_q
+        groups = -(-size[0] // cluster)
+        if masked:
+            unit_bytes = max(1, size[1] * KV_row_bytes // (heads_q // heads_kv))
+            chunk = min(units, max(1, work_order_tail.KERNEL_CHUNK_KV_BYTES // unit_bytes))
+            work = work_order_tail.work_order(groups, units, chunk)
+        else:
+            work = [(position, unit) for unit in range(units) for position in range(groups)]
+        tiles += [(run[unit // heads_q], unit % heads_q, position * cluster, size[0]) for position, unit in work]
+        first = end
+    return tiles
+
+
+def plan_order_cases() -> list[tuple]:
+    """Batches whose runs of equal sequences the plan orders: runs of equal lengths interleaved with
+    others in the batch (the sort brings them together), a query length that differs inside a run of
+    equal keys, a sequence of no rows; each without and with a mask, in clusters of 1 and 2, with K
+    and V rows that make chunks of a few units; a batch of more tiles than one planning block lists;
+    and batches sorted by each path of the planning kernel (one item per thread, four, and none)."""
+    mixed = (512, 300, 512, 1500, 300, 512, 0, 512, 300, 512, 300, 1)
+    keys = (512, 300, 512, 1500, 300, 512, 0, 512, 512, 512, 300, 1)  # sequence 8: 3 query blocks, 512 keys
+    many_tiles = random_lengths("plan_order_tiles", 64, 200, 2000, with_extremes=True)
+    cases = []
+    for masked in (False, True):
+        for cluster in (1, 2):
+            cases.append(("mixed", mixed, keys, 4, 2, 128, cluster, masked, 1 << 13))
+        cases.append(("many_tiles", many_tiles, many_tiles, 16, 4, 128, 2, masked, 1 << 12))
+        for batch in (1000, 3000, 4200):
+            draw = random.Random(f"plan_order_{batch}")
+            lengths = tuple(draw.choice((0, 1, 64, 200, 256)) for _ in range(batch))
+            cases.append((f"batch{batch}", lengths, lengths, 2, 1, 64, 1, masked, 1 << 20))
+    return cases
+
+
+@gpu
+@pytest.mark.skipif(not BUILT or 900 not in flash_attention._C.compiled_architectures(), reason="the work plan is the Hopper family's: this build has no sm_90 code")
+@pytest.mark.parametrize(
+    "lengths_q, lengths_k, heads_q, heads_kv, B_r, cluster, masked, KV_row_bytes",
+    [pytest.param(*case[1:], id=f"{case[0]}-c{case[6]}-{'masked' if case[7] else 'none'}") for case in plan_order_cases()],
+)
+def test_work_plan_order(lengths_q, lengths_k, heads_q, heads_kv, B_r, cluster, masked, KV_row_bytes):
+    """The planning kernel's tiles (flash_attention._C.varlen_work_plan) are the model's, in its order:
+    each (sequence, head, query block group) once, runs of equal sequences in the dense order."""
+    def offsets(lengths):
+        return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
+
+    plan = flash_attention._C.varlen_work_plan(offsets(lengths_q), offsets(lengths_k), heads_q, heads_kv, B_r, cluster,
+                                            masked, KV_row_bytes)
+    expected = planned_order(lengths_q, lengths_k, heads_q, heads_kv, B_r, cluster, masked, KV_row_bytes)
+    assert [tuple(row) for row in plan[:, :4].tolist()] == expected
+    starts_q = list(itertools.accumulate(lengths_q, initial=0))
+    starts_k = list(itertools.accumulate(lengths_k, initial=0))
+    assert [tuple(row) for row in plan[:, 4:].tolist()] == [
+        (starts_q[b], lengths_q[b], starts_k[b], lengths_k[b]) for b, *_ in expected
+    ], "a tile's rows are not its sequence's"
 
 
 def with_rows_around(inputs: Inputs, before: int, after: int) -> Inputs:
