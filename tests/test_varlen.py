@@ -380,6 +380,24 @@ def test_work_plan_order(lengths_q, lengths_k, heads_q, heads_kv, B_r, cluster, 
     ], "a tile's rows are not its sequence's"
 
 
+@gpu
+@needs_build
+def test_work_plan_refuses_bad_arguments():
+    offsets = torch.tensor([0, 3, 7], dtype=torch.int32, device="cuda")
+    plan = flash_attention._C.varlen_work_plan
+    with pytest.raises(TypeError, match="cu_seqlens_k: dtype must be int32"):
+        plan(offsets, offsets.long(), 2, 1, 64, 1, False, 256)
+    with pytest.raises(ValueError, match=r"cu_seqlens_k: shape \[2\] must be \(3,\)"):
+        plan(offsets, offsets[:2], 2, 1, 64, 1, False, 256)
+    with pytest.raises(ValueError, match="cu_seqlens_q: expected a CUDA tensor"):
+        plan(offsets.cpu(), offsets, 2, 1, 64, 1, False, 256)
+    with pytest.raises(ValueError, match="heads_kv dividing heads_q"):
+        plan(offsets, offsets, 3, 2, 64, 1, False, 256)
+    with pytest.raises(ValueError, match="B_r, cluster, KV_row_bytes: must be positive"):
+        plan(offsets, offsets, 2, 1, 0, 1, False, 256)
+    assert plan(offsets, offsets, 2, 1, 64, 1, False, 256).shape == (4, 8)  # CUDA still usable
+
+
 def with_rows_around(inputs: Inputs, before: int, after: int) -> Inputs:
     """``inputs`` (packed) inside q, k and v with ``before`` rows of NaN ahead of the batch and
     ``after`` behind it, the cu_seqlens moved along: rows that belong to no sequence."""
