@@ -1001,7 +1001,7 @@ def test_pt_bench_rejects_shapes_it_cannot_make(flags, message, capsys):
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("tool", [pt_bench, autotune])
+@pytest.mark.parametrize("tool", [pt_bench, autotune, varlen_bench])
 @pytest.mark.parametrize("value", ["-1", "nan", "inf"])
 def test_timing_tools_reject_a_sustain_time_that_is_not_a_finite_non_negative_number(tool, value, capsys):
     with pytest.raises(SystemExit) as exit_info:

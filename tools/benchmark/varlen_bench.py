@@ -22,7 +22,9 @@ and mask (--causal), on the same packed inputs in one run, in a seeded random or
              nested tensors around the kernel (their offsets and longest sequence).
 
 A peer whose import fails reads "not installed". Time is the median of triton.testing.do_bench
-(of CUDA-event timings if triton is missing). TFLOP/s count only the attended (query, key) pairs,
+(of CUDA-event timings if triton is missing), or with --sustain-s S the mean of back-to-back calls
+over S seconds after a warm-up as long: each implementation at the steady clock its own power draw
+leaves, which short timings of different implementations one after another do not give alike. TFLOP/s count only the attended (query, key) pairs,
 sequence by sequence: 4 * heads * d_head * sum over the sequences of L^2, or L (L + 1) / 2 with
 the causal mask (the pairs on and below the diagonal, not half of L^2). Ratios are ours over each
 peer's TFLOP/s (above 1: ours is faster).
@@ -458,6 +460,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=common.DEFAULT_REP_MS,
         help="how long each timing repeats the call, in ms (default: %(default)g)",
     )
+    common.add_sustain_argument(parser)
     parser.add_argument(
         "--kernel-times", action="store_true", help="also list the kernels each of our calls launches, with their times"
     )
@@ -469,6 +472,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--csv", metavar="PATH", help="also write every timing to PATH")
     args = parser.parse_args(argv)
+    if sustain_error := common.sustain_error(args.sustain_s):
+        parser.error(sustain_error)
     if args.min_len > args.max_len:
         parser.error(f"--min-len {args.min_len} is more than --max-len {args.max_len}")
     for length in args.equal_lengths:
@@ -503,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     flash_peers = load_flash_peers()
-    timer, timing_description = common.make_timer(args.rep_ms)
+    timer, timing_description = common.make_timer(args.rep_ms, args.sustain_s)
     lengths, origin = ragged_batch(args)
     versions = f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}"
     print(f"{torch.cuda.get_device_name()}, {versions}; {timing_description}")
