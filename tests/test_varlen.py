@@ -358,7 +358,10 @@ def plan_order_cases() -> list[tuple]:
 
 
 @gpu
-@pytest.mark.skipif(not BUILT or 900 not in flash_attention._C.compiled_architectures(), reason="the work plan is the Hopper family's: this build has no sm_90 code")
+@pytest.mark.skipif(
+    not BUILT or 900 not in flash_attention._C.compiled_architectures(),
+    reason="the work plan is the Hopper family's: this build has no sm_90 code",
+)
 @pytest.mark.parametrize(
     "lengths_q, lengths_k, heads_q, heads_kv, B_r, cluster, masked, KV_row_bytes",
     [pytest.param(*case[1:], id=f"{case[0]}-c{case[6]}-{'masked' if case[7] else 'none'}") for case in plan_order_cases()],
@@ -369,8 +372,9 @@ def test_work_plan_order(lengths_q, lengths_k, heads_q, heads_kv, B_r, cluster, 
     def offsets(lengths):
         return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
 
-    plan = flash_attention._C.varlen_work_plan(offsets(lengths_q), offsets(lengths_k), heads_q, heads_kv, B_r, cluster,
-                                            masked, KV_row_bytes)
+    plan = flash_attention._C.varlen_work_plan(
+        offsets(lengths_q), offsets(lengths_k), heads_q, heads_kv, B_r, cluster, masked, KV_row_bytes
+    )
     expected = planned_order(lengths_q, lengths_k, heads_q, heads_kv, B_r, cluster, masked, KV_row_bytes)
     assert [tuple(row) for row in plan[:, :4].tolist()] == expected
     starts_q = list(itertools.accumulate(lengths_q, initial=0))

@@ -24,8 +24,8 @@ and mask (--causal), on the same packed inputs in one run, in a seeded random or
 A peer whose import fails reads "not installed". Time is the median of triton.testing.do_bench
 (of CUDA-event timings if triton is missing), or with --sustain-s S the mean of back-to-back calls
 over S seconds after a warm-up as long: each implementation at the steady clock its own power draw
-leaves, which short timings of different implementations one after another do not give alike. TFLOP/s count only the attended (query, key) pairs,
-sequence by sequence: 4 * heads * d_head * sum over the sequences of L^2, or L (L + 1) / 2 with
+leaves, which short timings of different implementations one after another do not give alike.
+TFLOP/s count only the attended (query, key) pairs, sequence by sequence: 4 * heads * d_head * sum over the sequences of L^2, or L (L + 1) / 2 with
 the causal mask (the pairs on and below the diagonal, not half of L^2). Ratios are ours over each
 peer's TFLOP/s (above 1: ours is faster).
 
