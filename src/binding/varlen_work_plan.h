@@ -15,6 +15,7 @@
 #include "binding/arguments.h"
 #include "binding/sequences.h"
 #include "common/forward_params.h"
+#include "common/sequence.cuh"
 #include "sm90/varlen_work_plan.cuh"
 
 namespace flash::binding {
@@ -50,9 +51,8 @@ inline at::Tensor varlen_work_plan(const at::Tensor &cu_seqlens_q, const at::Ten
     const int rows_q = std::max(q[batch], 0);
     const int rows_k = std::max(offsets_k.data_ptr<int>()[batch], 0);
     int64_t capacity = 0;
-    for (int64_t b = 0; b < batch; ++b) {
-        const int start = std::min(std::max(q[b], 0), rows_q);
-        const int length = std::min(std::max(q[b + 1], start), rows_q) - start;
+    for (int b = 0; b < batch; ++b) {
+        const int length = used_rows(q, nullptr, nullptr, rows_q, b).length;
         const int64_t Q_blocks = (length + B_r - 1) / B_r;
         capacity += (Q_blocks + cluster - 1) / cluster * heads_q;
     }
