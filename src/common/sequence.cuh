@@ -27,8 +27,8 @@ struct SequenceRows {
 // The slot of batch entry `batch` (cu_seqlens, or the whole seq dimension), then leftpad and
 // seqused, each clamped to what remains. On the host too, where a buffer must hold what the kernel
 // writes for these rows (binding/varlen_work_plan.h).
-__host__ __device__ __forceinline__ UsedRows used_rows(const int *cu_seqlens, const int *seqused, const int *leftpad, int rows,
-                                              int batch) {
+__host__ __device__ __forceinline__ UsedRows used_rows(const int *cu_seqlens, const int *seqused, const int *leftpad,
+                                                       int rows, int batch) {
     int start = 0;
     int end = rows;
     if (cu_seqlens != nullptr) {
