@@ -54,6 +54,18 @@ def _cache(rng, dtype, batch, seqlen_k, heads_kv, d_head, powers_of_two=True):
     return k8, v8, k_descale, v_descale, _dequantize(k8, k_descale, dtype), _dequantize(v8, v_descale, dtype)
 
 
+def _skip_without_fp8_cache_kernels(dtype, d_head):
+    """Skips, with the reason, where no decoding configuration of q's dtype and this head size has
+    the FP8 cache's kernels (a build of a subset of the configurations): the automatic choice, which
+    these calls use, then raises, as test_fp8_cache_arguments_are_checked requires."""
+    for cfg in helpers.configs_under_test(decoding=True):
+        if cfg.dtype.to_torch_dtype() == dtype and cfg.d_head == d_head and any(
+            variant.kv_e4m3 for variant in flash_attention.compiled_variants(cfg)
+        ):
+            return
+    pytest.skip(f"no {dtype} d_head {d_head} decoding configuration with FP8-cache kernels under test")
+
+
 MASKS = {
     "none": {},
     "causal": dict(causal=True),
@@ -75,6 +87,7 @@ def test_an_fp8_cache_computes_as_the_16_bit_cache_of_its_values(dtype, d_head, 
     and, beside bfloat16 queries, probabilities rounded to float16 rather than bfloat16: lse a few
     float32 units in the last place apart, outputs a unit in the last place of the largest. The
     output meets the float32 reference and repeats bit for bit."""
+    _skip_without_fp8_cache_kernels(dtype, d_head)
     batch, seqlen_k = 3, 1500
     k8, v8, k_descale, v_descale, k16, v16 = _cache(rng, dtype, batch, seqlen_k, heads[1], d_head)
     q = helpers.random_tensor((batch, seqlen_q, heads[0], d_head), dtype, rng)
@@ -101,6 +114,7 @@ def test_a_paged_fp8_cache_reads_as_the_dense_one(seqlen_q, page_size, rng):
     """Pages in random order, with NaN in the rows no sequence holds: bit for bit the dense FP8
     cache's output."""
     dtype, batch, heads, d_head = torch.bfloat16, 3, (16, 4), 128
+    _skip_without_fp8_cache_kernels(dtype, d_head)
     k8, v8, k_descale, v_descale, _, _ = _cache(rng, dtype, batch, 2000, heads[1], d_head, powers_of_two=False)
     q = helpers.random_tensor((batch, seqlen_q, heads[0], d_head), dtype, rng)
     lengths = [2000, 33, 1024]
@@ -125,6 +139,7 @@ def test_a_paged_fp8_cache_reads_as_the_dense_one(seqlen_q, page_size, rng):
 def test_any_descales_meet_the_float32_reference(dtype, rng):
     """Descales that are not powers of two, with leftpad, cache_batch_idx and ALiBi."""
     batch, heads, d_head = 4, (8, 2), 128
+    _skip_without_fp8_cache_kernels(dtype, d_head)
     k8, v8, k_descale, v_descale, _, _ = _cache(rng, dtype, 5, 900, heads[1], d_head, powers_of_two=False)
     q = helpers.random_tensor((batch, 2, heads[0], d_head), dtype, rng)
     cache_seqlens = torch.tensor([900, 400, 17, 640], dtype=torch.int32, device="cuda")
@@ -147,6 +162,7 @@ def test_flash_attn_func_and_the_varlen_call_take_an_fp8_cache(rng):
     """Dense and packed calls of 16-bit q with e4m3 k and v (the decoding configuration's kernels,
     whatever the query count) against the reference; descales of None are factors of 1."""
     dtype, heads, d_head = torch.bfloat16, (8, 2), 64
+    _skip_without_fp8_cache_kernels(dtype, d_head)
     k8, v8, k_descale, v_descale, _, _ = _cache(rng, dtype, 2, 300, heads[1], d_head, powers_of_two=False)
     q = helpers.random_tensor((2, 200, heads[0], d_head), dtype, rng)
     out = flash_attention.flash_attn_func(q, k8, v8, causal=True, k_descale=k_descale, v_descale=v_descale)
@@ -189,5 +205,6 @@ def test_fp8_cache_arguments_are_checked(rng):
     with pytest.raises(ValueError, match="^q: no configuration compiled into this build .* an e4m3 KV cache"):
         call(helpers.random_tensor((2, 1, heads[0], 256), dtype, rng), big, big, cache_seqlens=seqlens)
     # The context stays usable.
+    _skip_without_fp8_cache_kernels(dtype, d_head)
     call(q, k8, v8, cache_seqlens=seqlens, k_descale=k_descale, v_descale=v_descale)
     torch.cuda.synchronize()
