@@ -15,15 +15,19 @@ __device__ __forceinline__ float descale_at(const Descale &descale, int batch, i
     return descale.data == nullptr ? 1.0f : descale.data[batch * descale.batch_stride + kv_head * descale.head_stride];
 }
 
-// Two e4m3 values (the low byte's in the low half) as a float16 pair, in one instruction.
-__device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t two_bytes) {
-    uint32_t halves;
-    asm("{\n.reg .b16 pair;\n"
-        "cvt.u16.u32 pair, %1;\n"
-        "cvt.rn.f16x2.e4m3x2 %0, pair;\n}\n"
-        : "=r"(halves)
-        : "r"(two_bytes));
-    return halves;
+// Four e4m3 values as two float16 pairs: bytes 0 and 1 in .x, 2 and 3 in .y (the lower byte's in
+// each pair's low half). Each conversion reads its half of the word in place (F2FP's .H1 operand):
+// extracting the halves first (a mask or a permute, and a shift) took as many instructions as the
+// conversions themselves (benchmarks/HISTORY.md #2026-12-04-fp8-cache-issue-and-occupancy).
+__device__ __forceinline__ uint2 e4m3x4_to_half2x2(uint32_t four_bytes) {
+    uint2 pairs;
+    asm("{\n.reg .b16 low, high;\n"
+        "mov.b32 {low, high}, %2;\n"
+        "cvt.rn.f16x2.e4m3x2 %0, low;\n"
+        "cvt.rn.f16x2.e4m3x2 %1, high;\n}\n"
+        : "=r"(pairs.x), "=r"(pairs.y)
+        : "r"(four_bytes));
+    return pairs;
 }
 
 } // namespace flash

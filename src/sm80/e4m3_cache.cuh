@@ -108,8 +108,8 @@ struct E4M3CacheProducts {
             for (int n = 0; n < S_tiles; ++n)
 #pragma unroll
                 for (int half_slice = 0; half_slice < 2; ++half_slice) {
-                    const uint32_t word = words.r[n][0][half_slice];
-                    const uint32_t K[2] = {e4m3x2_to_half2(word & 0xffffu), e4m3x2_to_half2(word >> 16)};
+                    const uint2 pairs = e4m3x4_to_half2x2(words.r[n][0][half_slice]);
+                    const uint32_t K[2] = {pairs.x, pairs.y};
 #pragma unroll
                     for (int m = 0; m < M_tiles; ++m)
                         ptx::mma_m16n8k16<half>(S.r[m][n], Q.r[m][2 * w + half_slice], K);
@@ -143,7 +143,8 @@ struct E4M3CacheProducts {
                     // Bytes 0 and 2 (even columns) or 1 and 3 (odd) of each word: keys k, k + 1 in
                     // the low half, k + 8, k + 9 in the high half.
                     const uint32_t pairs = __byte_perm(low_keys, high_keys, odd ? 0x7531 : 0x6420);
-                    const uint32_t V[2] = {e4m3x2_to_half2(pairs & 0xffffu), e4m3x2_to_half2(pairs >> 16)};
+                    const uint2 widened = e4m3x4_to_half2x2(pairs);
+                    const uint32_t V[2] = {widened.x, widened.y};
 #pragma unroll
                     for (int m = 0; m < M_tiles; ++m)
                         ptx::mma_m16n8k16<half>(O.r[m][2 * j + odd], P.r[m][s], V);
