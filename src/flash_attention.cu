@@ -41,6 +41,12 @@ py::tuple variant_to_python(const ProblemVariant &variant) {
                           variant.kv_e4m3);
 }
 
+// The inverse of variant_to_python, for a tuple (mask, masked_tails, score_mods, varlen, kv_e4m3).
+ProblemVariant variant_from_python(py::handle variant) {
+    const auto [mask, masked_tails, score_mods, varlen, kv_e4m3] = variant.cast<std::tuple<int, bool, bool, bool, bool>>();
+    return ProblemVariant{static_cast<MaskKind>(mask), masked_tails, score_mods, varlen, kv_e4m3};
+}
+
 // The Python function: (o, lse or None, runtime_ms or None).
 py::tuple forward(py::handle kernel_cfg, py::handle q, py::handle k, py::handle v, py::handle o, bool benchmark,
                   bool causal, py::handle softmax_scale, py::handle window_size, py::handle softcap,
@@ -146,20 +152,27 @@ py::list compiled_kernels() {
     return kernels;
 }
 
-// Attributes of the kernel compiled for kernel_cfg (its first problem variant: they share the tuning).
-py::dict kernel_attributes(py::handle kernel_cfg) {
+// Attributes of the kernel compiled for kernel_cfg and `variant` (variant_to_python's tuple), or for
+// its first problem variant where `variant` is None. A configuration's variants differ in registers
+// and, for an FP8 cache's, in shared memory.
+py::dict kernel_attributes(py::handle kernel_cfg, py::handle variant) {
     py::dict result;
     visit_config(config_from_python(kernel_cfg), [&](auto family, const auto &cfg) {
         using Family = decltype(family);
         if (!Family::is_compiled(cfg))
             throw py::value_error("kernel_cfg: " + Family::describe(cfg) + " is not compiled into this build (kernel set '" +
                                   compiled_kernel_set + "'); " + rebuild_hint);
+        const auto &kernels = Family::kernels();
+        const auto found =
+            variant.is_none() ? kernels.lower_bound({cfg, ProblemVariant{}}) : kernels.find({cfg, variant_from_python(variant)});
+        if (found == kernels.end() || found->first.first != cfg)
+            throw py::value_error("variant: not compiled for " + Family::describe(cfg) + " in this build");
         int devices = 0;
         if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
             cudaGetLastError(); // the failed query leaves no error behind for the next CUDA call
             throw py::value_error("kernel_cfg: reading a kernel's attributes needs a CUDA GPU, and none is visible");
         }
-        const auto &launcher = Family::kernels().lower_bound({cfg, ProblemVariant{}})->second;
+        const auto &launcher = found->second;
         cudaFuncAttributes attributes{};
         check_cuda(cudaFuncGetAttributes(&attributes, launcher.kernel), "cudaFuncGetAttributes");
         result["registers"] = attributes.numRegs;
@@ -480,6 +493,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("compiled_architectures", [] { return binding::compiled_architectures(); },
           "The GPU architectures this module has machine code for, as nvcc numbers them (800, 900, ...).");
     m.attr("MISSING_BACKWARD") = binding::MISSING_BACKWARD;
-    m.def("kernel_attributes", &binding::kernel_attributes, py::arg("kernel_cfg"),
-          "Registers, local (spill) bytes, static and dynamic shared memory of a compiled kernel.");
+    m.def("kernel_attributes", &binding::kernel_attributes, py::arg("kernel_cfg"), py::arg("variant") = py::none(),
+          "Registers, local (spill) bytes, static and dynamic shared memory of a compiled kernel: kernel_cfg's for "
+          "variant (mask, masked_tails, score_mods, varlen, kv_e4m3), or its first variant's.");
 }

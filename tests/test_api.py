@@ -9,6 +9,7 @@ carry the ``gpu`` marker and skip, with the reason, without a GPU or a build.
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -16,7 +17,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed: these tests
 
 import helpers  # noqa: E402
 from flash_helpers.dispatch_table import DispatchTable, TableEntry, arch_name  # noqa: E402
-from flash_helpers.problem import MaskKind, mask_kind  # noqa: E402
+from flash_helpers.problem import MaskKind, ProblemVariant, mask_kind  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not helpers.extension_is_built(), reason="flash_attention._C is not built")
 
@@ -324,6 +325,18 @@ def test_choice_says_what_an_architecture_lacks():
     newer = f"sm_{newest // 10 + 1}0"
     with pytest.raises(ValueError, match=f"machine code for .* only; rebuild with {newer} in TORCH_CUDA_ARCH_LIST"):
         flash_attention.choose_config(q, q, arch=newer)
+
+
+def test_kernel_attributes_names_a_variant_that_is_not_compiled():
+    cfg = flash_attention.compiled_configs()[0]
+    with pytest.raises(TypeError, match="^variant: expected a ProblemVariant or None, got tuple"):
+        flash_attention.kernel_attributes(cfg, (0, False, False, False, False))
+    # An FP8 cache is read by varlen kernels alone: no configuration has this variant.
+    never = ProblemVariant(kv_e4m3=True)
+    with pytest.raises(ValueError, match=rf"^variant: no mask, e4m3 KV cache is not compiled for {re.escape(cfg.short_form())}"):
+        flash_attention.kernel_attributes(cfg, never)
+    with pytest.raises(ValueError, match="^variant: not compiled for "):
+        flash_attention._C.kernel_attributes(cfg, (int(never.mask), *never.flags()))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where no GPU is visible")

@@ -171,6 +171,23 @@ def test_kernel_attributes(cfg):
 
 
 @gpu
+@pytest.mark.parametrize(
+    "cfg", helpers.configs_under_test(decoding=True, fp8=True), ids=lambda cfg: cfg.short_form()
+)
+def test_kernel_attributes_of_each_variant(cfg):
+    """Every compiled variant's kernel reports its own attributes (an FP8 cache's tiles take less
+    shared memory than the 16-bit ones); without a variant, the first compiled one's."""
+    variants = flash_attention.compiled_variants(cfg)
+    assert flash_attention.kernel_attributes(cfg) == flash_attention.kernel_attributes(cfg, variants[0])
+    for variant in variants:
+        attributes = flash_attention.kernel_attributes(cfg, variant)
+        assert 0 < attributes["registers"] <= 255, variant.describe()
+        assert attributes["max_threads_per_block"] >= cfg.n_threads, variant.describe()
+        # The validity rule, which decides whether a configuration fits a GPU, counts the most.
+        assert 0 < attributes["dynamic_smem_bytes"] <= cfg.smem_bytes(), variant.describe()
+
+
+@gpu
 @each_config
 def test_empty_batch(cfg):
     shape = (0, smallest_seq_len(cfg), 3, cfg.d_head)

@@ -116,6 +116,20 @@ def forward_timed(
     return (out, lse, runtime_ms) if return_lse else (out, runtime_ms)
 
 
-def kernel_attributes(cfg) -> dict:
-    """Registers, spill bytes and shared memory of a compiled kernel (needs a GPU)."""
-    return _C.kernel_attributes(as_config(cfg))
+def kernel_attributes(cfg, variant: ProblemVariant | None = None) -> dict:
+    """Registers, spill bytes and shared memory of one compiled kernel of a configuration (or its
+    short form): its kernel for ``variant``, one of ``compiled_variants(cfg)``, or without one the
+    first of them (needs a GPU). A configuration's variants differ in registers, and an FP8 cache's
+    (``kv_e4m3``) in shared memory too."""
+    cfg = as_config(cfg)
+    if variant is None:
+        return _C.kernel_attributes(cfg)
+    if not isinstance(variant, ProblemVariant):
+        raise TypeError(f"variant: expected a ProblemVariant or None, got {type(variant).__name__}")
+    compiled = compiled_variants(cfg)
+    if variant not in compiled:
+        raise ValueError(
+            f"variant: {variant.describe()} is not compiled for {cfg.short_form()}; compiled_variants(cfg) lists "
+            f"{len(compiled)}: {'; '.join(v.describe() for v in compiled)}"
+        )
+    return _C.kernel_attributes(cfg, (int(variant.mask), *variant.flags()))
