@@ -85,15 +85,20 @@ def configs_under_test(decoding: bool = False, fp8: bool = False) -> list:
     return [cfg for cfg in compiled if cfg in selected]
 
 
+def compiled_arch_list() -> str:
+    """The architectures the module was compiled for, as TORCH_CUDA_ARCH_LIST spells them ("8.0;9.0")."""
+    from flash_attention import _C
+
+    return ";".join(f"{number // 100}.{number // 10 % 10}" for number in _C.compiled_architectures())
+
+
 def holds_the_default_set() -> bool:
     """Whether this build compiled every configuration of the default set (for the architectures it
     was built for), so that the automatic choice has a configuration for every call it serves."""
     import flash_attention
-    from flash_attention import _C
     from flash_helpers.kernel_sets import get_kernels_to_build
 
-    arch_list = ";".join(f"{number // 100}.{number // 10 % 10}" for number in _C.compiled_architectures())
-    return set(get_kernels_to_build("default", arch_list)) <= set(flash_attention.compiled_configs())
+    return set(get_kernels_to_build("default", compiled_arch_list())) <= set(flash_attention.compiled_configs())
 
 
 def call_or_skip_in_a_subset_build(call: Callable):

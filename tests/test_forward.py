@@ -687,8 +687,7 @@ def test_compiled_kernels_are_the_build_set_in_python_order():
     # dataclasses' order, without repeats.
     assert from_cpp == sorted(set(from_cpp))
     # The architectures the module was compiled for decide whether the set's Hopper part was built.
-    arch_list = ";".join(f"{number // 100}.{number // 10 % 10}" for number in _C.compiled_architectures())
-    built = get_kernels_to_build(flash_attention.compiled_kernel_set(), arch_list)
+    built = get_kernels_to_build(flash_attention.compiled_kernel_set(), helpers.compiled_arch_list())
     assert from_cpp == sorted((cfg, variant) for cfg in built for variant in variants_to_build(cfg))
     assert flash_attention.compiled_kernels() == from_cpp
     assert flash_attention.compiled_configs() == sorted(built)
