@@ -686,10 +686,17 @@ def test_choice_on_this_gpu_is_compiled_and_explained(rng):
 
 
 def test_python_m_flash_attention_describes_the_build():
+    import os
+    import pathlib
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-m", "flash_attention"], capture_output=True, text=True, check=False)
+    # The package these tests import, wherever it is (installed, or built in place under py/).
+    where = str(pathlib.Path(flash_attention.__file__).parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [where, os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run(
+        [sys.executable, "-m", "flash_attention"], capture_output=True, text=True, check=False, env=env
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith(f"flash_attention {flash_attention.__version__} ")
