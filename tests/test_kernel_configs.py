@@ -1134,11 +1134,22 @@ def test_e4m3_names():
         # Two stages of 64 keys hold half of O: it takes a tile of its own.
         (E4M3_DEFAULTS[4], 128 * 256 + 2 * 3 * 64 * 256 + 128 * 256 * 2 + 1024 + 8 * 20),
         (E4M3_DEFAULTS[3], 128 * 256 + 2 * 3 * 128 * 256 + 1024 + 8 * 20),
+        # 224 keys: the transposed V tile's rows are four 64-byte swizzle rows, 256 bytes.
+        (
+            "sm90(E4M3, 128, 128, 224, 2): ws+pingpong+overlap+persistent",
+            128 * 128 + 2 * 2 * 224 * 128 + 2 * 256 * 128 + 128 * 128 * 2 + 1024 + 8 * 20,
+        ),
     ],
 )
 def test_e4m3_smem_bytes(text, smem_bytes):
     # 58528 to 230560 bytes: all fit sm_90's 232448.
     assert parse_kernel_name_into_config(text).smem_bytes() == smem_bytes <= MAX_SMEM_BYTES
+
+
+@pytest.mark.parametrize(("B_c", "row_bytes"), [(64, 64), (96, 128), (128, 128), (160, 192), (192, 192), (224, 256)])
+def test_e4m3_transposed_v_rows_are_whole_swizzle_rows(B_c, row_bytes):
+    # 128-byte swizzle rows where B_c is a multiple of 128 keys, else 64-byte ones, the last part filled.
+    assert Hopper(E4M3, 128, 128, B_c, 2, True, True, True).transposed_v_row_bytes() == row_bytes
 
 
 def test_e4m3_smem_bytes_of_three_consumer_warpgroups_and_three_stages():
@@ -1151,10 +1162,19 @@ def test_e4m3_registers():
     # P as four 8-bit values per register: B_c / 8.
     assert E4M3_FULL.register_estimate() == 128 // 2 + 128 // 2 + 128 // 8 + 32 == 176
     assert Hopper(E4M3, 256, 128, 128, 2, True, True).register_estimate() == 64 + 128 + 16 + 32 == 240
-    # As with 16-bit inputs, two consumer warpgroups get 240 each and three 160: the producer warpgroup's
-    # transposing warps take as few registers as its loading warp.
-    assert E4M3_FULL.consumer_registers() == 240
-    assert Hopper(E4M3, 64, 192, 128, 2, True, True, True).consumer_registers() == 160
+    # Where the consumers can spare them, the producer warpgroup keeps 56 registers and transposes V by
+    # rows: two consumer warpgroups get 224 each, three 152.
+    assert E4M3_FULL.transposes_v_by_rows and E4M3_FULL.consumer_registers() == 224
+    three = Hopper(E4M3, 64, 192, 128, 2, True, True, True)
+    assert three.transposes_v_by_rows and three.consumer_registers() == 152
+    # Elsewhere it transposes by matrices in as few registers as its loading warp, and the consumers get
+    # what they do with 16-bit inputs, 240 (d_head 256's 128-key tiles need all of them).
+    wide = parse_kernel_name_into_config(E4M3_DENSE_ONLY)
+    assert wide.register_estimate() == 240 and not wide.transposes_v_by_rows and wide.consumer_registers() == 240
+    assert not Hopper(E4M3, 128, 128, 224, 2, True, True, True).transposes_v_by_rows
+    # One consumer warpgroup has every register the launch bound leaves; 16-bit inputs transpose nothing.
+    assert Hopper(E4M3, 128, 64, 128, 2, True).transposes_v_by_rows
+    assert not dataclasses.replace(E4M3_FULL, dtype=BF16).transposes_v_by_rows
 
 
 def test_e4m3_O_goes_out_through_the_V_tiles_of_a_single_pass_that_hold_it():
@@ -1177,6 +1197,10 @@ GOOD_E4M3_CONFIGS = [
     Hopper(E4M3, 128, 128, 64, 4, True),
     # One consumer warpgroup: the launch bound leaves every thread its registers.
     Hopper(E4M3, 128, 64, 128, 2, True),
+    # Transposed V tiles whose last 64-byte column block is part filled.
+    Hopper(E4M3, 128, 128, 96, 2, True, True, True),
+    Hopper(E4M3, 128, 128, 160, 2, True, True, True),
+    Hopper(E4M3, 128, 128, 224, 2, True, True, True, True),
 ]
 
 # (config, words its reason must contain): each breaks exactly one rule.
@@ -1184,8 +1208,8 @@ BAD_E4M3_CONFIGS = [
     (Hopper(E4M3, 128, 128, 128, 2), ["e4m3 needs warp_specialized", "K-major", "transposes each V tile"]),
     (dataclasses.replace(E4M3_FULL, persistent=True, Q_in_registers=True), ["e4m3 needs Q_in_registers off"]),
     (dataclasses.replace(E4M3_FULL, persistent=True, multicast=True), ["e4m3 needs multicast off"]),
-    (Hopper(E4M3, 128, 128, 96, 2, True, True, True), ["e4m3 needs B_c of 64, 128 or 192", "swizzle rows", "got B_c = 96"]),
-    (Hopper(E4M3, 128, 128, 160, 2, True, True, True), ["e4m3 needs B_c of 64, 128 or 192", "got B_c = 160"]),
+    (Hopper(E4M3, 128, 128, 80, 2, True, True, True), ["e4m3 needs B_c a multiple of 32", "k-slices", "got B_c = 80"]),
+    (Hopper(E4M3, 128, 128, 176, 2, True, True, True), ["e4m3 needs B_c a multiple of 32", "got B_c = 176"]),
     (Hopper(E4M3, 96, 128, 128, 2, True, True, True), ["multiple of 64 (64, 128, 192, 256)", "got d_head = 96"]),
     (Hopper(E4M3, 32, 128, 128, 2, True, True, True), ["multiple of 64", "got d_head = 32"]),
     (Hopper(E4M3, 256, 128, 128, 2, True, True, True, True), ["shared memory", "transposed V", str(MAX_SMEM_BYTES)]),
@@ -1211,7 +1235,7 @@ def test_bad_e4m3_configs_are_rejected_with_a_reason(cfg, words):
 def test_e4m3_is_in_all_but_in_no_sweep():
     all_e4m3 = [cfg for cfg in get_all_kernel_configs() if cfg.dtype == E4M3]
     assert all_e4m3 and all(cfg.family == "sm90" for cfg in all_e4m3)
-    assert {cfg.B_c for cfg in all_e4m3} == {64, 128, 192} and {cfg.d_head for cfg in all_e4m3} == {64, 128, 192, 256}
+    assert {cfg.B_c for cfg in all_e4m3} == {64, 96, 128, 160, 192, 224} and {cfg.d_head for cfg in all_e4m3} == {64, 128, 192, 256}
     assert not any(cfg.dtype == E4M3 for cfg in get_kernel_configs("tune") + get_kernel_configs("progall"))
     assert not should_autotune_config(E4M3_FULL)
 

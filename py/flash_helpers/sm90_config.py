@@ -34,7 +34,7 @@ __all__ = [
 # of one wgmma of P V.
 D_HEADS = (32, 64, 96, 128, 160, 192, 224, 256)
 B_RS = (64, 128, 192)
-B_CS = (64, 80, 96, 112, 128, 144, 160, 176, 192)
+B_CS = (64, 80, 96, 112, 128, 144, 160, 176, 192, 224)
 STAGES = (1, 2, 3, 4)
 
 SHORT_FORM_EXAMPLE = "sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap"
@@ -47,6 +47,9 @@ _SM_REGISTERS = 65536
 # What setmaxnreg gives each consumer thread, by the number of consumer warpgroups (the producer
 # keeps 24 registers per thread with two, 32 with three).
 _SETMAXNREG_CONSUMER_REGISTERS = {2: 240, 3: 160}
+# With e4m3, where the producer warpgroup's transposing warps read V by rows: it keeps 56 registers,
+# and the consumers have these.
+_ROWS_TRANSPOSER_CONSUMER_REGISTERS = {2: 224, 3: 152}
 # What the varlen kernels of two consumer warpgroups give each of them: their producer keeps 40.
 VARLEN_CONSUMER_REGISTERS = 232
 # The most registers any thread can have.
@@ -69,9 +72,8 @@ _CLUSTER_RING_BARRIERS = 4
 _CLUSTER_RING_INDEX_WORDS = 1
 # O's elements are 16-bit whatever the inputs.
 _O_ELEMENT_BYTES = 2
-# The B_c of an e4m3 configuration: a transposed V tile's rows of B_c keys are whole 64- or 128-byte
-# swizzle rows (192: three of 64 bytes).
-_E4M3_B_CS = (64, 128, 192)
+# The B_c of an e4m3 configuration is a multiple of this: P V's k-slices are 32 one-byte keys.
+_E4M3_B_C_MULTIPLE = 32
 # The e4m3 head sizes are multiples of this: a row of Q or K is d_head bytes, and the 8-bit tiles use
 # the 64- and 128-byte swizzles.
 _E4M3_D_HEAD_MULTIPLE = 64
@@ -183,7 +185,8 @@ class HopperForwardKernelConfig(KernelConfig):
 
     def smem_bytes(self) -> int:
         """Dynamic shared memory of one block, as the kernel's traits compute it: the Q tile and, per
-        pipeline stage, a K and a V tile (with e4m3 also V transposed), of the inputs' elements; an O
+        pipeline stage, a K and a V tile (with e4m3 also V transposed, transposed_v_row_bytes a row),
+        of the inputs' elements; an O
         tile of Q's rows, of 16-bit elements, when persistent or with e4m3 (whose O is wider than
         Q) unless it goes out through the V tiles (o_in_v_tiles); slack for aligning the tiles to
         1024 bytes; and 8-byte words: the mbarriers (a full and an empty one for each consumer
@@ -191,15 +194,23 @@ class HopperForwardKernelConfig(KernelConfig):
         of one word per consumer warpgroup, with e4m3 two words where the producer marks the end
         of its stream of V tiles, and in a persistent cluster the ring through which its first block
         hands out the work tiles."""
-        kv_tiles = 3 if self.is_fp8 else 2
         O_rows = self.B_r if self.persistent or (self.is_fp8 and not self.o_in_v_tiles) else 0
-        inputs = (self.B_r + self.stages * kv_tiles * self.B_c) * self.d_head * self.dtype.element_bytes
-        tiles = inputs + O_rows * self.d_head * _O_ELEMENT_BYTES
+        inputs = (self.B_r + self.stages * 2 * self.B_c) * self.d_head * self.dtype.element_bytes
+        transposed_V = self.stages * self.d_head * self.transposed_v_row_bytes() if self.is_fp8 else 0
+        tiles = inputs + transposed_V + O_rows * self.d_head * _O_ELEMENT_BYTES
+        kv_tiles = 3 if self.is_fp8 else 2
         barriers = 2 * self.consumer_warpgroups + 2 * kv_tiles * self.stages
         stream_end = _E4M3_V_STREAM_END_WORDS if self.is_fp8 else 0
         ring = _CLUSTER_RING_BARRIERS + _CLUSTER_RING_INDEX_WORDS if self.persistent and self.multicast else 0
         words = barriers + _WORK_SLOT_WORDS * self.consumer_warpgroups + stream_end + ring
         return tiles + _ALIGNMENT_SLACK_BYTES + _WORD_BYTES * words
+
+    def transposed_v_row_bytes(self) -> int:
+        """With e4m3, the bytes of a transposed V tile's row, as the traits lay it out: column blocks
+        of 128-byte swizzled rows where B_c is a multiple of 128 keys, else of 64-byte ones, the last
+        part filled where B_c is not a multiple of 64 (224 keys: 256 bytes)."""
+        swizzle_row = 128 if self.B_c % 128 == 0 else 64
+        return -(-self.B_c // swizzle_row) * swizzle_row
 
     def runs_on(self, capability: tuple[int, int]) -> bool:
         """Whether a GPU of this compute capability runs the kernel: sm_90a machine code runs on
@@ -209,13 +220,27 @@ class HopperForwardKernelConfig(KernelConfig):
     def consumer_registers(self) -> int:
         """The registers per thread a consumer warpgroup has (the C++ traits' numbers). With warp
         specialization and two or three consumer warpgroups, setmaxnreg moves the producer's
-        registers to them: 240 each with two, 160 with three. Otherwise each thread has what the
+        registers to them: 240 each with two, 160 with three, or with e4m3 where the transposing
+        warps read V by rows (transposes_v_by_rows) 224 and 152. Otherwise each thread has what the
         launch bound leaves, the register file over the block's threads rounded down to a multiple
         of 8, at most the 255 a thread can have. (The varlen kernels of two consumer warpgroups give
-        them VARLEN_CONSUMER_REGISTERS.)"""
+        them VARLEN_CONSUMER_REGISTERS, but where V is transposed by rows.)"""
         if self.warp_specialized and self.consumer_warpgroups >= 2:
-            return _SETMAXNREG_CONSUMER_REGISTERS[self.consumer_warpgroups]
+            budgets = _ROWS_TRANSPOSER_CONSUMER_REGISTERS if self.transposes_v_by_rows else _SETMAXNREG_CONSUMER_REGISTERS
+            return budgets[self.consumer_warpgroups]
         return min(_SM_REGISTERS // self.n_threads // 8 * 8, _MAX_THREAD_REGISTERS)
+
+    @property
+    def transposes_v_by_rows(self) -> bool:
+        """With e4m3, whether the producer warpgroup's transposing warps read V by rows (56 registers,
+        faster) rather than by ldmatrix and stmatrix (as few registers as the loading warp), as the
+        traits choose: by rows where the consumers' register estimate fits what that leaves them, 224
+        each with two consumer warpgroups and 152 with three (always without setmaxnreg)."""
+        if not self.is_fp8:
+            return False
+        if not (self.warp_specialized and self.consumer_warpgroups >= 2):
+            return True
+        return self.register_estimate() <= _ROWS_TRANSPOSER_CONSUMER_REGISTERS[self.consumer_warpgroups]
 
     def register_estimate(self) -> int:
         """The registers a consumer thread needs: its share of the S accumulators (B_c / 2 floats)
@@ -289,10 +314,10 @@ class HopperForwardKernelConfig(KernelConfig):
             return (
                 "e4m3 needs multicast off: each block's producer warpgroup loads and transposes its own V tiles."
             )
-        if self.B_c not in _E4M3_B_CS:
+        if self.B_c % _E4M3_B_C_MULTIPLE:
             return (
-                f"e4m3 needs B_c of {', '.join(map(str, _E4M3_B_CS[:-1]))} or {_E4M3_B_CS[-1]}: a transposed V tile's rows are B_c bytes, "
-                f"whole 64- or 128-byte swizzle rows; got B_c = {self.B_c}."
+                f"e4m3 needs B_c a multiple of {_E4M3_B_C_MULTIPLE}: P V's k-slices are {_E4M3_B_C_MULTIPLE} "
+                f"one-byte keys; got B_c = {self.B_c}."
             )
         if self.d_head % _E4M3_D_HEAD_MULTIPLE:
             heads = ", ".join(str(d) for d in D_HEADS if d % _E4M3_D_HEAD_MULTIPLE == 0)

@@ -26,17 +26,17 @@ namespace flash::sm90 {
 
 // A masked tile's products stop after the last key a warpgroup can see (the diagonal of its last
 // row, or the end of the keys) instead of computing what the mask drops, at one of two widths: half
-// the tile (a multiple of WGMMA_K) or all of it. Half a tile is what the first warpgroup of a
+// the tile (rounded up to whole k-slices of P V, K_SLICE keys) or all of it. Half a tile is what the first warpgroup of a
 // causal mask's diagonal tile sees, with 128-row work tiles and 128-key tiles. Each width compiles
 // the tile's whole softmax once more, and finer steps cost more than they save (measured: P V in
 // steps of 16 keys made seq 1000 slower).
-template <int B_c>
+template <int B_c, int K_SLICE>
 constexpr int half_key_width() {
-    return (B_c / 2 + WGMMA_K - 1) / WGMMA_K * WGMMA_K;
+    return (B_c / 2 + K_SLICE - 1) / K_SLICE * K_SLICE;
 }
-template <int B_c, typename Use>
+template <int B_c, int K_SLICE, typename Use>
 __device__ __forceinline__ void with_key_width(int keys, Use &&use) {
-    constexpr int half = half_key_width<B_c>();
+    constexpr int half = half_key_width<B_c, K_SLICE>();
     if (keys <= half)
         use(std::integral_constant<int, half>{});
     else
@@ -57,7 +57,9 @@ struct MainLoop {
     static constexpr int B_c = Kernel::B_c;
     static constexpr int d_head = Kernel::d_head;
     static constexpr int stages = Kernel::stages;
+    // A stage's K tile after another, and its P V operand (V's tile, or with e4m3 V transposed).
     static constexpr uint64_t stage_step = Kernel::KV_tile_bytes >> 4;
+    static constexpr uint64_t PV_stage_step = (Kernel::fp8 ? Kernel::Vt_tile_bytes : Kernel::KV_tile_bytes) >> 4;
 
     ConsumerWarpgroup<Kernel> &consumer;
     const SharedTiles<Kernel> smem;
@@ -170,7 +172,7 @@ struct MainLoop {
         for (int kk = 0; kk < Width::value / Kernel::wgmma_k; ++kk) {
             const uint64_t slice = Kernel::fp8 ? k_slice<typename Kernel::Vt_Swizzle>(kk, Kernel::Vt_col_block_bytes)
                                                : static_cast<uint64_t>((kk * WGMMA_K * Swizzle::bytes) >> 4);
-            Wgmma<d_head>::template rs<value_t>(flat(O_acc), P.r[0][kk], V_desc + stage * stage_step + slice, 1);
+            Wgmma<d_head>::template rs<value_t>(flat(O_acc), P.r[0][kk], V_desc + stage * PV_stage_step + slice, 1);
         }
     }
     // The probabilities as the A operand of P V.
@@ -197,7 +199,7 @@ struct MainLoop {
     template <typename Masked, typename Process>
     __device__ __forceinline__ void at_width(int tile, Masked, Process &&process) const {
         if constexpr (Masked::value)
-            with_key_width<B_c>(visible_keys(tile), process);
+            with_key_width<B_c, Kernel::wgmma_k>(visible_keys(tile), process);
         else
             process(FullWidth{});
     }
@@ -216,7 +218,7 @@ struct MainLoop {
         if constexpr (SCORE_MODS)
             score_mods.template apply<W>(S, params, Q_first_row + consumer.warp_first_row, tile * B_c);
         if constexpr (Masked::value)
-            apply_mask<MASK, MASKED_TAILS, MASK == MaskKind::NONE && W == B_c ? half_key_width<B_c>() : 0, W>(
+            apply_mask<MASK, MASKED_TAILS, MASK == MaskKind::NONE && W == B_c ? half_key_width<B_c, Kernel::wgmma_k>() : 0, W>(
                 S, params, Q_first_row + consumer.warp_first_row, tile * B_c);
     }
 
@@ -315,7 +317,7 @@ struct MainLoop {
             fence_registers(flat(O_acc));
         };
         if (tiles.is_masked(tiles.end - 1))
-            with_key_width<B_c>(visible_keys(tiles.end - 1), issue_last_PV);
+            with_key_width<B_c, Kernel::wgmma_k>(visible_keys(tiles.end - 1), issue_last_PV);
         else
             issue_last_PV(FullWidth{});
         fence_registers(flat(P));

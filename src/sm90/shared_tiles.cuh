@@ -30,7 +30,7 @@ struct SharedTiles {
     __device__ __forceinline__ uint8_t *K(int stage) const { return base + Kernel::K_offset + stage * Kernel::KV_tile_bytes; }
     __device__ __forceinline__ uint8_t *V(int stage) const { return base + Kernel::V_offset + stage * Kernel::KV_tile_bytes; }
     // With e4m3, V's tile transposed (fp8_operands.cuh).
-    __device__ __forceinline__ uint8_t *Vt(int stage) const { return base + Kernel::Vt_offset + stage * Kernel::KV_tile_bytes; }
+    __device__ __forceinline__ uint8_t *Vt(int stage) const { return base + Kernel::Vt_offset + stage * Kernel::Vt_tile_bytes; }
     // The V operand of P V: V's tile, or with e4m3 its transposed tile.
     __device__ __forceinline__ uint8_t *PV_operand(int stage) const { return Kernel::fp8 ? Vt(stage) : V(stage); }
 

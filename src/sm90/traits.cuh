@@ -42,15 +42,18 @@ struct StaticHopperKernelConfig {
     using Swizzle = SwizzleFor<d_head, element_bytes>;
     // O's tiles, of 16-bit elements.
     using O_Swizzle = SwizzleFor<d_head>;
-    // A transposed V tile: d_head rows of B_c keys.
+    // A transposed V tile: d_head rows of B_c keys, in column blocks of one swizzled row's keys (the
+    // 128-byte swizzle where B_c is a multiple of 128 keys, else the 64-byte one). Where B_c is not a
+    // multiple of the row (224 keys: three and a half 64-byte rows), the last block's rows are part
+    // filled: its 32-byte k-slices past B_c are neither written nor read.
     using Vt_Swizzle = SwizzleFor<B_c, element_bytes>;
     static_assert(d_head % Swizzle::cols == 0 && d_head <= 256, "d_head must be a multiple of 32 (of 64 with e4m3) up to 256");
     static_assert(B_r % WGMMA_M == 0 && B_r <= 3 * WGMMA_M, "B_r must be 64, 128 or 192");
-    static_assert(B_c % WGMMA_K == 0 && B_c >= 64 && B_c <= 192, "B_c must be a multiple of 16 from 64 to 192");
+    static_assert(B_c % WGMMA_K == 0 && B_c >= 64 && B_c <= 224, "B_c must be a multiple of 16 from 64 to 224");
     static_assert(stages >= 1 && stages <= 4, "stages must be 1 to 4"); // (e4m3's end words: two 8-byte words)
-    static_assert(!fp8 || (warp_specialized && !Q_in_registers && !multicast && B_c % Vt_Swizzle::cols == 0),
+    static_assert(!fp8 || (warp_specialized && !Q_in_registers && !multicast && B_c % wgmma_k == 0),
                   "e4m3 needs a producer warpgroup (which transposes V), Q in shared memory, no multicast, and "
-                  "B_c of whole swizzled rows (64, 128 or 192 keys)");
+                  "B_c of whole 32-key k-slices");
 
     // Each consumer warpgroup computes 64 query rows (one wgmma M) against every key; with warp
     // specialization one more warpgroup only issues the loads.
@@ -79,13 +82,28 @@ struct StaticHopperKernelConfig {
     // Registers per thread (setmaxnreg) when a producer warpgroup gives most of its own to the
     // consumers; with one consumer warpgroup the launch bound already allows 255. A varlen kernel's
     // producer (per work tile the plan's entry, the sequence's rows and bounded tensor maps) spills
-    // at 24 beside two consumer warpgroups, so it keeps 40 and they take 232. (With e4m3 the
-    // producer warpgroup's other warps transpose V in as few.)
+    // at 24 beside two consumer warpgroups, so it keeps 40 and they take 232.
+    //
+    // With e4m3 the producer warpgroup's other warps transpose V (fp8_operands.cuh), by rows where
+    // the consumers can spare the registers, else by matrices. By rows, the warpgroup keeps 56 and
+    // each consumer thread has 224 (152 with three consumer warpgroups); at d_head 128's 192-key
+    // tiles it ran 6% faster than by matrices, which transposes in as few registers as the loading
+    // warp keeps. The consumers can spare them where their accumulators (S: B_c / 2 floats, O:
+    // d_head / 2), P (B_c / 8 registers of four e4m3) and about 32 more for addresses and the
+    // softmax's state fit what is left (d_head 256's 128-key and d_head 128's 224-key tiles do not).
     static constexpr bool moves_registers = warp_specialized && consumer_warpgroups >= 2;
+    static constexpr int rows_transposer_producer_registers = 56;
+    static constexpr int rows_transposer_consumer_registers = consumer_warpgroups == 2 ? 224 : 152;
+    static constexpr int consumer_registers_needed = B_c / 2 + d_head / 2 + B_c * element_bytes / 8 + 32;
+    static constexpr bool transposes_V_by_rows =
+        fp8 && (!moves_registers || consumer_registers_needed <= rows_transposer_consumer_registers);
     template <bool VARLEN>
-    static constexpr int producer_registers = consumer_warpgroups == 2 ? (VARLEN ? 40 : 24) : 32;
+    static constexpr int producer_registers =
+        transposes_V_by_rows ? rows_transposer_producer_registers : consumer_warpgroups == 2 ? (VARLEN ? 40 : 24) : 32;
     template <bool VARLEN>
-    static constexpr int consumer_registers = consumer_warpgroups == 2 ? (VARLEN ? 232 : 240) : 160;
+    static constexpr int consumer_registers = transposes_V_by_rows ? rows_transposer_consumer_registers
+                                              : consumer_warpgroups == 2 ? (VARLEN ? 232 : 240)
+                                                                         : 160;
     // setmaxnreg.inc waits until the block has the registers free, and a block has only what its
     // launch bound (n_threads, one block per multiprocessor) gave every thread: 65,536 over
     // n_threads, in steps of 8 (168 each at 384 threads, 64,512 in all). A split asking for more
@@ -120,6 +138,7 @@ struct StaticHopperKernelConfig {
     static constexpr int KV_col_block_bytes = B_c * Swizzle::bytes;
     // A transposed V tile's column blocks: d_head rows of one swizzled row's keys each.
     static constexpr int Vt_col_block_bytes = d_head * Vt_Swizzle::bytes;
+    static constexpr int Vt_tile_bytes = (B_c + Vt_Swizzle::cols - 1) / Vt_Swizzle::cols * Vt_col_block_bytes;
     // With a cluster, each block loads 1 / cluster_size of every KV tile's rows for all of them.
     static constexpr int KV_slice_rows = B_c / cluster_size;
     static constexpr int KV_slice_bytes = KV_slice_rows * Swizzle::bytes;
@@ -131,7 +150,7 @@ struct StaticHopperKernelConfig {
     static constexpr int K_offset = Q_bytes;
     static constexpr int V_offset = K_offset + stages * KV_tile_bytes;
     static constexpr int Vt_offset = V_offset + stages * KV_tile_bytes;
-    static constexpr int KV_tiles_end = Vt_offset + (fp8 ? stages * KV_tile_bytes : 0);
+    static constexpr int KV_tiles_end = Vt_offset + (fp8 ? stages * Vt_tile_bytes : 0);
     static constexpr int O_offset = O_in_V ? V_offset : separate_O ? KV_tiles_end : 0;
     static constexpr int barriers_offset = KV_tiles_end + (separate_O ? consumer_warpgroups * wg_O_bytes : 0);
     // Per consumer warpgroup Q full and Q empty, then per stage K full, K empty, V full, V empty
