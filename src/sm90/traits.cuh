@@ -87,7 +87,7 @@ struct StaticHopperKernelConfig {
     // With e4m3 the producer warpgroup's other warps transpose V (fp8_operands.cuh), by rows where
     // the consumers can spare the registers, else by matrices. By rows, the warpgroup keeps 56 and
     // each consumer thread has 224 (152 with three consumer warpgroups); at d_head 128's 192-key
-    // tiles it ran 6% faster than by matrices, which transposes in as few registers as the loading
+    // tiles it ran 4 to 6% faster than by matrices, which transposes in as few registers as the loading
     // warp keeps. The consumers can spare them where their accumulators (S: B_c / 2 floats, O:
     // d_head / 2), P (B_c / 8 registers of four e4m3) and about 32 more for addresses and the
     // softmax's state fit what is left (d_head 256's 128-key and d_head 128's 224-key tiles do not).
