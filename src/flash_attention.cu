@@ -179,6 +179,8 @@ py::dict kernel_attributes(py::handle kernel_cfg, py::handle variant) {
         result["local_bytes"] = attributes.localSizeBytes;
         result["static_smem_bytes"] = attributes.sharedSizeBytes;
         result["dynamic_smem_bytes"] = launcher.smem_bytes;
+        result["producer_registers"] = launcher.producer_registers;
+        result["consumer_registers"] = launcher.consumer_registers;
         result["max_threads_per_block"] = attributes.maxThreadsPerBlock;
     });
     return result;
@@ -494,6 +496,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "The GPU architectures this module has machine code for, as nvcc numbers them (800, 900, ...).");
     m.attr("MISSING_BACKWARD") = binding::MISSING_BACKWARD;
     m.def("kernel_attributes", &binding::kernel_attributes, py::arg("kernel_cfg"), py::arg("variant") = py::none(),
-          "Registers, local (spill) bytes, static and dynamic shared memory of a compiled kernel: kernel_cfg's for "
+          "Registers, local (spill) bytes, static and dynamic shared memory of a compiled kernel, and the registers per "
+          "thread setmaxnreg gives its producer and consumer warpgroups (0 where it moves none): kernel_cfg's for "
           "variant (mask, masked_tails, score_mods, varlen, kv_e4m3), or its first variant's.");
 }

@@ -163,6 +163,8 @@ def test_kernel_attributes(cfg):
         "static_smem_bytes",
         "dynamic_smem_bytes",
         "max_threads_per_block",
+        "producer_registers",
+        "consumer_registers",
     }
     # The traits' layout and the validity rule's count agree.
     assert attributes["dynamic_smem_bytes"] == cfg.smem_bytes()
@@ -185,6 +187,18 @@ def test_kernel_attributes_of_each_variant(cfg):
         assert attributes["max_threads_per_block"] >= cfg.n_threads, variant.describe()
         # The validity rule, which decides whether a configuration fits a GPU, counts the most.
         assert 0 < attributes["dynamic_smem_bytes"] <= cfg.smem_bytes(), variant.describe()
+        assert (attributes["producer_registers"], attributes["consumer_registers"]) == registers_moved(cfg, variant), (
+            variant.describe()
+        )
+
+
+def registers_moved(cfg, variant) -> tuple[int, int]:
+    """The (producer, consumer) registers per thread a kernel's setmaxnreg sets, as the Python
+    configuration counts them ((0, 0) where it moves none). With e4m3 this is where the choice of
+    V's transposer (by rows or by matrices, which the C++ traits make too) shows."""
+    if cfg.family != "sm90" or not cfg.moves_registers:
+        return 0, 0
+    return cfg.producer_registers(variant.varlen), cfg.consumer_registers(variant.varlen)
 
 
 @gpu

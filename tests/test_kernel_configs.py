@@ -901,6 +901,28 @@ def test_hopper_consumer_registers(cfg, budget):
     assert cfg.consumer_registers() == budget
 
 
+@pytest.mark.parametrize(
+    ("cfg", "producer", "varlen_producer"),
+    [
+        (Hopper(FP16, 128, 128, 128, 2, True), 24, 40),  # 3 x 168 over two consumers of 240 (232 varlen)
+        (Hopper(FP16, 128, 192, 128, 2, True), 32, 32),  # 4 x 128 over three of 160
+        (Hopper(E4M3, 128, 128, 128, 2, True, True), 56, 56),  # V by rows: two consumers of 224
+        (Hopper(E4M3, 64, 192, 128, 2, True, True, True), 56, 56),  # by rows: three of 152
+        (Hopper(E4M3, 256, 128, 128, 2, True, True), 24, 40),  # by matrices, as with 16-bit inputs
+        (Hopper(FP16, 128, 128, 128, 2), 255, 255),  # no warp specialization: no registers move
+    ],
+    ids=str,
+)
+def test_hopper_producer_registers(cfg, producer, varlen_producer):
+    """The producer keeps what the block's registers leave over its consumers' (setmaxnreg moves
+    exactly that), in the dense and the varlen kernels."""
+    assert (cfg.producer_registers(), cfg.producer_registers(varlen=True)) == (producer, varlen_producer)
+    if cfg.moves_registers:
+        for varlen in (False, True):
+            used = cfg.producer_registers(varlen) + cfg.consumer_warpgroups * cfg.consumer_registers(varlen)
+            assert used * 128 == cfg.launch_registers() * cfg.n_threads
+
+
 def test_hopper_varlen_kernels_fit_their_consumer_registers():
     """The varlen kernels of two consumer warpgroups give them fewer registers than the others
     (their producer keeps more): every configuration built with varlen kernels needs no more."""

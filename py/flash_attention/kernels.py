@@ -120,7 +120,9 @@ def kernel_attributes(cfg, variant: ProblemVariant | None = None) -> dict:
     """Registers, spill bytes and shared memory of one compiled kernel of a configuration (or its
     short form): its kernel for ``variant``, one of ``compiled_variants(cfg)``, or without one the
     first of them (needs a GPU). A configuration's variants differ in registers, and an FP8 cache's
-    (``kv_e4m3``) in shared memory too."""
+    (``kv_e4m3``) in shared memory too. ``producer_registers`` and ``consumer_registers`` are the
+    registers per thread setmaxnreg leaves the Hopper family's producer warpgroup and gives each
+    consumer warpgroup (0 where the kernel moves none, and every thread keeps ``registers``)."""
     cfg = as_config(cfg)
     if variant is None:
         return _C.kernel_attributes(cfg)

@@ -217,17 +217,42 @@ class HopperForwardKernelConfig(KernelConfig):
         sm_90 alone, which must have room for its shared memory."""
         return capability == (9, 0) and self.smem_bytes() <= MAX_SMEM_BYTES
 
-    def consumer_registers(self) -> int:
-        """The registers per thread a consumer warpgroup has (the C++ traits' numbers). With warp
-        specialization and two or three consumer warpgroups, setmaxnreg moves the producer's
-        registers to them: 240 each with two, 160 with three, or with e4m3 where the transposing
-        warps read V by rows (transposes_v_by_rows) 224 and 152. Otherwise each thread has what the
-        launch bound leaves, the register file over the block's threads rounded down to a multiple
-        of 8, at most the 255 a thread can have. (The varlen kernels of two consumer warpgroups give
-        them VARLEN_CONSUMER_REGISTERS, but where V is transposed by rows.)"""
-        if self.warp_specialized and self.consumer_warpgroups >= 2:
-            budgets = _ROWS_TRANSPOSER_CONSUMER_REGISTERS if self.transposes_v_by_rows else _SETMAXNREG_CONSUMER_REGISTERS
-            return budgets[self.consumer_warpgroups]
+    def consumer_registers(self, varlen: bool = False) -> int:
+        """The registers per thread a consumer warpgroup has (the C++ traits' numbers), in the
+        kernels of the dense problem variants or of the varlen ones. Where setmaxnreg moves the
+        producer's registers to them (moves_registers): 240 each with two, 160 with three, or with
+        e4m3 where the transposing warps read V by rows (transposes_v_by_rows) 224 and 152; the
+        varlen kernels of two consumer warpgroups give them VARLEN_CONSUMER_REGISTERS, but where V
+        is transposed by rows. Otherwise each thread has what the launch bound leaves
+        (launch_registers)."""
+        if not self.moves_registers:
+            return self.launch_registers()
+        if self.transposes_v_by_rows:
+            return _ROWS_TRANSPOSER_CONSUMER_REGISTERS[self.consumer_warpgroups]
+        if varlen and self.consumer_warpgroups == 2:
+            return VARLEN_CONSUMER_REGISTERS
+        return _SETMAXNREG_CONSUMER_REGISTERS[self.consumer_warpgroups]
+
+    def producer_registers(self, varlen: bool = False) -> int:
+        """Where setmaxnreg moves registers (moves_registers), those per thread the producer
+        warpgroup keeps: what the block's registers (launch_registers for each thread) leave over
+        its consumers' (24 beside two consumer warpgroups of 240, 56 where V is transposed by rows);
+        otherwise launch_registers."""
+        if not self.moves_registers:
+            return self.launch_registers()
+        warpgroups = self.consumer_warpgroups
+        return self.launch_registers() * (warpgroups + 1) - warpgroups * self.consumer_registers(varlen)
+
+    @property
+    def moves_registers(self) -> bool:
+        """Whether setmaxnreg moves the producer warpgroup's registers to the consumers: with warp
+        specialization and two or three consumer warpgroups."""
+        return self.warp_specialized and self.consumer_warpgroups >= 2
+
+    def launch_registers(self) -> int:
+        """The registers per thread the launch bound gives (one block per multiprocessor): the
+        register file over the block's threads rounded down to a multiple of 8, at most the 255 a
+        thread can have."""
         return min(_SM_REGISTERS // self.n_threads // 8 * 8, _MAX_THREAD_REGISTERS)
 
     @property
@@ -238,7 +263,7 @@ class HopperForwardKernelConfig(KernelConfig):
         each with two consumer warpgroups and 152 with three (always without setmaxnreg)."""
         if not self.is_fp8:
             return False
-        if not (self.warp_specialized and self.consumer_warpgroups >= 2):
+        if not self.moves_registers:
             return True
         return self.register_estimate() <= _ROWS_TRANSPOSER_CONSUMER_REGISTERS[self.consumer_warpgroups]
 

@@ -15,6 +15,10 @@ struct ForwardLauncher {
     const void *kernel;
     // Dynamic shared memory of one block.
     int smem_bytes;
+    // The registers per thread that setmaxnreg leaves the producer warpgroup and gives each consumer
+    // warpgroup (the Hopper family's warp-specialized kernels); 0 where the kernel moves none.
+    int producer_registers;
+    int consumer_registers;
     // Whether the kernel needs ForwardParams::work_counter: the binding then zeroes one per call.
     bool needs_work_counter;
     // Whether it reads q and writes o at ForwardParams::q_query_stride and o_query_stride, so that

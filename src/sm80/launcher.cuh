@@ -39,8 +39,8 @@ template <FlashForwardKernelConfig CFG, ProblemVariant VARIANT>
 ForwardLauncher launcher() {
     using Kernel = StaticForwardKernelConfig<CFG>;
     // The varlen variant (a decoding configuration's) addresses grouped rows.
-    return ForwardLauncher{reinterpret_cast<const void *>(kernel_of<Kernel, VARIANT>), smem_bytes_of<Kernel, VARIANT>, false,
-                           VARIANT.varlen, nullptr, &launch<Kernel, VARIANT>};
+    return ForwardLauncher{reinterpret_cast<const void *>(kernel_of<Kernel, VARIANT>), smem_bytes_of<Kernel, VARIANT>, 0, 0,
+                           false, VARIANT.varlen, nullptr, &launch<Kernel, VARIANT>};
 }
 
 } // namespace flash::sm80

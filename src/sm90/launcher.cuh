@@ -181,8 +181,15 @@ void launch(const ForwardParams &params, cudaStream_t stream) {
 template <HopperForwardKernelConfig CFG, ProblemVariant VARIANT>
 ForwardLauncher launcher() {
     using Kernel = StaticHopperKernelConfig<CFG>;
-    return ForwardLauncher{reinterpret_cast<const void *>(kernel_of<Kernel, VARIANT>), Kernel::smem_bytes, Kernel::persistent, false,
-                           VARIANT.varlen ? &varlen_scratch_bytes<Kernel, VARIANT> : nullptr, &launch<Kernel, VARIANT>};
+    constexpr bool moves = Kernel::moves_registers;
+    return ForwardLauncher{reinterpret_cast<const void *>(kernel_of<Kernel, VARIANT>),
+                           Kernel::smem_bytes,
+                           moves ? Kernel::template producer_registers<VARIANT.varlen> : 0,
+                           moves ? Kernel::template consumer_registers<VARIANT.varlen> : 0,
+                           Kernel::persistent,
+                           false,
+                           VARIANT.varlen ? &varlen_scratch_bytes<Kernel, VARIANT> : nullptr,
+                           &launch<Kernel, VARIANT>};
 }
 
 } // namespace flash::sm90
