@@ -16,7 +16,9 @@ The input is the source page of a report exported as CSV:
     ncu -i stalls.ncu-rep --page source --print-source sass --csv > sass_stalls.csv
     python3 tools/analysis/stall_paths.py sass_stalls.csv [--groups 12] [--hottest 3]
 
-(or a CSV with the same columns and any rows left out, such as the ones benchmarks/ keeps). Prints
+(a peer's kernel the same way, through `run_kernels.py ... --peer fa3`: FlashAttention-3's is named
+`device_kernel`, so `-k regex:device_kernel`), or a CSV with the same columns and any rows left out,
+such as the ones benchmarks/ keeps. Prints
 the stall reasons over the whole kernel, then per group of execution count, largest first: its
 share of the samples, its instructions, their samples per pass relative to the largest group's,
 its leading stall reasons and opcodes, and its hottest instructions.
