@@ -18,10 +18,9 @@ The input is the source page of a report exported as CSV:
 
 (a peer's kernel the same way, through `run_kernels.py ... --peer fa3`: FlashAttention-3's is named
 `device_kernel`, so `-k regex:device_kernel`), or a CSV with the same columns and any rows left out,
-such as the ones benchmarks/ keeps. Prints
-the stall reasons over the whole kernel, then per group of execution count, largest first: its
-share of the samples, its instructions, their samples per pass relative to the largest group's,
-its leading stall reasons and opcodes, and its hottest instructions.
+such as the ones benchmarks/ keeps. Prints the stall reasons over the whole kernel, then per group of
+execution count, largest first: its share of the samples, its instructions, their samples per pass
+relative to the largest group's, its leading stall reasons and opcodes, and its hottest instructions.
 """
 
 from __future__ import annotations
