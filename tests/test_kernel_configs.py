@@ -917,10 +917,6 @@ def test_hopper_producer_registers(cfg, producer, varlen_producer):
     """The producer keeps what the block's registers leave over its consumers' (setmaxnreg moves
     exactly that), in the dense and the varlen kernels."""
     assert (cfg.producer_registers(), cfg.producer_registers(varlen=True)) == (producer, varlen_producer)
-    if cfg.moves_registers:
-        for varlen in (False, True):
-            used = cfg.producer_registers(varlen) + cfg.consumer_warpgroups * cfg.consumer_registers(varlen)
-            assert used * 128 == cfg.launch_registers() * cfg.n_threads
 
 
 def test_hopper_varlen_kernels_fit_their_consumer_registers():

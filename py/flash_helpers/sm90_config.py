@@ -45,7 +45,7 @@ _WARPGROUP_THREADS = 128
 # The 32-bit registers of one SM, all of them the block's.
 _SM_REGISTERS = 65536
 # What setmaxnreg gives each consumer thread, by the number of consumer warpgroups (the producer
-# keeps 24 registers per thread with two, 32 with three).
+# keeps the rest: producer_registers).
 _SETMAXNREG_CONSUMER_REGISTERS = {2: 240, 3: 160}
 # With e4m3, where the producer warpgroup's transposing warps read V by rows: it keeps 56 registers,
 # and the consumers have these.
