@@ -162,19 +162,24 @@ struct TileLoader {
 // The producer, with warp specialization: each work tile's Q and the KV tiles the block loads for
 // it, running ahead of the consumers as far as the stages allow. A persistent block asks for its next
 // work tile as it starts loading this one. Run by the producer warpgroup's first thread, or with e4m3
-// by its first warp (Kernel::producer_threads), which transposes its share of each V tile between
-// the next position's K and V loads: V tile n once K tile n + 1 is on its way, before V tile n + 1
-// waits for the release of its stage, which may need tile n's transposition (with one stage).
+// by its first warp (Kernel::producer_threads), which transposes its share of V tile n between
+// tile n + 1's K and V loads: once K is on its way, and before V waits for the release of its stage,
+// which with one stage is tile n's transposition. With one stage it goes before K too: a warpgroup
+// that passes a tile (no rows of its own) releases its K only once its transposed V has arrived.
 template <typename Kernel, typename Tiles, bool VARLEN, typename Scheduler>
 __device__ __forceinline__ void produce(const KernelParams &kp, const SharedTiles<Kernel> &smem,
                                         const Scheduler &scheduler, int group_size, uint32_t rank) {
     using Loader = TileLoader<Kernel, Scheduler, VARLEN>;
     static_assert(Kernel::producer_threads == 1 || Kernel::cluster_size == 1,
                   "a cluster's scheduler exchanges its work tiles from one thread");
-    const VTransposer<Kernel> transposer{smem};
     KVTensorMapBinder<Kernel, VARLEN> kv_maps{kp};
     int n = 0;        // work tiles loaded so far
     int KV_loads = 0; // KV tiles loaded so far: the position in the pipeline
+    const auto transpose_last_loaded = [&] {
+        if constexpr (Kernel::fp8)
+            if (KV_loads > 0)
+                VTransposer<Kernel>{smem}.transpose(KV_loads - 1);
+    };
     for (int index = scheduler.first(); index < scheduler.end();) {
         // The counter's answer, in every thread that runs the producer.
         int asked = issues_loads<Kernel>() ? scheduler.ask(index) : 0;
@@ -195,18 +200,17 @@ __device__ __forceinline__ void produce(const KernelParams &kp, const SharedTile
                             rank};
         loader.load_Q(work.Q_block * Kernel::B_r, n, index, !tiles.empty() && work.Q_block < work.Q_blocks);
         for (int tile = first_tile; tile < end_tile; ++tile) {
+            if constexpr (Kernel::stages == 1)
+                transpose_last_loaded();
             loader.load_K(tile, KV_loads);
-            if constexpr (Kernel::fp8)
-                if (KV_loads > 0)
-                    transposer.transpose(KV_loads - 1);
+            if constexpr (Kernel::stages > 1)
+                transpose_last_loaded();
             loader.load_V(tile, KV_loads++);
         }
         index = scheduler.agree(asked, n, smem);
         ++n;
     }
-    if constexpr (Kernel::fp8)
-        if (KV_loads > 0)
-            transposer.transpose(KV_loads - 1);
+    transpose_last_loaded();
     // The end, as a work tile past the last that loads nothing.
     if constexpr (Kernel::persistent)
         Loader{kp, smem, 0, 0, {}, {}, {}, call_tensor_maps(kp), rank}.load_Q(0, n, scheduler.end(), false);
