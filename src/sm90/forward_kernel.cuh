@@ -23,9 +23,9 @@
 //   fifth less at d_head 128), for d_head / 4 more registers per thread. A persistent block's next
 //   Q may then load once the first S = Q K^T is done.
 // - e4m3 inputs (dtype E4M3): the products run on 8-bit operands with float32 accumulators; the
-//   producer warpgroup's four warps transpose each V tile in shared memory for P V (fp8_operands.cuh;
-//   the first between the loads its first lane issues), the inputs' dequantisation factors scale
-//   the scores and the output, and O is 16-bit.
+//   producer warpgroup's other three warps transpose each V tile in shared memory for P V
+//   (fp8_operands.cuh), the inputs' dequantisation factors scale the scores and the output, and O
+//   is 16-bit.
 // - multicast: two blocks, a cluster, take two consecutive query blocks of one (batch, head) and
 //   visit the same KV tiles; each loads half of every tile's rows into both (TMA multicast), so K
 //   and V leave L2 once per pair. A stage is free once the consumers of both blocks have released
@@ -178,11 +178,12 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
         if (warpgroup == 0) {
             if constexpr (Kernel::moves_registers)
                 release_registers<Kernel::template producer_registers<VARLEN>>();
-            if (threadIdx.x < Kernel::producer_threads)
+            if (threadIdx.x == 0)
                 produce<Kernel, KVTileRange<Kernel::B_r, Kernel::B_c, MASK, MASKED_TAILS, VARLEN>, VARLEN>(
                     kp, smem, scheduler, group_size, rank);
-            else if constexpr (Kernel::fp8)
-                VTransposer<Kernel>{smem}.run();
+            if constexpr (Kernel::fp8)
+                if (threadIdx.x >= WARP_SIZE)
+                    VTransposer<Kernel>{smem}.run();
             if constexpr (cluster > 1)
                 cluster_sync();
             return;

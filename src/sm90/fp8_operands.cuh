@@ -1,5 +1,5 @@
 // The operands of P V with e4m3 inputs. The 8-bit wgmma takes B K-major only, but V arrives with
-// its keys as rows (each key's d_head values contiguous): the producer warpgroup's warps
+// its keys as rows (each key's d_head values contiguous): the producer warpgroup's other warps
 // transpose each V tile in shared memory (VTransposer) into d_head rows of B_c keys. P comes from
 // the S accumulators in registers, where a thread holds keys 2t, 2t + 1 of each 8-key column tile
 // (t = lane % 4), while the m16n8k32 A layout wants keys 4t .. 4t + 3 of each 16: rather than
@@ -230,53 +230,38 @@ struct TransposeByMatrices {
     }
 };
 
-// The producer warpgroup's warps: each V tile the producer loads, in the order it loads them, once
-// it has landed and its stage's transposed tile has been released, goes into that tile as d_head rows
-// of B_c keys (each 16 keys in P's register order), swizzled as the wgmma's K-major B operand: column
-// blocks of one swizzled row's keys (Kernel::Vt_col_block_bytes apart), by rows or by matrices as the
-// traits choose (Kernel::transposes_V_by_rows). Every warp takes its share of each tile's units. The
-// first warp runs the producer (tile_loader.cuh's produce) and transposes tile n between the loads of
-// tile n + 1's K and V (transpose); the others run their own loop (run), which ends where the
-// producer ends the stream: by arriving on the next stage's V barrier without bytes, having written
-// how many tiles it loaded in that stage's word (SharedTiles::V_stream_end).
+// The warps of the producer warpgroup after its first: each V tile the producer loads, in the order
+// it loads them, once it has landed and its stage's transposed tile has been released, goes into
+// that tile as d_head rows of B_c keys (each 16 keys in P's register order), swizzled as the wgmma's
+// K-major B operand: column blocks of one swizzled row's keys (Kernel::Vt_col_block_bytes apart),
+// by rows or by matrices as the traits choose (Kernel::transposes_V_by_rows).
+// The producer ends the stream by arriving on the next stage's V barrier without bytes, having
+// written how many tiles it loaded in that stage's word (SharedTiles::V_stream_end).
 template <typename Kernel>
 struct VTransposer {
     using Transpose = std::conditional_t<Kernel::transposes_V_by_rows, TransposeByRows<Kernel>, TransposeByMatrices<Kernel>>;
 
     const SharedTiles<Kernel> &smem;
 
-    // The warps after the first: every V tile until the stream's end.
     __device__ __forceinline__ void run() const {
         const int lane = threadIdx.x % WARP_SIZE;
-        const Transpose transpose(threadIdx.x / WARP_SIZE, lane);
+        const Transpose transpose(threadIdx.x / WARP_SIZE - 1, lane);
         for (int n = 0;; ++n) {
-            mbarrier_wait(smem.V_full(n % Kernel::stages), n / Kernel::stages % 2);
+            const int stage = n % Kernel::stages;
+            const uint32_t parity = n / Kernel::stages % 2;
+            mbarrier_wait(smem.V_full(stage), parity);
             // Read by the lane that releases the stage, so that the read precedes the release in
             // its own program order.
-            if (__shfl_sync(FULL_WARP_MASK, lane == 0 ? *smem.V_stream_end(n % Kernel::stages) : 0, 0) == n)
+            if (__shfl_sync(FULL_WARP_MASK, lane == 0 ? *smem.V_stream_end(stage) : 0, 0) == n)
                 return;
-            transpose_landed(transpose, n);
-        }
-    }
-
-    // The first warp: its share of the V tile at stream position n (constructed here rather than kept
-    // across the producer's loop, which runs on few registers).
-    __device__ __forceinline__ void transpose(int n) const {
-        __syncwarp(); // after the loads only the first lane issued
-        mbarrier_wait(smem.V_full(n % Kernel::stages), n / Kernel::stages % 2);
-        transpose_landed(Transpose(0, threadIdx.x % WARP_SIZE), n);
-    }
-
-  private:
-    __device__ __forceinline__ void transpose_landed(const Transpose &transpose, int n) const {
-        const int stage = n % Kernel::stages;
-        mbarrier_wait(smem.Vt_empty(stage), (n / Kernel::stages % 2) ^ 1);
-        transpose(smem.V(stage), smem.Vt(stage));
-        fence_async_shared(); // the wgmma reads the tile through the async proxy
-        __syncwarp();
-        if (threadIdx.x % WARP_SIZE == 0) {
-            mbarrier_arrive(smem.Vt_full(stage));
-            mbarrier_arrive(smem.V_empty(stage));
+            mbarrier_wait(smem.Vt_empty(stage), parity ^ 1);
+            transpose(smem.V(stage), smem.Vt(stage));
+            fence_async_shared(); // the wgmma reads the tile through the async proxy
+            __syncwarp();
+            if (lane == 0) {
+                mbarrier_arrive(smem.Vt_full(stage));
+                mbarrier_arrive(smem.V_empty(stage));
+            }
         }
     }
 };

@@ -19,7 +19,6 @@
 #include "common/sequence.cuh"
 #include "sm90/kernel_params.h"
 #include "sm90/tma.cuh"
-#include "sm90/warpgroup.cuh"
 
 namespace flash::sm90 {
 
@@ -49,8 +48,7 @@ struct SequenceTensorMapSlots {
     static constexpr int64_t bytes_per_block = pairs * 2 * static_cast<int64_t>(sizeof(CUtensorMap));
 };
 
-// Binds each work tile's K and V maps; run by the producer's threads, of which the one that issues
-// the loads writes the maps (issues_loads; the others keep the same count). Work tiles of one
+// Binds each work tile's K and V maps; run by the block's loading thread alone. Work tiles of one
 // sequence (or of sequences that end at the same row of their batch entries) share a pair, and a
 // slot is copied from the call's maps only the first time it is written: later only the extent
 // changes.
@@ -76,15 +74,13 @@ struct KVTensorMapBinder {
             return call_tensor_maps(kp);
         if (end != last_end) {
             CUtensorMap *const pair = slot(written);
-            if (issues_loads<Kernel>()) {
-                if (written < Slots::pairs)
-                    copy_pair(pair, kp);
-                tensor_map_set_extent<1>(pair, end);
-                tensor_map_set_extent<1>(pair + 1, end);
-                tensor_map_release();
-                tensor_map_acquire(pair);
-                tensor_map_acquire(pair + 1);
-            }
+            if (written < Slots::pairs)
+                copy_pair(pair, kp);
+            tensor_map_set_extent<1>(pair, end);
+            tensor_map_set_extent<1>(pair + 1, end);
+            tensor_map_release();
+            tensor_map_acquire(pair);
+            tensor_map_acquire(pair + 1);
             last_end = end;
             ++written;
         }

@@ -7,22 +7,19 @@
 #include "common/forward_params.h"
 #include "common/sequence.cuh"
 #include "sm90/box_coordinates.cuh"
-#include "sm90/fp8_operands.cuh"
 #include "sm90/kernel_params.h"
 #include "sm90/sequence_tensor_maps.cuh"
 #include "sm90/shared_tiles.cuh"
 #include "sm90/tile_scheduler.cuh"
 #include "sm90/tma.cuh"
-#include "sm90/warpgroup.cuh"
 #include "sm90/wgmma.cuh"
 
 namespace flash::sm90 {
 
-// Issues one work tile's TMA loads; run by the producer's threads (issues_loads: one of them
-// issues, the others wait with it). The KV tile at position n of the block's stream of KV tiles
-// goes to stage n % stages, in round n / stages, once the consumers have released that stage's
-// previous round; a warpgroup's Q block for the block's n-th work tile, once that warpgroup has
-// released the last one.
+// Issues one work tile's TMA loads; run by a single thread. The KV tile at position n of the
+// block's stream of KV tiles goes to stage n % stages, in round n / stages, once the consumers
+// have released that stage's previous round; a warpgroup's Q block for the block's n-th work tile,
+// once that warpgroup has released the last one.
 template <typename Kernel, typename Scheduler, bool VARLEN>
 struct TileLoader {
     const KernelParams &kp;
@@ -41,8 +38,6 @@ struct TileLoader {
 #pragma unroll
         for (int wg = 0; wg < Kernel::consumer_warpgroups; ++wg) {
             mbarrier_wait(smem.Q_empty(wg), (n & 1) ^ 1);
-            if (!issues_loads<Kernel>())
-                continue;
             Scheduler::hand_off(smem.work_slot(wg), index); // the arrival below releases it to the waiters
             if (!loads) {
                 mbarrier_arrive(smem.Q_full(wg));
@@ -57,40 +52,25 @@ struct TileLoader {
     }
 
     __device__ __forceinline__ void load_KV(int tile, int n) const {
-        load_K(tile, n);
-        load_V(tile, n);
-    }
-
-    // The halves of load_KV, for a producer that works between them.
-    __device__ __forceinline__ void load_K(int tile, int n) const {
+        const int round = n / Kernel::stages;
         const int stage = n % Kernel::stages;
-        if (VARLEN && pages.table != nullptr)
-            load_paged_tile(kv_maps.k(), &kp.k, smem.K(stage), smem.K_empty(stage), smem.K_full(stage), released_parity(n), tile);
-        else
-            load_tile(kv_maps.k(), smem.K(stage), smem.K_empty(stage), smem.K_full(stage), released_parity(n), tile);
-    }
-
-    __device__ __forceinline__ void load_V(int tile, int n) const {
-        const int stage = n % Kernel::stages;
+        const uint32_t released_parity = (round & 1) ^ 1;
         if (VARLEN && pages.table != nullptr) {
-            load_paged_tile(kv_maps.v(), &kp.v, smem.V(stage), smem.V_empty(stage), smem.V_full(stage), released_parity(n), tile);
+            load_paged_tile(kv_maps.k(), &kp.k, smem.K(stage), smem.K_empty(stage), smem.K_full(stage), released_parity, tile);
+            load_paged_tile(kv_maps.v(), &kp.v, smem.V(stage), smem.V_empty(stage), smem.V_full(stage), released_parity, tile);
             prefetch_page_entries(tile + 1);
             return;
         }
-        load_tile(kv_maps.v(), smem.V(stage), smem.V_empty(stage), smem.V_full(stage), released_parity(n), tile);
+        load_tile(kv_maps.k(), smem.K(stage), smem.K_empty(stage), smem.K_full(stage), released_parity, tile);
+        load_tile(kv_maps.v(), smem.V(stage), smem.V_empty(stage), smem.V_full(stage), released_parity, tile);
     }
 
   private:
-    // The parity with which position n's stage completes its release of the round before.
-    __device__ __forceinline__ static uint32_t released_parity(int n) { return ((n / Kernel::stages) & 1) ^ 1; }
-
     __device__ __forceinline__ void load_tile(const CUtensorMap *map, uint8_t *dst, uint64_t *empty, uint64_t *full,
                                               uint32_t released_parity, int tile) const {
         // With multicast this block's slice goes to both blocks of the cluster, so the empty
         // barrier counts both blocks' consumers, and each block's full barrier both slices' bytes.
         mbarrier_wait(empty, released_parity);
-        if (!issues_loads<Kernel>())
-            return;
         mbarrier_arrive_expect_bytes(full, Kernel::KV_tile_bytes);
 #pragma unroll
         for (int c = 0; c < Kernel::col_blocks; ++c) {
@@ -116,7 +96,7 @@ struct TileLoader {
         const PagedKV &paged = kp.params.sequences.paged;
         const int first_key = tile * Kernel::B_c + rank * Kernel::KV_slice_rows;
         const int last_key = min(first_key + Kernel::KV_slice_rows, pages.keys) - 1;
-        if (first_key > last_key || !issues_loads<Kernel>())
+        if (first_key > last_key)
             return;
         ptx::prefetch_l1(pages.table + first_key / paged.page_size);
         ptx::prefetch_l1(pages.table + last_key / paged.page_size);
@@ -134,8 +114,6 @@ struct TileLoader {
         const int box_rows = kp.page_box_rows;
         const int first_key = tile * Kernel::B_c + rank * Kernel::KV_slice_rows;
         mbarrier_wait(empty, released_parity);
-        if (!issues_loads<Kernel>())
-            return;
         mbarrier_arrive_expect_bytes(full, Kernel::KV_tile_bytes);
 #pragma unroll 1
         for (int first = 0; first < Kernel::KV_slice_rows; first += box_rows) {
@@ -159,32 +137,18 @@ struct TileLoader {
     static constexpr uint16_t CLUSTER_MASK = (1u << Kernel::cluster_size) - 1;
 };
 
-// The producer, with warp specialization: each work tile's Q and the KV tiles the block loads for
-// it, running ahead of the consumers as far as the stages allow. A persistent block asks for its next
-// work tile as it starts loading this one. Run by the producer warpgroup's first thread, or with e4m3
-// by its first warp (Kernel::producer_threads), which transposes its share of V tile n between
-// tile n + 1's K and V loads: once K is on its way, and before V waits for the release of its stage,
-// which with one stage is tile n's transposition. With one stage it goes before K too: a warpgroup
-// that passes a tile (no rows of its own) releases its K only once its transposed V has arrived.
+// The producer warpgroup's thread, with warp specialization: each work tile's Q and the KV tiles
+// the block loads for it, running ahead of the consumers as far as the stages allow. A persistent
+// block asks for its next work tile as it starts loading this one.
 template <typename Kernel, typename Tiles, bool VARLEN, typename Scheduler>
 __device__ __forceinline__ void produce(const KernelParams &kp, const SharedTiles<Kernel> &smem,
                                         const Scheduler &scheduler, int group_size, uint32_t rank) {
     using Loader = TileLoader<Kernel, Scheduler, VARLEN>;
-    static_assert(Kernel::producer_threads == 1 || Kernel::cluster_size == 1,
-                  "a cluster's scheduler exchanges its work tiles from one thread");
     KVTensorMapBinder<Kernel, VARLEN> kv_maps{kp};
     int n = 0;        // work tiles loaded so far
     int KV_loads = 0; // KV tiles loaded so far: the position in the pipeline
-    const auto transpose_last_loaded = [&] {
-        if constexpr (Kernel::fp8)
-            if (KV_loads > 0)
-                VTransposer<Kernel>{smem}.transpose(KV_loads - 1);
-    };
     for (int index = scheduler.first(); index < scheduler.end();) {
-        // The counter's answer, in every thread that runs the producer.
-        int asked = issues_loads<Kernel>() ? scheduler.ask(index) : 0;
-        if constexpr (Kernel::producer_threads > 1)
-            asked = __shfl_sync(FULL_WARP_MASK, asked, 0);
+        const int asked = scheduler.ask(index);
         const auto [work, sequence] = locate_work<VARLEN>(kp.params, scheduler, index);
         const ForwardParams &params = sequence.params;
         const Tiles tiles(params, work.Q_block * Kernel::B_r);
@@ -199,30 +163,21 @@ __device__ __forceinline__ void produce(const KernelParams &kp, const SharedTile
                             kv_maps.bind(sequence, first_tile, end_tile),
                             rank};
         loader.load_Q(work.Q_block * Kernel::B_r, n, index, !tiles.empty() && work.Q_block < work.Q_blocks);
-        for (int tile = first_tile; tile < end_tile; ++tile) {
-            if constexpr (Kernel::stages == 1)
-                transpose_last_loaded();
-            loader.load_K(tile, KV_loads);
-            if constexpr (Kernel::stages > 1)
-                transpose_last_loaded();
-            loader.load_V(tile, KV_loads++);
-        }
+        for (int tile = first_tile; tile < end_tile; ++tile)
+            loader.load_KV(tile, KV_loads++);
         index = scheduler.agree(asked, n, smem);
         ++n;
     }
-    transpose_last_loaded();
     // The end, as a work tile past the last that loads nothing.
     if constexpr (Kernel::persistent)
         Loader{kp, smem, 0, 0, {}, {}, {}, call_tensor_maps(kp), rank}.load_Q(0, n, scheduler.end(), false);
-    // With e4m3, the end of the V tiles for the other transposing warps: their count, and an arrival
+    // With e4m3, the end of the V tiles for the warps that transpose them: their count, and an arrival
     // without bytes on the next stage's V barrier once that stage is free.
     if constexpr (Kernel::fp8) {
         const int stage = KV_loads % Kernel::stages;
         mbarrier_wait(smem.V_empty(stage), (KV_loads / Kernel::stages % 2) ^ 1);
-        if (issues_loads<Kernel>()) {
-            *smem.V_stream_end(stage) = KV_loads;
-            mbarrier_arrive(smem.V_full(stage));
-        }
+        *smem.V_stream_end(stage) = KV_loads;
+        mbarrier_arrive(smem.V_full(stage));
     }
 }
 

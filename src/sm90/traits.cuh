@@ -84,11 +84,11 @@ struct StaticHopperKernelConfig {
     // producer (per work tile the plan's entry, the sequence's rows and bounded tensor maps) spills
     // at 24 beside two consumer warpgroups, so it keeps 40 and they take 232.
     //
-    // With e4m3 the producer warpgroup's warps transpose V (fp8_operands.cuh), by rows where the
-    // consumers can spare the registers, else by matrices. By rows, the warpgroup keeps 56 and each
-    // consumer thread has 224 (152 with three consumer warpgroups); at d_head 128's 192-key tiles it
-    // ran 4 to 6% faster than by matrices, which transposes in as few registers as a producer of
-    // 16-bit tiles keeps. The consumers can spare them where their accumulators (S: B_c / 2 floats, O:
+    // With e4m3 the producer warpgroup's other warps transpose V (fp8_operands.cuh), by rows where
+    // the consumers can spare the registers, else by matrices. By rows, the warpgroup keeps 56 and
+    // each consumer thread has 224 (152 with three consumer warpgroups); at d_head 128's 192-key
+    // tiles it ran 4 to 6% faster than by matrices, which transposes in as few registers as the loading
+    // warp keeps. The consumers can spare them where their accumulators (S: B_c / 2 floats, O:
     // d_head / 2), P (B_c / 8 registers of four e4m3) and about 32 more for addresses and the
     // softmax's state fit what is left (d_head 256's 128-key and d_head 128's 224-key tiles do not).
     static constexpr bool moves_registers = warp_specialized && consumer_warpgroups >= 2;
@@ -115,13 +115,9 @@ struct StaticHopperKernelConfig {
         launch_registers * n_threads;
     static_assert(!moves_registers || (registers_fit<false> && registers_fit<true>),
                   "the producer's and consumers' registers exceed what the block is launched with");
-    // With e4m3 every warp of the producer warpgroup transposes V: the first between the loads its
-    // first lane issues (tile_loader.cuh's produce, which that warp runs whole), the others in a loop
-    // of their own. The transposer's latency bounds it at d_head 256, so a fourth warp is a third more
-    // throughput.
-    static constexpr int transposer_warps = WARPGROUP_THREADS / WARP_SIZE;
-    // The threads that run produce: that warp with e4m3, else the warpgroup's first thread alone.
-    static constexpr int producer_threads = fp8 ? WARP_SIZE : 1;
+    // The producer warpgroup's warps after its first (whose first thread issues the loads), which
+    // transpose V with e4m3.
+    static constexpr int transposer_warps = WARPGROUP_THREADS / WARP_SIZE - 1;
 
     // Shared memory, each tile at a 1024-byte boundary (TILE_ALIGNMENT_BYTES): Q (one 64-row block per
     // consumer warpgroup), a K and a V tile per stage (with e4m3 also a transposed V tile), then the

@@ -4,8 +4,6 @@
 
 #include <cstdint>
 
-#include "common/common.h"
-
 namespace flash::sm90 {
 
 // Gives back registers: this warpgroup keeps `count` per thread.
@@ -38,14 +36,6 @@ __device__ __forceinline__ bool named_barrier_any(int id, int threads, bool pred
                  : "r"(static_cast<uint32_t>(predicate)), "r"(id), "r"(threads)
                  : "memory");
     return any != 0;
-}
-
-// Whether this thread, one of those that run the producer (Kernel::producer_threads), issues its
-// loads, arrivals and atomics: the first alone. With e4m3 the rest of its warp runs the producer's
-// code beside it, waiting where it waits, so that the whole warp can transpose V between the loads.
-template <typename Kernel>
-__device__ __forceinline__ bool issues_loads() {
-    return Kernel::producer_threads == 1 || threadIdx.x % WARP_SIZE == 0;
 }
 
 } // namespace flash::sm90
