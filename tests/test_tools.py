@@ -38,6 +38,7 @@ import varlen_bench  # noqa: E402
 import run_kernels  # noqa: E402
 import sass_counts  # noqa: E402
 import sass_diff  # noqa: E402
+import sass_order  # noqa: E402
 import stall_paths  # noqa: E402
 import work_order_tail  # noqa: E402
 from flash_helpers.build_env import BUILD_KERNELS_ENV  # noqa: E402
@@ -76,6 +77,7 @@ PYTHON_TOOLS = [
     BENCHMARK_DIR / "generate_bench.py",
     ANALYSIS_DIR / "sass_counts.py",
     ANALYSIS_DIR / "sass_diff.py",
+    ANALYSIS_DIR / "sass_order.py",
     ANALYSIS_DIR / "work_order_tail.py",
     ANALYSIS_DIR / "stall_paths.py",
 ]
@@ -1757,6 +1759,49 @@ def test_sass_maps_and_counts_hopper_kernels():
     assert sass_counts.shown_families([sm90_kernel]) == list(sass_counts.FAMILIES)
 
 
+def test_sass_parser_keeps_each_instruction_in_order():
+    sm90 = next(f for f in sass_counts.parse_sass(SASS_SM90_LISTING) if f.symbol == SASS_SM90_SYMBOLS[0])
+    expected_opcodes = [line.split()[1 if line.startswith("@") else 0] for line in SASS_SM90]
+    assert [i.opcode for i in sm90.instructions] == expected_opcodes
+    assert [i.offset for i in sm90.instructions] == [16 * n for n in range(len(SASS_SM90))]
+    arrive = sm90.instructions[4]
+    assert (arrive.predicate, arrive.opcode, arrive.operands) == ("@!P0", "BAR.ARV", "0x1, 0x100")
+    assert sm90.instructions[2].opcode == "HGMMA.64x128x16.F32" and sm90.instructions[2].predicate == "@P0"
+    assert sm90.instructions[2].operands == "R24, gdesc[UR16], R24, gsb0"
+
+
+def test_sass_order_prints_the_scheduling_instructions_in_program_order(tmp_path, capsys):
+    listing = tmp_path / "sass.txt"
+    listing.write_text(SASS_SM90_LISTING)
+    result = _run_sass_tool(sass_order, capsys, SM90_128.short_form(), "--sass-file", listing)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[0] == f"sm_90a, variant none: {SM90_128.short_form()}"
+    assert lines[1].startswith(f"{len(SASS_SM90)} instructions; kept: BAR BRA F2FP HGMMA")
+    assert lines[2:] == [
+        "000000  WARPGROUP.ARRIVE",
+        "000010  HGMMA.64x128x16.F32 R24, gdesc[UR12], RZ, !UPT  x 2",  # a run, shown by its first
+        "000030  WARPGROUP.DEPBAR.LE gsb0, 0x0",
+        "000040  @!P0 BAR.ARV 0x1, 0x100",
+        "000050  SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR9], R10",
+        "000060  @!P5 SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR11], RZ",
+        "0000a0  MUFU.EX2 R185, R184",
+    ]
+    # Runs are counted among the kept instructions: the masked kernel's two FSELs, an ISETP apart, are one.
+    flags = ("--variant", "causal+tails", "--families", "FSEL", "UTMALDG")
+    result = _run_sass_tool(sass_order, capsys, SM90_128.short_form(), "--sass-file", listing, *flags)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[2:] == [
+        "000010  FSEL R5, R5, -INF , P0  x 2",
+        "0000c0  UTMALDG.4D [UR24], [UR16]",
+    ]
+    result = _run_sass_tool(sass_order, capsys, SM90_128.short_form(), "--sass-file", listing, "--all")
+    assert len(result.stdout.strip().splitlines()) == 2 + len(SASS_SM90) - 1  # the two HGMMAs are one run
+
+    result = _run_sass_tool(sass_order, capsys, SM90_128.short_form(), "--sass-file", listing, "--arch", "sm_80")
+    assert result.returncode == 1 and f"missing: {SM90_128.short_form()}" in result.stderr
+
+
 def test_sass_counts_shows_the_hopper_families_where_a_kernel_has_them(tmp_path, capsys):
     listing = tmp_path / "sass.txt"
     listing.write_text(SASS_SM90_LISTING)
@@ -1793,8 +1838,8 @@ def test_sass_arch_names_arch_specific_code_too(arch, wanted, matches):
 def test_sass_diff_compares_hopper_configurations(tmp_path, capsys):
     listing = tmp_path / "sass.txt"
     listing.write_text(SASS_SM90_LISTING)
-    assert sass_diff.parse_config(SM90_WS.short_form()) == SM90_WS
-    assert sass_diff.parse_config(SM90_NAME) == SM90_128
+    assert sass_counts.parse_config(SM90_WS.short_form()) == SM90_WS
+    assert sass_counts.parse_config(SM90_NAME) == SM90_128
     result = _run_sass_tool(
         sass_diff, capsys, SM90_128.short_form(), SM90_WS.short_form(), "--sass-file", listing, "--arch", "sm_90"
     )

@@ -41,6 +41,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmark"))
 import bench_common as common  # noqa: E402  (also makes flash_helpers importable from a bare checkout)
 from flash_helpers.kernel_config import KernelConfig  # noqa: E402
+from flash_helpers.kernel_names import parse_kernel_name_into_config  # noqa: E402
 from flash_helpers.kernel_sets import get_kernel_configs  # noqa: E402
 from flash_helpers.problem import ALL_VARIANTS, KV_E4M3_VARIANTS, VARLEN_VARIANTS, ProblemVariant  # noqa: E402
 from flash_helpers.tuning_space import get_all_kernel_configs  # noqa: E402
@@ -61,24 +62,36 @@ PADDING_OPCODE = "NOP"
 
 _ARCH_RE = re.compile(r"^\s*(?:arch\s*=|code for)\s*(sm_\d+\w*)")
 _FUNCTION_RE = re.compile(r"^\s*Function\s*:\s*(\S+)")
-# An instruction line: /*0a40*/, an optional predicate (@P0, @!PT, @!UP1), the opcode with its
-# modifiers (HGMMA's shape is lower case: HGMMA.64x128x16.F32), then operands up to ';'. Older
-# listings wrap dual-issued pairs in braces.
+# An instruction line: /*0a40*/ (its offset), an optional predicate (@P0, @!PT, @!UP1), the opcode
+# with its modifiers (HGMMA's shape is lower case: HGMMA.64x128x16.F32), then operands up to ';'.
+# Older listings wrap dual-issued pairs in braces.
 _INSTRUCTION_RE = re.compile(
-    r"^\s*/\*[0-9a-fA-F]+\*/\s*\{?\s*(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)"
+    r"^\s*/\*([0-9a-fA-F]+)\*/\s*\{?\s*(?:(@!?U?P[T\d]+)\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)([^;]*)"
 )
 # Trailing zero-valued fields of the configuration in a kernel's symbol: their mangling differs
 # between compilers (nvcc's device symbols keep them; host compilers omit them).
 _TRAILING_ZERO_FIELDS_RE = re.compile(r"(?:L[bi]0E)+(?=E)")
 
 
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+    """One instruction of a listing: its offset, predicate ('' if none), opcode and operands."""
+
+    offset: int
+    predicate: str
+    opcode: str
+    operands: str
+
+
 @dataclasses.dataclass
 class SassFunction:
-    """One kernel's code for one architecture: its symbol and its instruction counts by opcode."""
+    """One kernel's code for one architecture: its symbol, its instruction counts by opcode and its
+    instructions in program order."""
 
     arch: str
     symbol: str
     opcodes: collections.Counter
+    instructions: list[Instruction] = dataclasses.field(default_factory=list)
 
 
 def parse_sass(text: str) -> list[SassFunction]:
@@ -97,7 +110,9 @@ def parse_sass(text: str) -> list[SassFunction]:
             continue
         instruction = _INSTRUCTION_RE.match(line)
         if instruction and current is not None:
-            current.opcodes[instruction[1]] += 1
+            offset, predicate, opcode, operands = instruction.groups()
+            current.opcodes[opcode] += 1
+            current.instructions.append(Instruction(int(offset, 16), predicate or "", opcode, operands.strip()))
     return functions
 
 
@@ -182,6 +197,7 @@ class KernelCounts:
     variant: ProblemVariant
     symbol: str
     opcodes: collections.Counter
+    instructions: list[Instruction] = dataclasses.field(default_factory=list)
 
     @property
     def families(self) -> collections.Counter:
@@ -200,9 +216,63 @@ def map_to_configs(
         if found is None:
             others.append(function)
         else:
-            kernels.append(KernelCounts(function.arch, *found, function.symbol, function.opcodes))
+            kernels.append(
+                KernelCounts(function.arch, *found, function.symbol, function.opcodes, function.instructions)
+            )
     kernels.sort(key=lambda kernel: (kernel.arch, kernel.config, kernel.variant))
     return kernels, others
+
+
+def parse_config(text: str) -> KernelConfig:
+    """A configuration of any family, from its short form or a kernel name (an argparse type)."""
+    try:
+        return parse_kernel_name_into_config(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def kernels_of_variant(
+    kernels: list[KernelCounts], variant: ProblemVariant, arch: str | None
+) -> dict[str, dict[KernelConfig, KernelCounts]]:
+    """The kernels of one problem variant, by architecture (those ``arch`` names) and configuration."""
+    by_arch = collections.defaultdict(dict)
+    for kernel in kernels:
+        if arch_matches(kernel.arch, arch) and kernel.variant == variant:
+            by_arch[kernel.arch][kernel.config] = kernel
+    return dict(sorted(by_arch.items()))
+
+
+def add_variant_argument(parser: argparse.ArgumentParser, shown: str) -> None:
+    """--variant, the problem variant whose kernels a tool shows (shared with sass_diff.py and sass_order.py)."""
+    parser.add_argument(
+        "--variant",
+        choices=VARIANTS_BY_NAME,
+        default=DEFAULT_VARIANT,
+        help=f"the problem variant whose {shown} (default: %(default)s)",
+    )
+
+
+def load_variant_kernels(args: argparse.Namespace) -> dict[str, dict[KernelConfig, KernelCounts]]:
+    """The kernels of args.variant by architecture and configuration, from the listing --module or
+    --sass-file names, at --arch; raises SassError or OSError where there is no listing."""
+    kernels, _ = load_kernels(args.module, args.sass_file)
+    return kernels_of_variant(kernels, VARIANTS_BY_NAME[args.variant], args.arch)
+
+
+def not_held_message(
+    wanted: list[KernelConfig], by_arch: dict[str, dict[KernelConfig, KernelCounts]], variant: str, arch: str | None
+) -> str:
+    """Why a tool found none of the kernels it was asked for: what is missing, and what the extension holds."""
+    present = sorted({cfg for at_arch in by_arch.values() for cfg in at_arch})
+    missing = [cfg.short_form() for cfg in wanted if cfg not in present]
+    return (
+        f"error: the extension does not hold {'both configurations' if len(wanted) > 1 else 'the configuration'} "
+        f"in variant {variant}"
+        + (f" for {arch}" if arch else "")
+        + (f"; missing: {'; '.join(missing)}" if missing else "")
+        + "\nconfigurations it holds:\n  "
+        + "\n  ".join(cfg.short_form() for cfg in present)
+    )
 
 
 # ----------------------------------------------------------------------------------------------

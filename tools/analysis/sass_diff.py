@@ -21,8 +21,6 @@ import sys
 import sass_counts  # first: it makes bench_common and flash_helpers importable
 
 import bench_common as common
-from flash_helpers.kernel_config import KernelConfig
-from flash_helpers.kernel_names import parse_kernel_name_into_config
 
 
 def diff_rows(a: collections.Counter, b: collections.Counter, keys=None) -> list[list]:
@@ -45,27 +43,19 @@ def format_comparison(arch: str, a: sass_counts.KernelCounts, b: sass_counts.Ker
     )
 
 
-def parse_config(text: str) -> KernelConfig:
-    """A configuration of any family, from its short form or a kernel name."""
-    try:
-        return parse_kernel_name_into_config(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "config_a", type=parse_config, metavar="CFG_A", help="a configuration's short form, of either family"
+        "config_a",
+        type=sass_counts.parse_config,
+        metavar="CFG_A",
+        help="a configuration's short form, of either family",
     )
-    parser.add_argument("config_b", type=parse_config, metavar="CFG_B", help="the configuration to compare it with")
-    sass_counts.add_source_arguments(parser)
     parser.add_argument(
-        "--variant",
-        choices=sass_counts.VARIANTS_BY_NAME,
-        default=sass_counts.DEFAULT_VARIANT,
-        help="the problem variant whose kernels are compared (default: %(default)s)",
+        "config_b", type=sass_counts.parse_config, metavar="CFG_B", help="the configuration to compare it with"
     )
+    sass_counts.add_source_arguments(parser)
+    sass_counts.add_variant_argument(parser, "kernels are compared")
     parser.add_argument("--top", type=int, metavar="N", help="show only the N opcodes that differ most")
     return parser.parse_args(argv)
 
@@ -73,31 +63,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        kernels, _ = sass_counts.load_kernels(args.module, args.sass_file)
+        by_arch = sass_counts.load_variant_kernels(args)
     except (sass_counts.SassError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    variant = sass_counts.VARIANTS_BY_NAME[args.variant]
-    by_arch = collections.defaultdict(dict)
-    for kernel in kernels:
-        if sass_counts.arch_matches(kernel.arch, args.arch) and kernel.variant == variant:
-            by_arch[kernel.arch][kernel.config] = kernel
-
     comparisons = []
-    for arch, at_arch in sorted(by_arch.items()):
+    for arch, at_arch in by_arch.items():
         if args.config_a in at_arch and args.config_b in at_arch:
             comparisons.append(format_comparison(arch, at_arch[args.config_a], at_arch[args.config_b], args.top))
     if not comparisons:
-        present = sorted({cfg for at_arch in by_arch.values() for cfg in at_arch})
-        missing = [cfg.short_form() for cfg in (args.config_a, args.config_b) if cfg not in present]
-        print(
-            f"error: the extension does not hold both configurations in variant {args.variant}"
-            + (f" for {args.arch}" if args.arch else "")
-            + (f"; missing: {'; '.join(missing)}" if missing else "")
-            + "\nconfigurations it holds:\n  "
-            + "\n  ".join(cfg.short_form() for cfg in present),
-            file=sys.stderr,
-        )
+        wanted = [args.config_a, args.config_b]
+        print(sass_counts.not_held_message(wanted, by_arch, args.variant, args.arch), file=sys.stderr)
         return 1
     print("\n\n".join(comparisons))
     return 0
