@@ -1760,7 +1760,9 @@ def test_sass_maps_and_counts_hopper_kernels():
 
 
 def test_sass_parser_keeps_each_instruction_in_order():
-    sm90 = next(f for f in sass_counts.parse_sass(SASS_SM90_LISTING) if f.symbol == SASS_SM90_SYMBOLS[0])
+    assert all(not f.instructions for f in sass_counts.parse_sass(SASS_SM90_LISTING))  # counts alone by default
+    functions = sass_counts.parse_sass(SASS_SM90_LISTING, keep_instructions=True)
+    sm90 = next(f for f in functions if f.symbol == SASS_SM90_SYMBOLS[0])
     expected_opcodes = [line.split()[1 if line.startswith("@") else 0] for line in SASS_SM90]
     assert [i.opcode for i in sm90.instructions] == expected_opcodes
     assert [i.offset for i in sm90.instructions] == [16 * n for n in range(len(SASS_SM90))]

@@ -85,8 +85,8 @@ class Instruction:
 
 @dataclasses.dataclass
 class SassFunction:
-    """One kernel's code for one architecture: its symbol, its instruction counts by opcode and its
-    instructions in program order."""
+    """One kernel's code for one architecture: its symbol, its instruction counts by opcode and, if
+    kept, its instructions in program order."""
 
     arch: str
     symbol: str
@@ -94,8 +94,10 @@ class SassFunction:
     instructions: list[Instruction] = dataclasses.field(default_factory=list)
 
 
-def parse_sass(text: str) -> list[SassFunction]:
-    """The kernels in a `cuobjdump --dump-sass` listing, in listing order."""
+def parse_sass(text: str, keep_instructions: bool = False) -> list[SassFunction]:
+    """The kernels in a `cuobjdump --dump-sass` listing, in listing order; with keep_instructions
+    each holds its instructions too (a whole build's are millions: only the tools that read them
+    keep them)."""
     functions = []
     arch, current = "unknown", None
     for line in text.splitlines():
@@ -112,7 +114,8 @@ def parse_sass(text: str) -> list[SassFunction]:
         if instruction and current is not None:
             offset, predicate, opcode, operands = instruction.groups()
             current.opcodes[opcode] += 1
-            current.instructions.append(Instruction(int(offset, 16), predicate or "", opcode, operands.strip()))
+            if keep_instructions:
+                current.instructions.append(Instruction(int(offset, 16), predicate or "", opcode, operands.strip()))
     return functions
 
 
@@ -252,10 +255,12 @@ def add_variant_argument(parser: argparse.ArgumentParser, shown: str) -> None:
     )
 
 
-def load_variant_kernels(args: argparse.Namespace) -> dict[str, dict[KernelConfig, KernelCounts]]:
+def load_variant_kernels(
+    args: argparse.Namespace, keep_instructions: bool = False
+) -> dict[str, dict[KernelConfig, KernelCounts]]:
     """The kernels of args.variant by architecture and configuration, from the listing --module or
     --sass-file names, at --arch; raises SassError or OSError where there is no listing."""
-    kernels, _ = load_kernels(args.module, args.sass_file)
+    kernels, _ = load_kernels(args.module, args.sass_file, keep_instructions)
     return kernels_of_variant(kernels, VARIANTS_BY_NAME[args.variant], args.arch)
 
 
@@ -344,9 +349,11 @@ def read_sass(module: str | None, sass_file: str | None) -> str:
     return result.stdout
 
 
-def load_kernels(module: str | None, sass_file: str | None) -> tuple[list[KernelCounts], list[SassFunction]]:
+def load_kernels(
+    module: str | None, sass_file: str | None, keep_instructions: bool = False
+) -> tuple[list[KernelCounts], list[SassFunction]]:
     text = read_sass(module, sass_file)
-    functions = parse_sass(text)
+    functions = parse_sass(text, keep_instructions)
     if not functions:
         raise SassError("the listing holds no kernel code (was the extension built for a real architecture?)")
     return map_to_configs(functions)

@@ -79,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        by_arch = sass_counts.load_variant_kernels(args)
+        by_arch = sass_counts.load_variant_kernels(args, keep_instructions=True)
     except (sass_counts.SassError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
