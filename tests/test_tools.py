@@ -1756,7 +1756,19 @@ def test_sass_maps_and_counts_hopper_kernels():
     assert (families["HGMMA"], families["WARPGROUP"], families["SYNCS"]) == (2, 2, 2)
     assert (families["UTMALDG"], families["UTMASTG"], families["BAR"], families["HMMA"]) == (1, 1, 1, 0)
     assert families[sass_counts.TOTAL] == len(SASS_SM90)
-    assert sass_counts.shown_families([sm90_kernel]) == list(sass_counts.FAMILIES)
+    assert sass_counts.shown_families([sm90_kernel]) == SHOWN_WITHOUT_E4M3
+
+
+# The families a table of 16-bit kernels shows: all but the e4m3 products.
+SHOWN_WITHOUT_E4M3 = [family for family in sass_counts.FAMILIES if family != "QGMMA"]
+
+
+def test_sass_counts_shows_the_e4m3_products_where_a_kernel_has_them():
+    e4m3_product = "QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR16], RZ, !UPT ;"
+    listing = "\n".join(["\tcode for sm_90a", _sass_function(SASS_SM90_SYMBOLS[0], [*SASS_SM90, e4m3_product])])
+    (kernel,), _ = sass_counts.map_to_configs(sass_counts.parse_sass(listing))
+    assert (kernel.families["QGMMA"], kernel.families["HGMMA"]) == (1, 2)
+    assert sass_counts.shown_families([kernel]) == list(sass_counts.FAMILIES)
 
 
 def test_sass_parser_keeps_each_instruction_in_order():
@@ -1813,7 +1825,7 @@ def test_sass_counts_shows_the_hopper_families_where_a_kernel_has_them(tmp_path,
     assert sm80.startswith("sm_80: instructions per family (5 kernels)") and "HGMMA" not in sm80
     assert sm90a.startswith("sm_90a: instructions per family (8 kernels)")
     header = sm90a.splitlines()[1].split()
-    assert header == ["config", "variant", *sass_counts.FAMILIES, sass_counts.TOTAL]
+    assert header == ["config", "variant", *SHOWN_WITHOUT_E4M3, sass_counts.TOTAL]
     name = SM90_128.short_form().split()
     rows = [line.split()[len(name) :] for line in sm90a.splitlines() if line.split()[: len(name)] == name]
     row = next(row for row in rows if row[0] == "none")

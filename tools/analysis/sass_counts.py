@@ -19,9 +19,9 @@ Prints, per architecture, one row per kernel with the families that matter to th
 tensor-core MMAs (HMMA), shared-memory matrix loads (LDSM), asynchronous copies (LDGSTS), global
 and shared loads and stores, the softmax's floating-point work (FFMA, FMUL, FADD, FMNMX, MUFU),
 warp shuffles (SHFL), barriers (BAR) and register spills to local memory (LDL, STL); and, in a
-table with a kernel that has them, the Hopper family's: warpgroup MMAs (HGMMA, from wgmma), their
-fences and waits (WARPGROUP), TMA loads and stores (UTMALDG, UTMASTG) and mbarrier operations
-(SYNCS). These are static counts: an instruction inside a loop counts once.
+table with a kernel that has them, the Hopper family's: warpgroup MMAs (HGMMA, from wgmma, and
+QGMMA, its e4m3 form), their fences and waits (WARPGROUP), TMA loads and stores (UTMALDG, UTMASTG)
+and mbarrier operations (SYNCS). These are static counts: an instruction inside a loop counts once.
 """
 
 from __future__ import annotations
@@ -48,13 +48,13 @@ from flash_helpers.tuning_space import get_all_kernel_configs  # noqa: E402
 
 # The families shown in the tables, in column order; "total" is every instruction but padding.
 FAMILIES = (
-    "HMMA", "HGMMA", "WARPGROUP", "LDSM", "LDGSTS", "UTMALDG", "UTMASTG", "SYNCS", "LDG", "STG", "LDS", "STS",
+    "HMMA", "HGMMA", "QGMMA", "WARPGROUP", "LDSM", "LDGSTS", "UTMALDG", "UTMASTG", "SYNCS", "LDG", "STG", "LDS", "STS",
     "FFMA", "FMUL", "FADD", "FMNMX", "MUFU", "SHFL", "BAR", "LDL", "STL",
 )  # fmt: skip
 # sm_90 instructions only the Hopper family's kernels use: a table shows them only where one of its
 # kernels has them, so tables of SM80 kernels stay narrow. The others are always shown: a zero there
 # says something (no spills, no asynchronous copies).
-WHERE_USED_FAMILIES = frozenset({"HGMMA", "WARPGROUP", "UTMALDG", "UTMASTG", "SYNCS"})
+WHERE_USED_FAMILIES = frozenset({"HGMMA", "QGMMA", "WARPGROUP", "UTMALDG", "UTMASTG", "SYNCS"})
 TOTAL = "total"
 # The NOPs after a kernel's final branch only pad it to an alignment boundary; they are counted by
 # opcode but left out of the total so that totals compare the code that runs.
