@@ -11,6 +11,7 @@ import math
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import types
@@ -2871,12 +2872,15 @@ def test_stall_paths_rejects_a_file_without_its_columns(tmp_path, capsys):
 # ----------------------------------------------------------------------------------------------
 # ab_builds
 
-# A stand-in benchmark: writes a CSV row per implementation whose gbps says which build's py/ came
-# first on PYTHONPATH (base 2.0, change 3.0; the peer 5.0 either way), and appends its build to a log.
+# A stand-in benchmark: imports the benchmarks' common module as they do, then writes a CSV row per
+# implementation whose gbps says which build's flash_attention package it would import (base 2.0,
+# change 3.0; the peer 5.0 either way), and appends that build to a log.
 _AB_BENCHMARK = """
-import csv, os, pathlib, sys
-first = pathlib.Path(os.environ["PYTHONPATH"].split(os.pathsep)[0])
-build = "change" if first == pathlib.Path({repo!r}) / "py" else "base"
+import csv, importlib.util, pathlib, sys
+sys.path.insert(0, {benchmarks!r})
+import bench_common
+package = pathlib.Path(importlib.util.find_spec("flash_attention").origin).parent
+build = "change" if package == pathlib.Path({repo!r}) / "py" / "flash_attention" else "base"
 with open({log!r}, "a") as log:
     log.write(build + " " + " ".join(sys.argv[1:-2]) + "\\n")
 path = sys.argv[sys.argv.index("--csv") + 1]
@@ -2891,8 +2895,11 @@ with open(path, "w", newline="") as file:
 def test_ab_builds_runs_the_builds_in_turn_and_compares_them(tmp_path):
     log = tmp_path / "runs.log"
     script = tmp_path / "stand_in_bench.py"
-    script.write_text(_AB_BENCHMARK.format(repo=str(REPO_ROOT), log=str(log)))
-    (tmp_path / "base" / "py").mkdir(parents=True)
+    script.write_text(_AB_BENCHMARK.format(benchmarks=str(BENCHMARK_DIR), repo=str(REPO_ROOT), log=str(log)))
+    # The base tree's own packages: what its runs import, not this checkout's.
+    shutil.copytree(REPO_ROOT / "py" / "flash_helpers", tmp_path / "base" / "py" / "flash_helpers")
+    (tmp_path / "base" / "py" / "flash_attention").mkdir(parents=True)
+    (tmp_path / "base" / "py" / "flash_attention" / "__init__.py").write_text("")
     combined = tmp_path / "all.csv"
     result = run_tool(
         sys.executable, BENCHMARK_DIR / "ab_builds.py", "--base-tree", tmp_path / "base", "--no-build", "--rounds", "2",

@@ -11,7 +11,8 @@ py/flash_attention), side by side with half the MAX_JOBS each, from one FLASH_BU
 selection (--kernels, default the environment's): a selection of the kernels the change touches
 builds in a minute or two. Then the benchmark, a script of this tree's tools (the same timing code
 for both), runs --rounds times per build, base first and the builds in turn (base, change, base,
-change, ...), each run in a process of its own whose PYTHONPATH starts with that build's py/, and
+change, ...), each run in a process of its own whose PYTHONPATH starts with that build's py/ (so it
+imports that build's module and helpers: bench_common puts its own checkout's py/ after PYTHONPATH), and
 writes its CSV (its --csv is added) under WORK. The peers it times (FA3, SDPA) run in every
 process: their ratio between the builds is the runs' noise.
 

@@ -25,11 +25,22 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-# The tools use the packages of the checkout they belong to (where `pip install -e .` builds the
-# extension in place), not another installed copy; this also lets the tools that need no build
-# (SASS, summaries) run from a bare checkout.
-if str(REPO_ROOT / "py") not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT / "py"))
+
+def _use_checkout_packages() -> None:
+    """The tools use the packages of the checkout they belong to (where `pip install -e .` builds the
+    extension in place), not another installed copy; this also lets the tools that need no build
+    (SASS, summaries) run from a bare checkout. The checkout's py/ goes after PYTHONPATH's entries,
+    not before them: a PYTHONPATH that names another tree's py/ (ab_builds.py runs the base build's
+    benchmark so) is obeyed, and that tree's packages, its module and helpers, are the ones imported."""
+    checkout = str(REPO_ROOT / "py")
+    if checkout in sys.path:
+        return
+    explicit = {os.path.abspath(entry) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry}
+    named = [i for i, entry in enumerate(sys.path) if entry and os.path.abspath(entry) in explicit]
+    sys.path.insert(named[-1] + 1 if named else 0, checkout)
+
+
+_use_checkout_packages()
 
 from flash_helpers import sm80_config, sm90_config  # noqa: E402
 from flash_helpers.dispatch_table import arch_name  # noqa: E402
