@@ -148,7 +148,8 @@ struct TransposeByRows {
 // One V tile transposed by ldmatrix and stmatrix (elsewhere): a warp's unit is one 16-key group by
 // two 16-byte column chunks of V (32 columns), one ldmatrix and one stmatrix of four 8x8 matrices
 // of 16-bit elements, so that the transposing warps keep as few registers as the loading warp (24)
-// and move 512 bytes per instruction. ldmatrix.trans hands lane (j = lane / 4, u = lane % 4) of each
+// and move 512 bytes per instruction; a warp takes two units at a time, whose addresses share
+// their arithmetic. ldmatrix.trans hands lane (j = lane / 4, u = lane % 4) of each
 // matrix (8 keys by 16 columns) the bytes of columns 2j, 2j + 1 of keys 2u, 2u + 1: with the matrix
 // of the group's other 8 keys, one byte permute gives column 2j's slots 4u .. 4u + 3 (keys 2u,
 // 2u + 1, 2u + 8, 2u + 9, P's order) and another column 2j + 1's, which stmatrix writes as the 4
@@ -173,10 +174,13 @@ struct TransposeByMatrices {
     int warp;
     // What every unit's addresses share. The unit's rows of V and of the transposed tile start on
     // swizzle atoms (8 rows), so the lane's row in each is swizzled as its row in the unit is: the
-    // swizzle XORs a unit's chunk with a constant of the lane's. (A unit's chunks, 2 pair +
-    // chunk_in_pair, lie in one column block of V.)
-    uint32_t V_lane, V_xor, Vt_lane, Vt_xor;
-    uint32_t selector[2];
+    // swizzle XORs a unit's chunk with a constant of the lane's, which lies below the row's first
+    // byte (a multiple of the swizzle's row bytes), so the lane's row offsets carry it, and a unit's
+    // own chunk offset is XORed onto the sum. (A unit's chunks, 2 pair + chunk_in_pair, lie in one
+    // column block of V.)
+    uint32_t V_row, Vt_row;
+    // The lane's first permute (the second takes the other parity).
+    uint32_t selector;
 
     __device__ __forceinline__ TransposeByMatrices(int warp_, int lane) : warp(warp_) {
         // The lane supplies the address of row `row` of matrix `matrix`, for the load and the store.
@@ -189,38 +193,48 @@ struct TransposeByMatrices {
         // of each hold the other parity of columns (the selectors of lanes 16 .. 31 swap).
         const bool swapped_row = row >= 4;
         const int Vt_row_in_pair = COPY_BYTES * chunk_in_pair + 2 * row + (swapped_row != (matrix % 2 == 1) ? 1 : 0);
-        const bool swapped_lane = lane >= 16;
-        selector[0] = swapped_lane ? ODD_COLUMN : EVEN_COLUMN;
-        selector[1] = swapped_lane ? EVEN_COLUMN : ODD_COLUMN;
-        V_lane = key_in_group * Swizzle::bytes;
-        V_xor = Swizzle::chunk_in_row(key_in_group, chunk_in_pair) * COPY_BYTES;
-        Vt_lane = Vt_row_in_pair * Vt_Swizzle::bytes;
-        Vt_xor = Vt_Swizzle::chunk_in_row(Vt_row_in_pair, 0) * COPY_BYTES;
+        selector = lane >= 16 ? ODD_COLUMN : EVEN_COLUMN;
+        V_row = key_in_group * Swizzle::bytes + Swizzle::chunk_in_row(key_in_group, chunk_in_pair) * COPY_BYTES;
+        Vt_row = Vt_row_in_pair * Vt_Swizzle::bytes + Vt_Swizzle::chunk_in_row(Vt_row_in_pair, 0) * COPY_BYTES;
     }
 
     __device__ __forceinline__ void operator()(const uint8_t *V_tile, uint8_t *Vt_tile) const {
-        const uint32_t V = ptx::shared_address(V_tile) + V_lane;
-        const uint32_t Vt = ptx::shared_address(Vt_tile) + Vt_lane;
+        const uint32_t V = ptx::shared_address(V_tile) + V_row;
+        const uint32_t Vt = ptx::shared_address(Vt_tile) + Vt_row;
+        // Two units per pass, a key group's chunk pairs 2p and 2p + 1, so that the second's
+        // addresses cost an instruction each (at 24 registers ptxas still issues its load after the
+        // first's permutes): its chunks lie 32 bytes further along V's rows in the same column block
+        // (the first's chunk offset a multiple of 64 bytes, so the swizzle flips the address's bit
+        // 5), and 32 rows further down the transposed tile.
 #pragma unroll 1
-        for (uint32_t unit = warp; unit < units; unit += Kernel::transposer_warps) {
-            const uint32_t group = unit % key_groups;
-            const uint32_t chunk = 2 * (unit / key_groups); // the unit's first, of V's row (d_head bytes)
-            uint32_t columns[4];
-            ptx::ldmatrix_x4_trans(columns, V + chunk / chunks_per_V_row * Kernel::KV_col_block_bytes +
-                                                group * 16 * Swizzle::bytes +
-                                                (chunk % chunks_per_V_row * COPY_BYTES ^ V_xor));
-            uint32_t slots[4];
+        for (uint32_t pair = warp; pair < units / 2; pair += Kernel::transposer_warps) {
+            const uint32_t group = pair % key_groups;
+            const uint32_t chunk = 4 * (pair / key_groups); // the first unit's first, of V's row
+            const uint32_t V_first = (V + chunk / chunks_per_V_row * Kernel::KV_col_block_bytes + group * 16 * Swizzle::bytes) ^
+                                     chunk % chunks_per_V_row * COPY_BYTES;
+            const uint32_t Vt_first = (Vt ^ group % groups_per_Vt_row * COPY_BYTES) +
+                                      group / groups_per_Vt_row * Kernel::Vt_col_block_bytes +
+                                      chunk * COPY_BYTES * Vt_Swizzle::bytes;
+            uint32_t slots[2][4];
+            ptx::ldmatrix_x4_trans(slots[0], V_first);
+            ptx::ldmatrix_x4_trans(slots[1], V_first ^ 2 * COPY_BYTES);
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
-                slots[i] = byte_permute(columns[i / 2 * 2], columns[i / 2 * 2 + 1], selector[i % 2]);
+            for (int h = 0; h < 2; ++h) {
+                const uint32_t columns[4] = {slots[h][0], slots[h][1], slots[h][2], slots[h][3]};
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    slots[h][i] = byte_permute(columns[i / 2 * 2], columns[i / 2 * 2 + 1],
+                                               i % 2 == 0 ? selector : selector ^ (EVEN_COLUMN ^ ODD_COLUMN));
+            }
             // A chunk is 16 one-byte columns: 16 rows of the transposed tile.
-            stmatrix_x4(Vt + group / groups_per_Vt_row * Kernel::Vt_col_block_bytes +
-                            chunk * COPY_BYTES * Vt_Swizzle::bytes + (group % groups_per_Vt_row * COPY_BYTES ^ Vt_xor),
-                        slots);
+            stmatrix_x4(Vt_first, slots[0]);
+            stmatrix_x4(Vt_first + 2 * COPY_BYTES * Vt_Swizzle::bytes, slots[1]);
         }
     }
 
   private:
+    static_assert(chunk_pairs % 2 == 0 && chunks_per_V_row % 4 == 0, "a unit pair's chunks lie in one column block");
+
     // Stores four 8x8 matrices of 16-bit elements (sm_90): lane i supplies the shared-window address
     // of row i % 8 of matrix i / 8, and r[j] its two elements of matrix j (row lane / 4).
     __device__ __forceinline__ static void stmatrix_x4(uint32_t smem_row, const uint32_t (&r)[4]) {
