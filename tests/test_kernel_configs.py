@@ -26,7 +26,7 @@ from flash_helpers.build_env import (
 from flash_helpers.default_set import DECODE_KERNELS, DEFAULT_BUILD_KERNELS, VARLEN_KERNELS
 from flash_helpers.dtypes import DTYPES, FP8_DTYPES, DType, output_dtype
 from flash_helpers.kernel_names import parse_kernel_name_into_config
-from flash_helpers.kernel_sets import KERNELS_ENV, get_kernel_configs, get_kernels_to_build
+from flash_helpers.kernel_sets import KERNELS_ENV, get_kernel_configs, get_kernels_to_build, variants_to_build
 from flash_helpers.problem import MaskKind, ProblemVariant, attention_flop, needed_variant, total_flop
 from flash_helpers.progression_steps import (
     SM80_PROGRESSION_BLOCK,
@@ -714,10 +714,10 @@ def test_hopper_short_form_lists_flags_in_fixed_order():
 
 def test_hopper_cpp_struct():
     assert SM90_FULL.to_cpp_struct() == (
-        "HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true, false, false, false}"
+        "HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true, false, false, false, false}"
     )
     assert Hopper(BF16, 64, 192, 80, 4, True).to_cpp_struct() == (
-        "HopperForwardKernelConfig{DType::BF16, 64, 192, 80, 4, true, false, false, false, false, false}"
+        "HopperForwardKernelConfig{DType::BF16, 64, 192, 80, 4, true, false, false, false, false, false, false}"
     )
 
 
@@ -725,7 +725,7 @@ def test_hopper_demangled_kernel_name():
     """c++filt of the first symbol of test_hopper_mangled_kernel_name."""
     assert SM90_FULL.demangled_kernel_name() == (
         "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
-        "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true, false, false, false}>, "
+        "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true, false, false, false, false}>, "
         "(flash::MaskKind)0, false, false, false, false>(flash::sm90::KernelParams)"
     )
     causal_tails = ProblemVariant(MaskKind.CAUSAL, masked_tails=True)
@@ -737,11 +737,11 @@ def test_hopper_mangled_kernel_name():
     """Both symbols as read off an sm_90a cubin nvcc 13 compiled (readelf -s)."""
     assert SM90_FULL.mangled_kernel_name() == (
         "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
-        "LNS_5DTypeE5ELi128ELi128ELi128ELi2ELb1ELb1ELb1ELb0ELb0ELb0EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS0_12KernelParamsE"
+        "LNS_5DTypeE5ELi128ELi128ELi128ELi2ELb1ELb1ELb1ELb0ELb0ELb0ELb0EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS0_12KernelParamsE"
     )
     assert Hopper(BF16, 64, 192, 80, 4, True).mangled_kernel_name(ProblemVariant(MaskKind.LOCAL, True, True)) == (
         "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
-        "LNS_5DTypeE15ELi64ELi192ELi80ELi4ELb1ELb0ELb0ELb0ELb0ELb0EEEEELNS_8MaskKindE2ELb1ELb1ELb0ELb0EEEvNS0_12KernelParamsE"
+        "LNS_5DTypeE15ELi64ELi192ELi80ELi4ELb1ELb0ELb0ELb0ELb0ELb0ELb0EEEEELNS_8MaskKindE2ELb1ELb1ELb0ELb0EEEvNS0_12KernelParamsE"
     )
 
 
@@ -773,7 +773,10 @@ def test_parse_hopper_spellings(text):
 
 @pytest.mark.parametrize(
     "field, short, struct_tail",
-    [("Q_in_registers", "qregs", "true, true, true, true, true, false}"), ("multicast", "mcast", "true, true, true, true, false, true}")],
+    [
+        ("Q_in_registers", "qregs", "true, true, true, true, true, false, false}"),
+        ("multicast", "mcast", "true, true, true, true, false, true, false}"),
+    ],
 )
 def test_hopper_flag_spellings(field, short, struct_tail):
     """A Hopper flag on a persistent block: its short form (any order parses back), file stem and
@@ -796,7 +799,7 @@ def test_hopper_Q_in_registers_flag():
 
 def test_hopper_multicast_flag():
     cfg = dataclasses.replace(SM90_FULL, persistent=True, multicast=True)
-    assert cfg.mangled_kernel_name().endswith("ELb1ELb1ELb1ELb1ELb0ELb1EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS0_12KernelParamsE")
+    assert cfg.mangled_kernel_name().endswith("ELb1ELb1ELb1ELb1ELb0ELb1ELb0EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS0_12KernelParamsE")
     # Each block holds whole tiles: the registers stay, and the shared memory grows by the ring through
     # which a persistent pair's first block hands out the work tiles (four barriers and a word).
     plain = dataclasses.replace(cfg, multicast=False)
@@ -830,7 +833,7 @@ def test_parse_hopper_names_without_trailing_false_fields():
         ("sm90(FP16, 128, 128, 128)", ["sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap", "(FP16, 128, 64, 64, 4)"]),
         ("sm80(FP16, 128, 64, 64, 4)", ["HopperForwardKernelConfig{...}", "FlashForwardKernelConfig{...}"]),
         ("sm90(FP32, 128, 128, 128, 2)", ["unsupported dtype 'FP32'"]),
-        ("HopperForwardKernelConfig{5, 128, 128, 128, 2, 1, 1, 1, 1, 1, 1, 1}", ["12 initializer items", "11 fields"]),
+        ("HopperForwardKernelConfig{5, 128, 128, 128, 2, 1, 1, 1, 1, 1, 1, 1, 1}", ["13 initializer items", "12 fields"]),
         ("HopperForwardKernelConfig{5, 128, 128, 128, 2, 2}", ["'2' is not a valid warp_specialized"]),
         ("HopperForwardKernelConfig{5, 128, 128, true, 2}", ["'true' is not a valid B_c"]),
     ],
@@ -1019,7 +1022,7 @@ def test_hopper_needs_masked_tails(seqlen_q, seqlen_k, tails):
 def test_hopper_all_is_every_valid_config():
     sm90 = of_family(get_all_kernel_configs(), Hopper)
     space = itertools.product(
-        (FP16, BF16, E4M3), sm90_config.D_HEADS, sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, *[(False, True)] * 6
+        (FP16, BF16, E4M3), sm90_config.D_HEADS, sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, *[(False, True)] * 7
     )
     assert sm90 == sorted(cfg for cfg in itertools.starmap(Hopper, space) if cfg.is_valid())
     for cfg in GOOD_SM90_CONFIGS:
@@ -1077,8 +1080,10 @@ def test_default_set_has_the_hopper_configurations():
     sixteen_bit = {(dtype, d) for dtype in (FP16, BF16) for d in sm90_config.D_HEADS}
     assert {(cfg.dtype, cfg.d_head) for cfg in sm90} == sixteen_bit | {(E4M3, 64), (E4M3, 128), (E4M3, 256)}
     assert all(cfg.warp_specialized for cfg in sm90)
-    # Every one takes turns between its consumer warpgroups but d_head 64's e4m3 three, which measured faster without.
-    assert [cfg for cfg in sm90 if not cfg.pingpong] == [parse_kernel_name_into_config(E4M3_DEFAULTS[0])]
+    # Every one takes turns between its consumer warpgroups but d_head 64's e4m3 three (and their vtcopy version),
+    # which measured faster without.
+    d64_e4m3 = parse_kernel_name_into_config(E4M3_DEFAULTS[0])
+    assert [cfg for cfg in sm90 if not cfg.pingpong] == [d64_e4m3, dataclasses.replace(d64_e4m3, V_transposed_copy=True)]
     # Every one overlaps within its warpgroups but d_head 256's e4m3 128-key tiles, which measured faster without.
     assert [cfg for cfg in sm90 if not cfg.intra_wg_overlap] == [parse_kernel_name_into_config(E4M3_DENSE_ONLY)]
     assert sm90 == sorted(parse_kernel_name_into_config(text) for text in DEFAULT_BUILD_KERNELS if text.startswith("sm90("))
@@ -1093,10 +1098,15 @@ E4M3_DEFAULTS = [
     "sm90(E4M3, 128, 128, 192, 2): ws+pingpong+overlap+persistent",
     "sm90(E4M3, 256, 128, 128, 2): ws+pingpong",
     "sm90(E4M3, 256, 128, 64, 2): ws+pingpong+overlap",
+    "sm90(E4M3, 64, 192, 128, 2): ws+overlap+vtcopy",
+    "sm90(E4M3, 128, 128, 192, 2): ws+pingpong+overlap+persistent+vtcopy",
+    "sm90(E4M3, 256, 128, 128, 2): ws+pingpong+overlap+vtcopy",
 ]
 # The one the varlen calls of its dtype and head size do not run: its consumers would spill at a varlen
 # kernel's registers.
 E4M3_DENSE_ONLY = E4M3_DEFAULTS[3]
+# Those whose V a copy kernel transposes: dense calls alone.
+E4M3_COPIES = E4M3_DEFAULTS[5:]
 E4M3_FULL = Hopper(E4M3, 128, 128, 128, 2, True, True, True)
 
 
@@ -1105,7 +1115,9 @@ def test_the_default_set_has_the_e4m3_configurations_with_their_varlen_kernels()
     assert [cfg for cfg in default if cfg.dtype == E4M3] == sorted(map(parse_kernel_name_into_config, E4M3_DEFAULTS))
     # Each with its varlen variants (the decoding configurations are the SM80 family's, 16-bit q).
     varlen = [parse_kernel_name_into_config(text) for text in VARLEN_KERNELS if "E4M3" in text]
-    assert sorted(varlen) == sorted(parse_kernel_name_into_config(text) for text in E4M3_DEFAULTS if text != E4M3_DENSE_ONLY)
+    assert sorted(varlen) == sorted(
+        parse_kernel_name_into_config(text) for text in E4M3_DEFAULTS if text != E4M3_DENSE_ONLY and text not in E4M3_COPIES
+    )
     assert parse_kernel_name_into_config(E4M3_DENSE_ONLY).register_estimate() > sm90_config.VARLEN_CONSUMER_REGISTERS
     assert not any(parse_kernel_name_into_config(text).dtype == E4M3 for text in DECODE_KERNELS)
 
@@ -1122,17 +1134,17 @@ def test_e4m3_names():
     assert E4M3_FULL.short_form() == "sm90(E4M3, 128, 128, 128, 2): ws+pingpong+overlap"
     assert E4M3_FULL.file_stem() == "e4m3_d128_br128_bc128_s2_ws_pingpong_overlap"
     assert E4M3_FULL.to_cpp_struct() == (
-        "HopperForwardKernelConfig{DType::E4M3, 128, 128, 128, 2, true, true, true, false, false, false}"
+        "HopperForwardKernelConfig{DType::E4M3, 128, 128, 128, 2, true, true, true, false, false, false, false}"
     )
     assert E4M3_FULL.demangled_kernel_name() == (
         "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
-        "flash::sm90::HopperForwardKernelConfig{(flash::DType)24, 128, 128, 128, 2, true, true, true, false, false, false}>, "
+        "flash::sm90::HopperForwardKernelConfig{(flash::DType)24, 128, 128, 128, 2, true, true, true, false, false, false, false}>, "
         "(flash::MaskKind)0, false, false, false, false>(flash::sm90::KernelParams)"
     )
     # The enum's value, 24, spelled as the mangling spells FP16's 5 and BF16's 15 (test_hopper_mangled_kernel_name).
     assert E4M3_FULL.mangled_kernel_name() == (
         "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
-        "LNS_5DTypeE24ELi128ELi128ELi128ELi2ELb1ELb1ELb1ELb0ELb0ELb0EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS0_12KernelParamsE"
+        "LNS_5DTypeE24ELi128ELi128ELi128ELi2ELb1ELb1ELb1ELb0ELb0ELb0ELb0EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS0_12KernelParamsE"
     )
     assert parse_kernel_name_into_config("HopperForwardKernelConfig{24, 128, 128, 128, 2, 1, 1, 1}") == E4M3_FULL
 
@@ -1206,6 +1218,48 @@ def test_e4m3_O_goes_out_through_the_V_tiles_of_a_single_pass_that_hold_it():
     assert Hopper(E4M3, 64, 192, 128, 3, True, True, True).o_in_v_tiles
     # 16-bit O goes out through Q's blocks.
     assert not dataclasses.replace(E4M3_FULL, dtype=BF16).o_in_v_tiles
+
+
+E4M3_COPY = Hopper(E4M3, 256, 128, 128, 2, True, True, V_transposed_copy=True)
+
+
+def test_e4m3_V_transposed_copy_flag():
+    """vtcopy: its spellings (the symbol's last field as read off an sm_90a object nvcc 13 compiled),
+    and the block it makes: V's tile is the transposed one, so no transposed tile, no barriers of its own
+    and no end of a V stream; O takes a block of its own (no warps have read the V tiles for it)."""
+    cfg = E4M3_COPY
+    assert cfg.short_form() == "sm90(E4M3, 256, 128, 128, 2): ws+pingpong+vtcopy"
+    assert parse_kernel_name_into_config("sm90(E4M3, 256, 128, 128, 2): vtcopy+pingpong+ws") == cfg
+    assert cfg.file_stem() == "e4m3_d256_br128_bc128_s2_ws_pingpong_vtcopy"
+    assert cfg.to_cpp_struct().endswith("true, true, false, false, false, false, true}")
+    assert cfg.mangled_kernel_name().endswith(
+        "ELi2ELb1ELb1ELb0ELb0ELb0ELb0ELb1EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS0_12KernelParamsE"
+    )
+    assert cfg.validity_error() is None
+    assert not cfg.transposes_v and not cfg.transposes_v_by_rows and not cfg.o_in_v_tiles
+    words = 2 * 2 + 4 * 2 + 2  # Q's barriers, K's and V's per stage, the work slots
+    assert cfg.smem_bytes() == 128 * 256 + 2 * 2 * 128 * 256 + 128 * 256 * 2 + 1024 + 8 * words <= MAX_SMEM_BYTES
+    assert cfg.consumer_registers() == 240 and cfg.producer_registers() == 24
+    # Its kernels are the dense variants': the copy's key groups are one sequence's.
+    assert all(not variant.varlen for variant in variants_to_build(cfg))
+    sm90_varlen = [parse_kernel_name_into_config(text) for text in VARLEN_KERNELS if text.startswith("sm90(")]
+    assert not any(other.V_transposed_copy for other in sm90_varlen)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "words"),
+    [
+        (dataclasses.replace(E4M3_COPY, dtype=BF16), ["V_transposed_copy is for e4m3"]),
+        (dataclasses.replace(E4M3_COPY, d_head=128, B_c=96), ["B_c a multiple of 64", "got B_c = 96"]),
+        (dataclasses.replace(E4M3_COPY, stages=3), ["shared memory", "a K and a transposed V tile per stage, O"]),
+    ],
+    ids=["bf16", "B_c 96", "three stages"],
+)
+def test_bad_V_transposed_copy_configs_are_rejected_with_a_reason(cfg, words):
+    reason = cfg.validity_error()
+    assert reason is not None and reason.endswith(".")
+    for word in words:
+        assert word in reason, reason
 
 
 GOOD_E4M3_CONFIGS = [

@@ -74,6 +74,9 @@ _CLUSTER_RING_INDEX_WORDS = 1
 _O_ELEMENT_BYTES = 2
 # The B_c of an e4m3 configuration is a multiple of this: P V's k-slices are 32 one-byte keys.
 _E4M3_B_C_MULTIPLE = 32
+# With V_transposed_copy, B_c is a multiple of this: the keys of one 64-byte swizzled row of the
+# transposed tile, which TMA loads whole.
+_TRANSPOSED_V_ROW_KEYS = 64
 # The e4m3 head sizes are multiples of this: a row of Q or K is d_head bytes, and the 8-bit tiles use
 # the 64- and 128-byte swizzles.
 _E4M3_D_HEAD_MULTIPLE = 64
@@ -114,6 +117,10 @@ class HopperForwardKernelConfig(KernelConfig):
     # Two blocks (a cluster) take consecutive query blocks of one head, and each loads half of every
     # K/V tile into both (TMA multicast): half the K/V traffic out of L2.
     multicast: bool = False
+    # With e4m3, in dense calls: a copy kernel writes V transposed before the attention kernel, whose
+    # TMA loads P V's operand from it as it is (no transposing warps, no second V tile per stage),
+    # for one more read and write of V through memory.
+    V_transposed_copy: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -134,6 +141,7 @@ class HopperForwardKernelConfig(KernelConfig):
             ("persistent", self.persistent),
             ("qregs", self.Q_in_registers),
             ("mcast", self.multicast),
+            ("vtcopy", self.V_transposed_copy),
         )
         return [flag for flag, present in candidates if present]
 
@@ -145,7 +153,7 @@ class HopperForwardKernelConfig(KernelConfig):
 
     def demangled_kernel_name(self, variant: ProblemVariant = ProblemVariant()) -> str:
         """The kernel's name as Nsight Compute prints it: the demangled device symbol, which spells
-        all 11 fields (the dtype as a cast) and then the problem variant's fields."""
+        all 12 fields (the dtype as a cast) and then the problem variant's fields."""
         return (
             "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
             f"{self._demangled_initializer()}>, {demangled_variant(variant)}>(flash::sm90::KernelParams)"
@@ -170,37 +178,45 @@ class HopperForwardKernelConfig(KernelConfig):
 
     @property
     def is_fp8(self) -> bool:
-        """Whether the inputs are e4m3 (FP8): 8-bit tiles, V transposed by the producer warpgroup,
-        a 16-bit O."""
+        """Whether the inputs are e4m3 (FP8): 8-bit tiles, V transposed (by the producer warpgroup, or
+        with V_transposed_copy by a copy kernel first), a 16-bit O."""
         return self.dtype is DType.E4M3
+
+    @property
+    def transposes_v(self) -> bool:
+        """Whether the producer warpgroup transposes each V tile in shared memory (e4m3 without
+        V_transposed_copy), into a transposed tile of its own per stage."""
+        return self.is_fp8 and not self.V_transposed_copy
 
     @property
     def o_in_v_tiles(self) -> bool:
         """Whether O (16-bit) goes out through the stages' V tiles, as the traits' O_in_V: with e4m3,
         in a single pass (a persistent block's next V tiles load while O is stored), where they hold
         every consumer warpgroup's O block. The transposing warps have read every V tile by the time a
-        consumer warpgroup has waited for its last transposed one."""
+        consumer warpgroup has waited for its last transposed one (where V is transposed there:
+        transposes_v)."""
         V_tiles = self.stages * self.B_c * self.dtype.element_bytes
-        return self.is_fp8 and not self.persistent and V_tiles >= self.B_r * _O_ELEMENT_BYTES
+        return self.transposes_v and not self.persistent and V_tiles >= self.B_r * _O_ELEMENT_BYTES
 
     def smem_bytes(self) -> int:
         """Dynamic shared memory of one block, as the kernel's traits compute it: the Q tile and, per
-        pipeline stage, a K and a V tile (with e4m3 also V transposed, transposed_v_row_bytes a row),
+        pipeline stage, a K and a V tile (where the producer warpgroup transposes V, transposes_v, also
+        V transposed, transposed_v_row_bytes a row),
         of the inputs' elements; an O
         tile of Q's rows, of 16-bit elements, when persistent or with e4m3 (whose O is wider than
         Q) unless it goes out through the V tiles (o_in_v_tiles); slack for aligning the tiles to
         1024 bytes; and 8-byte words: the mbarriers (a full and an empty one for each consumer
         warpgroup's Q block, and for each tile of a stage), a work slot
-        of one word per consumer warpgroup, with e4m3 two words where the producer marks the end
+        of one word per consumer warpgroup, with transposes_v two words where the producer marks the end
         of its stream of V tiles, and in a persistent cluster the ring through which its first block
         hands out the work tiles."""
         O_rows = self.B_r if self.persistent or (self.is_fp8 and not self.o_in_v_tiles) else 0
         inputs = (self.B_r + self.stages * 2 * self.B_c) * self.d_head * self.dtype.element_bytes
-        transposed_V = self.stages * self.d_head * self.transposed_v_row_bytes() if self.is_fp8 else 0
+        transposed_V = self.stages * self.d_head * self.transposed_v_row_bytes() if self.transposes_v else 0
         tiles = inputs + transposed_V + O_rows * self.d_head * _O_ELEMENT_BYTES
-        kv_tiles = 3 if self.is_fp8 else 2
+        kv_tiles = 3 if self.transposes_v else 2
         barriers = 2 * self.consumer_warpgroups + 2 * kv_tiles * self.stages
-        stream_end = _E4M3_V_STREAM_END_WORDS if self.is_fp8 else 0
+        stream_end = _E4M3_V_STREAM_END_WORDS if self.transposes_v else 0
         ring = _CLUSTER_RING_BARRIERS + _CLUSTER_RING_INDEX_WORDS if self.persistent and self.multicast else 0
         words = barriers + _WORK_SLOT_WORDS * self.consumer_warpgroups + stream_end + ring
         return tiles + _ALIGNMENT_SLACK_BYTES + _WORD_BYTES * words
@@ -261,7 +277,7 @@ class HopperForwardKernelConfig(KernelConfig):
         faster) rather than by ldmatrix and stmatrix (as few registers as the loading warp), as the
         traits choose: by rows where the consumers' register estimate fits what that leaves them, 224
         each with two consumer warpgroups and 152 with three (always without setmaxnreg)."""
-        if not self.is_fp8:
+        if not self.transposes_v:
             return False
         if not self.moves_registers:
             return True
@@ -287,6 +303,8 @@ class HopperForwardKernelConfig(KernelConfig):
             reason = self._e4m3_error()
             if reason is not None:
                 return reason
+        elif self.V_transposed_copy:
+            return "V_transposed_copy is for e4m3 inputs: 16-bit V is P V's operand as it is (MN-major)."
 
         if self.pingpong and not (self.warp_specialized and self.consumer_warpgroups >= 2):
             return (
@@ -306,6 +324,8 @@ class HopperForwardKernelConfig(KernelConfig):
         if self.smem_bytes() > MAX_SMEM_BYTES:
             tiles = (
                 "Q, a K, a V and a transposed V tile per stage, O unless the V tiles hold it"
+                if self.transposes_v
+                else "Q, a K and a transposed V tile per stage, O"
                 if self.is_fp8
                 else "Q, a K and a V tile per stage, O when persistent"
             )
@@ -349,5 +369,10 @@ class HopperForwardKernelConfig(KernelConfig):
             return (
                 f"e4m3 needs d_head a multiple of {_E4M3_D_HEAD_MULTIPLE} ({heads}): a row of Q and K is d_head "
                 f"bytes, and the 8-bit tiles use the 64- and 128-byte swizzles; got d_head = {self.d_head}."
+            )
+        if self.V_transposed_copy and self.B_c % _TRANSPOSED_V_ROW_KEYS:
+            return (
+                f"V_transposed_copy needs B_c a multiple of {_TRANSPOSED_V_ROW_KEYS}: TMA loads the transposed tile in "
+                f"whole swizzled rows of keys; got B_c = {self.B_c}."
             )
         return None

@@ -40,7 +40,7 @@ _SPACES: dict[type[KernelConfig], tuple[tuple[DType, ...], tuple[int, ...], tupl
     HopperForwardKernelConfig: (
         DTYPES + FP8_DTYPES,
         sm90_config.D_HEADS,
-        (sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, _BOOLS, _BOOLS, _BOOLS, _BOOLS, _BOOLS, _BOOLS),
+        (sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, _BOOLS, _BOOLS, _BOOLS, _BOOLS, _BOOLS, _BOOLS, _BOOLS),
     ),
 }
 

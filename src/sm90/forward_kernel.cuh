@@ -31,6 +31,10 @@
 //   and V leave L2 once per pair. A stage is free once the consumers of both blocks have released
 //   it. Under a mask the pair loads every tile either block visits, and a block passes over those
 //   it does not compute on. A persistent pair's first block asks the work counter for both.
+// - V_transposed_copy (e4m3, dense calls): a copy kernel first writes V transposed, in the key order
+//   the transposing warps would write (transposed_v_copy.cuh), and TMA loads its tiles as P V's
+//   operand: no transposing warps and no second V tile per stage, for one read and one write of V
+//   through memory per call.
 #pragma once
 
 #include <cstdint>
@@ -146,6 +150,7 @@ template <typename Kernel, MaskKind MASK, bool MASKED_TAILS, bool SCORE_MODS, bo
 __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(const __grid_constant__ KernelParams kp) {
     static_assert(!KV_E4M3, "the Hopper family reads q, k and v of one dtype; e4m3 caches with 16-bit queries run on "
                             "the SM80 family's decoding configurations");
+    static_assert(!(Kernel::V_transposed_copy && VARLEN), "V's transposed copy is laid out for dense calls alone");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Scheduler = typename Kernel::template TileScheduler<MASK, VARLEN>;
     constexpr int cluster = Kernel::cluster_size;
@@ -181,7 +186,7 @@ __global__ void __launch_bounds__(Kernel::n_threads, 1) hopper_forward_kernel(co
             if (threadIdx.x == 0)
                 produce<Kernel, KVTileRange<Kernel::B_r, Kernel::B_c, MASK, MASKED_TAILS, VARLEN>, VARLEN>(
                     kp, smem, scheduler, group_size, rank);
-            if constexpr (Kernel::fp8)
+            if constexpr (Kernel::transposes_V)
                 if (threadIdx.x >= WARP_SIZE)
                     VTransposer<Kernel>{smem}.run();
             if constexpr (cluster > 1)

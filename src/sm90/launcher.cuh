@@ -3,7 +3,8 @@
 // longest sequence with per-sequence lengths), or, when persistent, one per SM at most; with
 // multicast, in clusters of two blocks. A varlen call first plans its work tiles, and asks for
 // scratch for the plan and for its blocks' tensor maps bounded at a sequence's end; its keys and
-// values may be on the pages of a paged cache.
+// values may be on the pages of a paged cache. With V_transposed_copy the scratch is V's transposed
+// copy, which a copy kernel writes first.
 #pragma once
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "sm90/sequence_tensor_maps.cuh"
 #include "sm90/tensor_maps.h"
 #include "sm90/traits.cuh"
+#include "sm90/transposed_v_copy.cuh"
 #include "sm90/varlen_work_plan.cuh"
 
 namespace flash::sm90 {
@@ -74,7 +76,8 @@ int64_t max_work_tiles(const ForwardParams &params) {
 // tile, or, when persistent, as many (clusters of) blocks as fit at once (with clusters, the GPCs'
 // SM counts may leave some SMs out). A varlen kernel may start while its planning kernel runs
 // (programmatic stream serialization; its blocks wait for the plan), which hides the second
-// launch's latency. config.attrs points into the shape, which therefore stays put.
+// launch's latency; so may a V_transposed_copy kernel while the copy's last blocks run (its loading
+// thread waits for the copy before its first V tile). config.attrs points into the shape, which therefore stays put.
 template <typename Kernel, ProblemVariant VARIANT>
 struct LaunchShape {
     cudaLaunchAttribute attributes[2]{}; // the cluster shape first (resident_clusters reads it)
@@ -93,7 +96,7 @@ struct LaunchShape {
             attributes[config.numAttrs].id = cudaLaunchAttributeClusterDimension;
             attributes[config.numAttrs++].val.clusterDim = {cluster, 1, 1};
         }
-        if constexpr (VARIANT.varlen)
+        if constexpr (VARIANT.varlen || Kernel::V_transposed_copy)
             attributes[config.numAttrs++] = dependent_launch_attribute();
         int64_t clusters = max_work_tiles<Kernel, VARIANT>(params);
         if constexpr (Kernel::persistent)
@@ -127,6 +130,9 @@ int64_t varlen_scratch_bytes(const ForwardParams &params) {
     return VarlenScratch<Kernel, VARIANT>(params).bytes;
 }
 
+// With V_transposed_copy, the scratch is V's transposed copy.
+inline int64_t transposed_v_bytes(const ForwardParams &params) { return TransposedVLayout(params).bytes(params); }
+
 template <typename Kernel, ProblemVariant VARIANT>
 void launch(const ForwardParams &params, cudaStream_t stream) {
     const auto kernel = kernel_of<Kernel, VARIANT>;
@@ -156,6 +162,18 @@ void launch(const ForwardParams &params, cudaStream_t stream) {
                                    paged.num_pages, kv_box_rows, Kernel::Swizzle::bytes);
         return map_of(data, strides, params.seqlen_k, layout.rows_k, params.heads_kv, batch_k, kv_box_rows);
     };
+    // V's transposed copy, written first: its columns are the keys, its rows d_head, each box one
+    // column block of a transposed V tile.
+    const auto v_map = [&] {
+        if constexpr (Kernel::V_transposed_copy) {
+            copy_V_transposed<Kernel::d_head>(params, params.scratch, stream);
+            const TransposedVLayout copy(params);
+            return make_tensor_map(Kernel::config.dtype, params.scratch, copy.strides(params), static_cast<int>(copy.row_keys),
+                                   params.d_head, params.heads_kv, params.batch, params.d_head, Kernel::Vt_Swizzle::bytes);
+        } else {
+            return kv_map_of(params.v, params.v_strides);
+        }
+    };
     CUtensorMap *sequence_maps = nullptr;
     if constexpr (VARIANT.varlen) {
         const VarlenScratch<Kernel, VARIANT> scratch(params);
@@ -167,7 +185,7 @@ void launch(const ForwardParams &params, cudaStream_t stream) {
         params,
         map_of(params.q, params.q_strides, params.seqlen_q, layout.rows_q, params.heads_q, batch_q, WGMMA_M),
         kv_map_of(params.k, params.k_strides),
-        kv_map_of(params.v, params.v_strides),
+        v_map(),
         map_of(params.o, params.o_strides, params.seqlen_q, layout.rows_q, params.heads_q, batch_q, WGMMA_M,
                Kernel::fp8 ? params.o_dtype : Kernel::config.dtype, Kernel::O_Swizzle::bytes),
         sequence_maps,
@@ -188,7 +206,9 @@ ForwardLauncher launcher() {
                            moves ? Kernel::template consumer_registers<VARIANT.varlen> : 0,
                            Kernel::persistent,
                            false,
-                           VARIANT.varlen ? &varlen_scratch_bytes<Kernel, VARIANT> : nullptr,
+                           VARIANT.varlen                ? &varlen_scratch_bytes<Kernel, VARIANT>
+                           : Kernel::V_transposed_copy ? &transposed_v_bytes
+                                                         : nullptr,
                            &launch<Kernel, VARIANT>};
 }
 

@@ -59,7 +59,7 @@ struct MainLoop {
     static constexpr int stages = Kernel::stages;
     // A stage's K tile after another, and its P V operand (V's tile, or with e4m3 V transposed).
     static constexpr uint64_t stage_step = Kernel::KV_tile_bytes >> 4;
-    static constexpr uint64_t PV_stage_step = (Kernel::fp8 ? Kernel::Vt_tile_bytes : Kernel::KV_tile_bytes) >> 4;
+    static constexpr uint64_t PV_stage_step = (Kernel::transposes_V ? Kernel::Vt_tile_bytes : Kernel::KV_tile_bytes) >> 4;
 
     ConsumerWarpgroup<Kernel> &consumer;
     const SharedTiles<Kernel> smem;
@@ -92,7 +92,7 @@ struct MainLoop {
           Q_first_row(Q_first_row_), score_mods(score_mods_), score_scale(score_mods_.post_scale), softmax(softmax_),
           O_acc(O_acc_), Q_desc(k_major_descriptor<Swizzle>(ptx::shared_address(smem.Q(consumer_.wg)))),
           K_desc(k_major_descriptor<Swizzle>(ptx::shared_address(smem.K(0)))),
-          V_desc(Kernel::fp8 ? k_major_descriptor<typename Kernel::Vt_Swizzle>(ptx::shared_address(smem.Vt(0)))
+          V_desc(Kernel::fp8 ? k_major_descriptor<typename Kernel::Vt_Swizzle>(ptx::shared_address(smem.PV_operand(0)))
                              : mn_major_descriptor<Swizzle>(ptx::shared_address(smem.V(0)), Kernel::KV_col_block_bytes)),
           last_row(min(Q_first_row_ + (consumer_.wg + 1) * WGMMA_M, params_.seqlen_q) - 1) {}
 

@@ -29,10 +29,10 @@ struct SharedTiles {
     }
     __device__ __forceinline__ uint8_t *K(int stage) const { return base + Kernel::K_offset + stage * Kernel::KV_tile_bytes; }
     __device__ __forceinline__ uint8_t *V(int stage) const { return base + Kernel::V_offset + stage * Kernel::KV_tile_bytes; }
-    // With e4m3, V's tile transposed (fp8_operands.cuh).
+    // With e4m3 transposed in shared memory (Kernel::transposes_V), V's tile transposed (fp8_operands.cuh).
     __device__ __forceinline__ uint8_t *Vt(int stage) const { return base + Kernel::Vt_offset + stage * Kernel::Vt_tile_bytes; }
-    // The V operand of P V: V's tile, or with e4m3 its transposed tile.
-    __device__ __forceinline__ uint8_t *PV_operand(int stage) const { return Kernel::fp8 ? Vt(stage) : V(stage); }
+    // The V operand of P V: V's tile (with V_transposed_copy already transposed), or its transposed tile.
+    __device__ __forceinline__ uint8_t *PV_operand(int stage) const { return Kernel::transposes_V ? Vt(stage) : V(stage); }
 
     __device__ __forceinline__ uint64_t *barrier(int i) const {
         return reinterpret_cast<uint64_t *>(base + Kernel::barriers_offset) + i;
@@ -45,16 +45,16 @@ struct SharedTiles {
     __device__ __forceinline__ uint64_t *V_empty(int stage) const { return barrier(KV_barriers + 3 + 4 * stage); }
     __device__ __forceinline__ uint64_t *Vt_full(int stage) const { return barrier(Vt_barriers + 2 * stage); }
     __device__ __forceinline__ uint64_t *Vt_empty(int stage) const { return barrier(Vt_barriers + 1 + 2 * stage); }
-    // What the consumers wait for before P V and release after it: V's barriers, or with e4m3 its
-    // transposed tile's.
-    __device__ __forceinline__ uint64_t *PV_full(int stage) const { return Kernel::fp8 ? Vt_full(stage) : V_full(stage); }
-    __device__ __forceinline__ uint64_t *PV_empty(int stage) const { return Kernel::fp8 ? Vt_empty(stage) : V_empty(stage); }
+    // What the consumers wait for before P V and release after it: V's barriers, or where the
+    // producer warpgroup transposes V its transposed tile's.
+    __device__ __forceinline__ uint64_t *PV_full(int stage) const { return Kernel::transposes_V ? Vt_full(stage) : V_full(stage); }
+    __device__ __forceinline__ uint64_t *PV_empty(int stage) const { return Kernel::transposes_V ? Vt_empty(stage) : V_empty(stage); }
     // Where a persistent block's producer leaves the index of a consumer warpgroup's next work tile
     // (WorkSlotHandOff, tile_scheduler.cuh).
     __device__ __forceinline__ int *work_slot(int warpgroup) const {
         return reinterpret_cast<int *>(barrier(Kernel::n_barriers + Kernel::work_slot_words * warpgroup));
     }
-    // With e4m3, per stage, where the producer writes how many KV tiles it loaded, once it has loaded
+    // Where the producer warpgroup transposes V, per stage, where the producer writes how many KV tiles it loaded, once it has loaded
     // them all, in the stage the next would have gone to (-1 until then), for the warps that
     // transpose V. They read a stage's word only between its V barrier's completion and their
     // release of that stage, which the producer waits for before it writes there.
@@ -75,8 +75,8 @@ struct SharedTiles {
 
     // One thread, before any other touches the barriers. A full barrier completes on its loader's
     // arrival plus the bytes; an empty one when every consumer warp of its readers has released it.
-    // With e4m3, V's tile is read by the transposing warps, and its transposed tile is written by
-    // them and read by the consumers.
+    // Where the producer warpgroup transposes V, V's tile is read by the transposing warps, and its
+    // transposed tile is written by them and read by the consumers.
     __device__ __forceinline__ void init_barriers() const {
 #pragma unroll
         for (int wg = 0; wg < Kernel::consumer_warpgroups; ++wg) {
@@ -88,13 +88,13 @@ struct SharedTiles {
             mbarrier_init(K_full(stage), 1);
             mbarrier_init(K_empty(stage), Kernel::consumer_warps * Kernel::cluster_size);
             mbarrier_init(V_full(stage), 1);
-            mbarrier_init(V_empty(stage), Kernel::fp8 ? Kernel::transposer_warps : Kernel::consumer_warps * Kernel::cluster_size);
-            if constexpr (Kernel::fp8) {
+            mbarrier_init(V_empty(stage), Kernel::transposes_V ? Kernel::transposer_warps : Kernel::consumer_warps * Kernel::cluster_size);
+            if constexpr (Kernel::transposes_V) {
                 mbarrier_init(Vt_full(stage), Kernel::transposer_warps);
                 mbarrier_init(Vt_empty(stage), Kernel::consumer_warps);
             }
         }
-        if constexpr (Kernel::fp8)
+        if constexpr (Kernel::transposes_V)
 #pragma unroll
             for (int stage = 0; stage < Kernel::stages; ++stage)
                 *V_stream_end(stage) = -1;
@@ -109,7 +109,7 @@ struct SharedTiles {
   private:
     static constexpr int KV_barriers = 2 * Kernel::consumer_warpgroups;
     static constexpr int Vt_barriers = KV_barriers + 4 * Kernel::stages;
-    static constexpr int ring_barriers = Vt_barriers + (Kernel::fp8 ? 2 * Kernel::stages : 0);
+    static constexpr int ring_barriers = Vt_barriers + (Kernel::transposes_V ? 2 * Kernel::stages : 0);
 };
 
 // Where a consumer is in the K/V pipeline: the stage of its current tile and the parity of that

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/forward_params.h"
+#include "common/ptx.cuh"
 #include "common/sequence.cuh"
 #include "sm90/box_coordinates.cuh"
 #include "sm90/kernel_params.h"
@@ -62,7 +63,13 @@ struct TileLoader {
             return;
         }
         load_tile(kv_maps.k(), smem.K(stage), smem.K_empty(stage), smem.K_full(stage), released_parity, tile);
-        load_tile(kv_maps.v(), smem.V(stage), smem.V_empty(stage), smem.V_full(stage), released_parity, tile);
+        if constexpr (Kernel::V_transposed_copy) {
+            // The kernel may have started while the copy's last blocks ran (launcher.cuh).
+            if (n == 0)
+                ptx::wait_for_prerequisite_grids();
+            load_transposed_V_tile(kv_maps.v(), smem.V(stage), smem.V_empty(stage), smem.V_full(stage), released_parity, tile);
+        } else
+            load_tile(kv_maps.v(), smem.V(stage), smem.V_empty(stage), smem.V_full(stage), released_parity, tile);
     }
 
   private:
@@ -81,6 +88,19 @@ struct TileLoader {
             else
                 kv_boxes.load(slice, map, full, c * Kernel::Swizzle::cols, first_row, kv_head);
         }
+    }
+
+    // With V_transposed_copy, a tile of V's transposed copy (whose map's columns are keys and rows
+    // d_head: tensor_maps.h), as P V's operand: column blocks of one swizzled row's keys by d_head.
+    __device__ __forceinline__ void load_transposed_V_tile(const CUtensorMap *map, uint8_t *dst, uint64_t *empty,
+                                                           uint64_t *full, uint32_t released_parity, int tile) const {
+        using Vt_Swizzle = typename Kernel::Vt_Swizzle;
+        mbarrier_wait(empty, released_parity);
+        mbarrier_arrive_expect_bytes(full, Kernel::KV_tile_bytes);
+#pragma unroll
+        for (int c = 0; c < Kernel::B_c / Vt_Swizzle::cols; ++c)
+            kv_boxes.load(dst + c * Kernel::Vt_col_block_bytes, map, full, tile * Kernel::B_c + c * Vt_Swizzle::cols, 0,
+                          kv_head);
     }
 
     // The page of the box of a paged sequence's keys that starts at `key`.
@@ -171,9 +191,13 @@ __device__ __forceinline__ void produce(const KernelParams &kp, const SharedTile
     // The end, as a work tile past the last that loads nothing.
     if constexpr (Kernel::persistent)
         Loader{kp, smem, 0, 0, {}, {}, {}, call_tensor_maps(kp), rank}.load_Q(0, n, scheduler.end(), false);
-    // With e4m3, the end of the V tiles for the warps that transpose them: their count, and an arrival
-    // without bytes on the next stage's V barrier once that stage is free.
-    if constexpr (Kernel::fp8) {
+    // A block that loaded no V tile ends after V's transposed copy too, so that the kernel's end is the
+    // copy's (the call frees the copy's memory once the kernel is done).
+    if constexpr (Kernel::V_transposed_copy)
+        ptx::wait_for_prerequisite_grids();
+    // Where the producer warpgroup transposes V, the end of the V tiles for the warps that transpose
+    // them: their count, and an arrival without bytes on the next stage's V barrier once that stage is free.
+    if constexpr (Kernel::transposes_V) {
         const int stage = KV_loads % Kernel::stages;
         mbarrier_wait(smem.V_empty(stage), (KV_loads / Kernel::stages % 2) ^ 1);
         *smem.V_stream_end(stage) = KV_loads;

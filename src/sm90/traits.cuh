@@ -31,11 +31,15 @@ struct StaticHopperKernelConfig {
     static constexpr bool persistent = CFG.persistent;
     static constexpr bool Q_in_registers = CFG.Q_in_registers;
     static constexpr bool multicast = CFG.multicast;
+    static constexpr bool V_transposed_copy = CFG.V_transposed_copy;
 
     // FP8 (e4m3) inputs: the wgmma of 8-bit types takes both operands K-major, so V, which arrives
     // with its keys as rows, is transposed in shared memory by the producer warpgroup (fp8_operands.cuh),
-    // and O is 16-bit (ForwardParams::o_dtype) in a shared-memory block of its own.
+    // or, with V_transposed_copy, by a copy kernel before the call's (transposed_v_copy.cuh), whose
+    // tiles TMA then loads as they are; and O is 16-bit (ForwardParams::o_dtype) in a shared-memory
+    // block of its own.
     static constexpr bool fp8 = CFG.dtype == DType::E4M3;
+    static constexpr bool transposes_V = fp8 && !V_transposed_copy;
     static constexpr int element_bytes = flash::element_bytes(CFG.dtype);
     // The elements of one wgmma's k-slice: 16 of a 16-bit type, 32 of e4m3.
     static constexpr int wgmma_k = WGMMA_K_BYTES / element_bytes;
@@ -54,6 +58,8 @@ struct StaticHopperKernelConfig {
     static_assert(!fp8 || (warp_specialized && !Q_in_registers && !multicast && B_c % wgmma_k == 0),
                   "e4m3 needs a producer warpgroup (which transposes V), Q in shared memory, no multicast, and "
                   "B_c of whole 32-key k-slices");
+    static_assert(!V_transposed_copy || (fp8 && B_c % Vt_Swizzle::cols == 0),
+                  "V_transposed_copy is for e4m3, with B_c a whole number of the transposed tile's swizzled rows");
 
     // Each consumer warpgroup computes 64 query rows (one wgmma M) against every key; with warp
     // specialization one more warpgroup only issues the loads.
@@ -96,7 +102,7 @@ struct StaticHopperKernelConfig {
     static constexpr int rows_transposer_consumer_registers = consumer_warpgroups == 2 ? 224 : 152;
     static constexpr int consumer_registers_needed = B_c / 2 + d_head / 2 + B_c * element_bytes / 8 + 32;
     static constexpr bool transposes_V_by_rows =
-        fp8 && (!moves_registers || consumer_registers_needed <= rows_transposer_consumer_registers);
+        transposes_V && (!moves_registers || consumer_registers_needed <= rows_transposer_consumer_registers);
     template <bool VARLEN>
     static constexpr int producer_registers =
         transposes_V_by_rows ? rows_transposer_producer_registers : consumer_warpgroups == 2 ? (VARLEN ? 40 : 24) : 32;
@@ -116,11 +122,12 @@ struct StaticHopperKernelConfig {
     static_assert(!moves_registers || (registers_fit<false> && registers_fit<true>),
                   "the producer's and consumers' registers exceed what the block is launched with");
     // The producer warpgroup's warps after its first (whose first thread issues the loads), which
-    // transpose V with e4m3.
+    // transpose V with e4m3 (transposes_V).
     static constexpr int transposer_warps = WARPGROUP_THREADS / WARP_SIZE - 1;
 
     // Shared memory, each tile at a 1024-byte boundary (TILE_ALIGNMENT_BYTES): Q (one 64-row block per
-    // consumer warpgroup), a K and a V tile per stage (with e4m3 also a transposed V tile), then the
+    // consumer warpgroup), a K and a V tile per stage (with transposes_V also a transposed V tile;
+    // with V_transposed_copy the V tile is the transposed one, of the same size), then the
     // barriers. O goes out through Q's blocks, or, in a persistent block (whose next Q loads while
     // this O is stored), through O blocks of its own after the K and V tiles. With e4m3, whose O is
     // wider than Q, a single pass's O goes out through the stages' V tiles where they hold it (once
@@ -145,24 +152,24 @@ struct StaticHopperKernelConfig {
     static_assert(KV_slice_bytes % Swizzle::atom_bytes == 0 && KV_tile_bytes % TILE_ALIGNMENT_BYTES == 0,
                   "tiles and their slices must start on swizzle atoms");
 
-    static constexpr bool O_in_V = fp8 && !persistent && stages * KV_tile_bytes >= consumer_warpgroups * wg_O_bytes;
+    static constexpr bool O_in_V = transposes_V && !persistent && stages * KV_tile_bytes >= consumer_warpgroups * wg_O_bytes;
     static constexpr bool separate_O = persistent || (fp8 && !O_in_V);
     static constexpr int K_offset = Q_bytes;
     static constexpr int V_offset = K_offset + stages * KV_tile_bytes;
     static constexpr int Vt_offset = V_offset + stages * KV_tile_bytes;
-    static constexpr int KV_tiles_end = Vt_offset + (fp8 ? stages * Vt_tile_bytes : 0);
+    static constexpr int KV_tiles_end = Vt_offset + (transposes_V ? stages * Vt_tile_bytes : 0);
     static constexpr int O_offset = O_in_V ? V_offset : separate_O ? KV_tiles_end : 0;
     static constexpr int barriers_offset = KV_tiles_end + (separate_O ? consumer_warpgroups * wg_O_bytes : 0);
     // Per consumer warpgroup Q full and Q empty, then per stage K full, K empty, V full, V empty
-    // (with e4m3 then per stage the transposed V's full and empty; in a persistent cluster then the
+    // (with transposes_V then per stage the transposed V's full and empty; in a persistent cluster then the
     // full and empty barriers of its ring of next work tiles); then, per consumer warpgroup, the slot
-    // where the producer leaves its next work tile's index (one 8-byte word); with e4m3 an int per stage (in two
+    // where the producer leaves its next work tile's index (one 8-byte word); with transposes_V an int per stage (in two
     // 8-byte words) where the producer marks the end of its V tiles for the transposing warps; in a
     // persistent cluster last the ring's two indices (one word).
     static constexpr int cluster_ring_entries = persistent && cluster_size > 1 ? 2 : 0;
-    static constexpr int n_barriers = 2 * consumer_warpgroups + (fp8 ? 6 : 4) * stages + 2 * cluster_ring_entries;
+    static constexpr int n_barriers = 2 * consumer_warpgroups + (transposes_V ? 6 : 4) * stages + 2 * cluster_ring_entries;
     static constexpr int work_slot_words = 1;
-    static constexpr int stream_end_words = fp8 ? 2 : 0;
+    static constexpr int stream_end_words = transposes_V ? 2 : 0;
     static constexpr int n_slots =
         n_barriers + work_slot_words * consumer_warpgroups + stream_end_words + cluster_ring_entries / 2;
     // The dynamic shared memory base is only 16-byte aligned: up to 1024 bytes go to aligning it.
