@@ -23,6 +23,7 @@ with E4M3 configurations; the tests of the reference need only torch.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -215,6 +216,35 @@ def test_the_operators_take_fp8_arguments(cfg, rng):
     with torch.inference_mode():
         result = compiled(q, k, v, *descale_values)
         assert result.dtype == torch.bfloat16 and torch.equal(result, fn(q, k, v, *descale_values))
+
+
+def _copy_twins() -> list:
+    """The V_transposed_copy configurations under test whose transposing twin (the same block without
+    it) is under test too."""
+    return [
+        cfg for cfg in CONFIGS
+        if cfg.V_transposed_copy and dataclasses.replace(cfg, V_transposed_copy=False) in CONFIGS
+    ]  # fmt: skip
+
+
+@gpu
+@fp8_cases("cfg", [(cfg,) for cfg in _copy_twins()], lambda cfg: cfg.short_form())
+@pytest.mark.parametrize("causal", [False, True], ids=["none", "causal"])
+def test_V_transposed_copy_matches_its_transposing_twin_bit_for_bit(cfg, causal, rng):
+    """A vtcopy block's P V operand is the transposing block's tile, written by the copy kernel rather than
+    by the transposing warps, so the two give the same bits: on a V that is a strided view (every other
+    key/value head of a wider tensor) with 1000 keys (a partial 16-key group and a partial tile) and
+    descales per head."""
+    twin = dataclasses.replace(cfg, V_transposed_copy=False)
+    batch, heads_q, heads_kv = 2, 8, 2
+    q = helpers.random_tensor((batch, 700, heads_q, cfg.d_head), E4M3, rng)
+    k = helpers.random_tensor((batch, 1000, heads_kv, cfg.d_head), E4M3, rng)
+    v = helpers.random_tensor((batch, 1000, 2 * heads_kv, cfg.d_head), E4M3, rng)[:, :, ::2]
+    keywords = dict(causal=causal, **descales("per_head", batch, heads_kv, rng))
+    copied = flash_attention.forward(cfg, q, k, v, **keywords)
+    transposed = flash_attention.forward(twin, q, k, v, **keywords)
+    assert torch.equal(copied, transposed)
+    helpers.assert_matches_reference(copied, q, k, v, **keywords)
 
 
 # ----------------------------------------------------------------------------------------------
