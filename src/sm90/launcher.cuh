@@ -77,7 +77,8 @@ int64_t max_work_tiles(const ForwardParams &params) {
 // SM counts may leave some SMs out). A varlen kernel may start while its planning kernel runs
 // (programmatic stream serialization; its blocks wait for the plan), which hides the second
 // launch's latency; so may a V_transposed_copy kernel while the copy's last blocks run (its loading
-// thread waits for the copy before its first V tile). config.attrs points into the shape, which therefore stays put.
+// thread waits for the copy before its first V tile). config.attrs points into the shape, which
+// therefore stays put.
 template <typename Kernel, ProblemVariant VARIANT>
 struct LaunchShape {
     cudaLaunchAttribute attributes[2]{}; // the cluster shape first (resident_clusters reads it)
