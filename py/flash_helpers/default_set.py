@@ -109,7 +109,7 @@ DEFAULT_BUILD_KERNELS = (
     "sm90(E4M3, 256, 128, 128, 2): ws+pingpong",
     "sm90(E4M3, 256, 128, 64, 2): ws+pingpong+overlap",
     # Beside them, for long dense calls, V transposed by a copy kernel first: at every head size 1.06
-    # to 1.11 x the blocks above at 16k without a mask and 1.03 to 1.09 x from 8k causal, slower below
+    # to 1.11 x the blocks above at 16k without a mask and 1.02 to 1.09 x from 8k causal, slower below
     # 4k (the copy's fixed cost); at d_head 256 with the intra-warpgroup overlap, which no longer
     # contends with transposing warps (#2026-12-07-fp8-transposed-v-copy, an H100).
     "sm90(E4M3, 64, 192, 128, 2): ws+overlap+vtcopy",
