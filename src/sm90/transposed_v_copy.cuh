@@ -39,9 +39,9 @@ struct TransposedVLayout {
 
 namespace transposed_v_copy {
 
-// Per block: 4 key groups, each transposed row's part two whole 32-byte sectors. (These blocks ran
-// faster than blocks of 128 keys and 256 threads; the copy still runs well below the memory's
-// bandwidth: benchmarks/HISTORY.md#2026-12-07-fp8-transposed-v-copy.)
+// Per block: 4 key groups, each transposed row's part two whole 32-byte sectors. (With the launch
+// overlap, this replaced blocks of 128 keys and 256 threads, and a call lost less to the copy; it
+// still runs well below the memory's bandwidth: benchmarks/HISTORY.md#2026-12-07-fp8-transposed-v-copy.)
 constexpr int TILE_KEYS = 64;
 constexpr int THREADS = 128;
 constexpr int GROUPS = TILE_KEYS / TransposedVLayout::KEY_GROUP;
