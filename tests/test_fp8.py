@@ -259,6 +259,18 @@ def _tensors(rng, batch=2, seqlen=64, heads=(4, 2), d_head=128, dtype=E4M3):
 
 
 @gpu
+@fp8_cases("cfg", [(cfg,) for cfg in CONFIGS if cfg.V_transposed_copy], lambda cfg: cfg.short_form())
+def test_V_transposed_copy_blocks_refuse_a_smaller_head(cfg, rng):
+    """V's copy is laid out at the block's own d_head: a call with a smaller one, which the transposing blocks
+    read in place, raises before anything runs, and the next call runs."""
+    q, k, v = _tensors(rng, d_head=cfg.d_head - 32)
+    with pytest.raises(ValueError, match=r"^kernel_cfg: .*d_head \d+\): V_transposed_copy \(vtcopy\) copies V at"):
+        flash_attention.forward(cfg, q, k, v)
+    q, k, v = _tensors(rng, d_head=cfg.d_head)
+    assert flash_attention.forward(cfg, q, k, v).isfinite().all()
+
+
+@gpu
 @pytest.mark.skipif(not BUILT, reason=helpers.NOT_BUILT_REASON)
 @pytest.mark.parametrize("operators", [False, True], ids=["eager", "operators"])
 def test_bad_fp8_arguments_are_named(rng, operators):

@@ -115,7 +115,8 @@ runnable(const AnyConfig &config, const ForwardParams &params, const Problem &pr
          bool leave_slow_pages) {
     return visit_config(config, [&](auto family, const auto &cfg) -> std::optional<std::pair<ProblemVariant, const ForwardLauncher *>> {
         using Family = decltype(family);
-        if (!Family::runs_on(gpu.capability) || (leave_slow_pages && reads_pages_slowly<Family>(params)))
+        if (!Family::runs_on(gpu.capability) || (leave_slow_pages && reads_pages_slowly<Family>(params)) ||
+            Family::unserved_reason(cfg, params, problem) != nullptr)
             return std::nullopt;
         const ProblemVariant variant = Family::variant_for(cfg, params, problem, problem.varlen);
         const ForwardLauncher *launcher = Family::find(cfg, variant);

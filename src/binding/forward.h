@@ -83,6 +83,9 @@ inline const ForwardLauncher &named_kernel(const AnyConfig &config, const at::Te
     const ForwardLauncher &launcher = visit_config(config, [&](auto family, const auto &cfg) -> const ForwardLauncher & {
         using Family = decltype(family);
         const ProblemVariant variant = Family::variant_for(cfg, params, problem, problem.varlen);
+        if (const char *reason = Family::unserved_reason(cfg, params, problem))
+            throw py::value_error("kernel_cfg: " + Family::describe(cfg) + " has no kernel for this call (" + describe(variant) +
+                                  ", d_head " + std::to_string(params.d_head) + "): " + reason);
         const ForwardLauncher *found = Family::find(cfg, variant);
         // A varlen kernel runs a dense call too: a configuration compiled with its varlen variants
         // alone (a decoding one) runs dense calls on them.

@@ -25,6 +25,8 @@ struct FamilyInfo {
     static constexpr bool splits_keys = true;
     // Its copies read a paged cache a page per 16 keys whatever the page size.
     static constexpr int fast_page_size = PagedKV::ROWS_MULTIPLE;
+    // Every call a configuration's variants cover may be compiled.
+    static const char *unserved_reason(const Config &, const ForwardParams &, const binding::Problem &) { return nullptr; }
 
     FLASH_CONFIG_PYTHON_CONVERSIONS(FlashForwardKernelConfig, FLASH_SM80_CONFIG_FIELDS)
 
