@@ -56,8 +56,9 @@ struct SharedTiles {
     }
     // Where the producer warpgroup transposes V, per stage, where the producer writes how many KV
     // tiles it loaded, once it has loaded them all, in the stage the next would have gone to (-1
-    // until then), for the warps that transpose V. They read a stage's word only between its V barrier's completion and their
-    // release of that stage, which the producer waits for before it writes there.
+    // until then), for the warps that transpose V. They read a stage's word only between its V
+    // barrier's completion and their release of that stage, which the producer waits for before it
+    // writes there.
     __device__ __forceinline__ volatile int *V_stream_end(int stage) const {
         return reinterpret_cast<volatile int *>(barrier(Kernel::n_barriers + Kernel::work_slot_words * Kernel::consumer_warpgroups)) +
                stage;
