@@ -160,6 +160,25 @@ def test_choice_follows_the_table_skipping_what_is_not_compiled(with_table):
     assert "dispatch table" in choice.reason and "place 2 of 2" in choice.reason
 
 
+def test_choice_passes_over_a_vtcopy_block_for_a_head_below_its_own(with_table):
+    """V's transposed copy is laid out at its block's d_head: ranked first, the vtcopy block serves its own
+    head size, and a smaller one that its size serves (96 on 128) falls to the next ranked block."""
+    copy = _parse("sm90(E4M3, 128, 128, 192, 2): ws+pingpong+overlap+persistent+vtcopy")
+    twin = _parse("sm90(E4M3, 128, 128, 192, 2): ws+pingpong+overlap+persistent")
+    compiled = flash_attention.compiled_configs()
+    if copy not in compiled or twin not in compiled:
+        pytest.skip(f"needs {copy.short_form()} and {twin.short_form()} compiled (the default set with 9.0)")
+    entry = TableEntry("E4M3", 128, False, 4096, (copy.short_form(), twin.short_form()), (1.0, 2.0))
+    with_table(DispatchTable.from_rankings("sm_90", "test GPU", "2026-01-01", "made by hand", [entry]))
+
+    def chosen(d_head):
+        q = _meta((2, 4096, 8, d_head), torch.float8_e4m3fn)
+        return flash_attention.choose_config(q, q, arch="sm_90").config
+
+    assert chosen(128) == copy
+    assert chosen(96) == twin
+
+
 def test_choice_scales_the_tables_times_by_the_tiles_each_configuration_visits(with_table):
     # 1000 keys fill 8 tiles of 128 (1024 keys) but 7 of 144 (1008): measured 5% slower at 1024, the
     # 144-key configuration does 7/8 of its work there at 1000.
