@@ -41,6 +41,7 @@ import sass_counts  # noqa: E402
 import sass_diff  # noqa: E402
 import sass_order  # noqa: E402
 import stall_paths  # noqa: E402
+import transposed_v_copy_bench  # noqa: E402
 import work_order_tail  # noqa: E402
 from flash_helpers.build_env import BUILD_KERNELS_ENV  # noqa: E402
 from flash_helpers.default_set import DEFAULT_BUILD_KERNELS  # noqa: E402
@@ -76,6 +77,7 @@ PYTHON_TOOLS = [
     BENCHMARK_DIR / "ceiling_bench.py",
     BENCHMARK_DIR / "decode_bench.py",
     BENCHMARK_DIR / "generate_bench.py",
+    BENCHMARK_DIR / "transposed_v_copy_bench.py",
     ANALYSIS_DIR / "sass_counts.py",
     ANALYSIS_DIR / "sass_diff.py",
     ANALYSIS_DIR / "sass_order.py",
@@ -190,6 +192,7 @@ def test_autotune_script_passes_lengths_and_options_on(tmp_path):
         [BENCHMARK_DIR / "ceiling_bench.py"],
         [BENCHMARK_DIR / "decode_bench.py", "--csv", "unused.csv"],
         [BENCHMARK_DIR / "generate_bench.py", "--csv", "unused.csv"],
+        [BENCHMARK_DIR / "transposed_v_copy_bench.py"],
     ],
     ids=lambda command: command[0].name,
 )
@@ -479,6 +482,23 @@ def test_ceiling_bench_rates_leave_out_the_settling_and_name_a_missing_ceiling()
     text = ceiling_bench.format_ceilings([read, tensor], {"torch.matmul 8192^3 e4m3": "RuntimeError: no fp8 gemm"})
     assert "4000.0" in text and "858.0" in text and "TFLOP/s" in text and "GB/s" in text
     assert text.splitlines()[-1] == "torch.matmul 8192^3 e4m3: missing: RuntimeError: no fp8 gemm"
+
+
+def test_transposed_v_copy_bench_reference_orders_each_16_keys_as_p_holds_them():
+    """Column c's row holds the keys rounded up to 16 with zeros, slots 4u .. 4u + 3 of each 16 being
+    keys 2u, 2u + 1, 2u + 8 and 2u + 9."""
+    torch = pytest.importorskip("torch")
+    seq, d_head = 20, 16
+    values = torch.arange(seq * d_head, dtype=torch.int32).remainder(251).add(1).to(torch.uint8)
+    v = values.view(1, seq, 1, d_head).view(torch.float8_e4m3fn)
+    copy = transposed_v_copy_bench.expected_copy(v)
+    assert copy.shape == (1, 1, d_head, 32)
+    key_of_slot = [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15]
+    for column in (0, 5, 15):
+        row = copy[0, 0, column]
+        assert row[:16].tolist() == [values[key * d_head + column].item() for key in key_of_slot]
+        # The second group: keys 16 .. 19 at their slots, zeros for the keys past the sequence.
+        assert row[16:].tolist() == [values[(16 + key) * d_head + column].item() if key < 4 else 0 for key in key_of_slot]
 
 
 def test_ceiling_bench_arguments():

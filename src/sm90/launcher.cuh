@@ -132,7 +132,7 @@ int64_t varlen_scratch_bytes(const ForwardParams &params) {
 }
 
 // With V_transposed_copy, the scratch is V's transposed copy.
-inline int64_t transposed_v_bytes(const ForwardParams &params) { return TransposedVLayout(params).bytes(params); }
+inline int64_t transposed_v_bytes(const ForwardParams &params) { return TransposedVLayout(params).bytes(); }
 
 template <typename Kernel, ProblemVariant VARIANT>
 void launch(const ForwardParams &params, cudaStream_t stream) {
@@ -169,7 +169,7 @@ void launch(const ForwardParams &params, cudaStream_t stream) {
         if constexpr (Kernel::V_transposed_copy) {
             copy_V_transposed<Kernel::d_head>(params, params.scratch, stream);
             const TransposedVLayout copy(params);
-            return make_tensor_map(Kernel::config.dtype, params.scratch, copy.strides(params), static_cast<int>(copy.row_keys),
+            return make_tensor_map(Kernel::config.dtype, params.scratch, copy.strides(), static_cast<int>(copy.row_keys),
                                    params.d_head, params.heads_kv, params.batch, params.d_head, Kernel::Vt_Swizzle::bytes);
         } else {
             return kv_map_of(params.v, params.v_strides);

@@ -18,87 +18,108 @@
 
 namespace flash::sm90 {
 
-// The copy's layout: (batch, heads_kv, d_head, row_keys) bytes.
+// The copy's layout: (batch, heads_kv, d_head, row_keys) bytes, d_head the call's.
 struct TransposedVLayout {
     static constexpr int KEY_GROUP = 16;
-    int64_t row_keys;
+    int64_t batch, heads_kv, d_head, row_keys;
 
     explicit TransposedVLayout(const ForwardParams &params)
-        : row_keys((static_cast<int64_t>(params.seqlen_k) + KEY_GROUP - 1) / KEY_GROUP * KEY_GROUP) {}
+        : batch(params.batch), heads_kv(params.heads_kv), d_head(params.d_head),
+          row_keys((static_cast<int64_t>(params.seqlen_k) + KEY_GROUP - 1) / KEY_GROUP * KEY_GROUP) {}
 
-    int64_t bytes(const ForwardParams &params) const {
-        return static_cast<int64_t>(params.batch) * params.heads_kv * params.d_head * row_keys;
-    }
+    int64_t bytes() const { return batch * heads_kv * d_head * row_keys; }
     // The elements' strides, as TensorStrides gives them for the (d_head, seq, heads, batch) views of
     // tensor_maps.h: here the view's columns are the keys and its rows d_head.
-    TensorStrides strides(const ForwardParams &params) const {
-        return {static_cast<int64_t>(params.heads_kv) * params.d_head * row_keys, row_keys,
-                static_cast<int64_t>(params.d_head) * row_keys};
-    }
+    TensorStrides strides() const { return {heads_kv * d_head * row_keys, row_keys, d_head * row_keys}; }
 };
 
 namespace transposed_v_copy {
 
-// Per block: 4 key groups, each transposed row's part two whole 32-byte sectors. (With the launch
-// overlap, this replaced blocks of 128 keys and 256 threads, and a call lost less to the copy; it
-// still runs well below the memory's bandwidth: benchmarks/HISTORY.md#2026-12-07-fp8-transposed-v-copy.)
-constexpr int TILE_KEYS = 64;
 constexpr int THREADS = 128;
-constexpr int GROUPS = TILE_KEYS / TransposedVLayout::KEY_GROUP;
+
+// A block's tile: KEYS keys by COLUMNS columns of one (batch, kv head), at most 16 KiB. In shared
+// memory it is KEY_GROUP-key groups of key rows of 4-column words. The transposing phase gives a
+// warp's consecutive lanes LANE_GROUPS consecutive groups (so that each column's keys are written
+// as one run of LANE_GROUPS 16-byte chunks of its row) and 32 / LANE_GROUPS consecutive words; a
+// group's padding of GROUP_PAD words puts the 32 lanes' words in 32 different banks.
+template <int D_HEAD, int TILE_KEYS>
+struct Tile {
+    static constexpr int MAX_BYTES = 16 * 1024;
+    static constexpr int KEYS = TILE_KEYS;
+    static constexpr int COLUMNS = D_HEAD < MAX_BYTES / KEYS ? D_HEAD : MAX_BYTES / KEYS;
+    static constexpr int GROUPS = KEYS / TransposedVLayout::KEY_GROUP;
+    static constexpr int WORDS = COLUMNS / 4;
+    static constexpr int CHUNKS = COLUMNS / COPY_BYTES;
+    static constexpr int LANE_GROUPS = GROUPS < 8 ? GROUPS : 8;
+    static constexpr int GROUP_PAD = 32 / LANE_GROUPS;
+    static constexpr int GROUP_WORDS = TransposedVLayout::KEY_GROUP * WORDS + GROUP_PAD;
+    static constexpr int COLUMN_TILES = D_HEAD / COLUMNS;
+    static_assert(KEYS % 64 == 0 && D_HEAD % COLUMNS == 0 && COLUMNS % 64 == 0 && WORDS % GROUP_PAD == 0,
+                  "whole 16-byte chunks, conflict-free banks and whole tiles of the head");
+    static_assert(KEYS * CHUNKS % THREADS == 0, "the threads load whole rounds of chunks");
+};
+
+// The keys per block, chosen by tools/benchmark/transposed_v_copy_bench.py: on the H100, 64 keys
+// copied at 0.90-0.98 of a torch copy's bandwidth, 128 keys at 0.87-0.98 and 256 at 0.86-0.91.
+constexpr int TILE_KEYS = 64;
 
 // Byte j of a and of b (in the low 16 bits, a's lowest): two keys' values of one column.
 __device__ __forceinline__ uint32_t column_pair(uint32_t a, uint32_t b, uint32_t j) { return __byte_perm(a, b, j | (j + 4) << 4); }
 
-// One block: TILE_KEYS keys of one (batch, kv head), every column. The keys go through shared memory
-// as rows of 32-bit words (4 columns each, a row padded by 16 bytes), every load of a thread issued
-// before the first store; a thread then takes 4 columns of one key group, reading a word of each of
-// its 16 keys (a warp reads consecutive words of one row), and writes each column's 16 keys as one
-// 16-byte chunk of that column's row. The attention kernel after it may start once every block has
+// One block: a Tile of one (batch, kv head), copied into shared memory; a thread then takes 4 columns
+// of one key group, reading a word of each of its 16 keys, and writes each column's 16 keys as one
+// 16-byte chunk of that column's row. Keys past
+// seqlen_k are zeros; columns past the call's d_head (a head below the configuration's, which
+// transposed_v_copy_bench checks, though the binding does not send one yet: FamilyInfo::unserved_reason)
+// are neither read nor written. The attention kernel after it may start once every block has
 // (programmatic stream serialization): its loading thread waits for this grid before its first V tile.
-template <int D_HEAD>
+template <int D_HEAD, int TILE_KEYS>
 __global__ void __launch_bounds__(THREADS) transpose_v_kernel(const uint8_t *__restrict__ v, TensorStrides v_strides,
-                                                               int seqlen_k, uint8_t *__restrict__ out,
+                                                               int seqlen_k, int d_head, uint8_t *__restrict__ out,
                                                                TensorStrides out_strides, int64_t row_keys) {
-    constexpr int ROW_WORDS = D_HEAD / 4 + 4;
-    constexpr int CHUNKS_PER_KEY = D_HEAD / COPY_BYTES;
-    __shared__ __align__(16) uint32_t tile[TILE_KEYS][ROW_WORDS];
-    const int first_key = blockIdx.x * TILE_KEYS;
+    using T = Tile<D_HEAD, TILE_KEYS>;
+    __shared__ __align__(16) uint32_t tile[T::GROUPS * T::GROUP_WORDS];
+    const int first_key = blockIdx.x / T::COLUMN_TILES * T::KEYS;
+    const int first_column = blockIdx.x % T::COLUMN_TILES * T::COLUMNS;
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
 
     ptx::allow_dependent_launch();
-    const uint8_t *const v_head = v + batch * v_strides.batch + head * v_strides.head;
-    constexpr int ROUNDS = TILE_KEYS * CHUNKS_PER_KEY / THREADS;
-    static_assert(TILE_KEYS * CHUNKS_PER_KEY % THREADS == 0, "the threads load whole rounds of chunks");
-    uint4 values[ROUNDS];
+    if (first_column >= d_head)
+        return;
+    // cp.async straight into shared memory: every chunk of the tile in flight at once, no registers
+    // held, and a chunk outside the keys or the head a zero that reads nothing.
+    const uint8_t *const v_tile = v + batch * v_strides.batch + head * v_strides.head + first_key * v_strides.seq + first_column;
 #pragma unroll
-    for (int round = 0; round < ROUNDS; ++round) {
-        const int key = (threadIdx.x + round * THREADS) / CHUNKS_PER_KEY;
-        const int chunk = (threadIdx.x + round * THREADS) % CHUNKS_PER_KEY;
-        values[round] = first_key + key < seqlen_k ? *reinterpret_cast<const uint4 *>(v_head + (first_key + key) * v_strides.seq +
-                                                                                      chunk * COPY_BYTES)
-                                                   : make_uint4(0, 0, 0, 0);
+    for (int round = 0; round < T::KEYS * T::CHUNKS / THREADS; ++round) {
+        const int key = (threadIdx.x + round * THREADS) / T::CHUNKS;
+        const int chunk = (threadIdx.x + round * THREADS) % T::CHUNKS;
+        const bool inside = first_key + key < seqlen_k && first_column + chunk * COPY_BYTES < d_head;
+        const int group = key / TransposedVLayout::KEY_GROUP;
+        const int row = key % TransposedVLayout::KEY_GROUP;
+        ptx::cp_async_16_zfill(ptx::shared_address(&tile[group * T::GROUP_WORDS + row * T::WORDS + 4 * chunk]),
+                               v_tile + (inside ? key * v_strides.seq + chunk * COPY_BYTES : 0), inside ? COPY_BYTES : 0);
     }
-#pragma unroll
-    for (int round = 0; round < ROUNDS; ++round) {
-        const int key = (threadIdx.x + round * THREADS) / CHUNKS_PER_KEY;
-        const int chunk = (threadIdx.x + round * THREADS) % CHUNKS_PER_KEY;
-        *reinterpret_cast<uint4 *>(&tile[key][4 * chunk]) = values[round];
-    }
+    ptx::cp_async_commit();
+    ptx::cp_async_wait<0>();
     __syncthreads();
 
-    uint8_t *const out_head = out + batch * out_strides.batch + head * out_strides.head;
-#pragma unroll 1
-    for (int item = threadIdx.x; item < D_HEAD / 4 * GROUPS; item += THREADS) {
-        const int word = item % (D_HEAD / 4);
-        const int group = item / (D_HEAD / 4);
-        const int64_t group_key = first_key + group * TransposedVLayout::KEY_GROUP;
-        if (group_key >= row_keys)
-            continue;
-        uint32_t keys[16];
+    uint8_t *const out_tile = out + batch * out_strides.batch + head * out_strides.head + first_column * out_strides.seq;
+    constexpr int ITEMS = T::GROUPS * T::WORDS;
 #pragma unroll
-        for (int k = 0; k < 16; ++k)
-            keys[k] = tile[group * TransposedVLayout::KEY_GROUP + k][word];
+    for (int pass = 0; pass < (ITEMS + THREADS - 1) / THREADS; ++pass) {
+        const int item = threadIdx.x + pass * THREADS;
+        if (item >= ITEMS)
+            break;
+        const int group = item % T::LANE_GROUPS + item / (T::LANE_GROUPS * T::WORDS) * T::LANE_GROUPS;
+        const int word = item / T::LANE_GROUPS % T::WORDS;
+        const int64_t group_key = first_key + group * TransposedVLayout::KEY_GROUP;
+        if (group_key >= row_keys || first_column + 4 * word >= d_head)
+            continue;
+        uint32_t keys[TransposedVLayout::KEY_GROUP];
+#pragma unroll
+        for (int k = 0; k < TransposedVLayout::KEY_GROUP; ++k)
+            keys[k] = tile[group * T::GROUP_WORDS + k * T::WORDS + word];
 #pragma unroll
         for (uint32_t j = 0; j < 4; ++j) {
             uint32_t slots[4];
@@ -108,7 +129,7 @@ __global__ void __launch_bounds__(THREADS) transpose_v_kernel(const uint8_t *__r
                 const uint32_t high = column_pair(keys[2 * u + 8], keys[2 * u + 9], j);
                 slots[u] = __byte_perm(low, high, 0x5410);
             }
-            *reinterpret_cast<uint4 *>(out_head + (4 * word + j) * out_strides.seq + group_key) =
+            *reinterpret_cast<uint4 *>(out_tile + (4 * word + j) * out_strides.seq + group_key) =
                 make_uint4(slots[0], slots[1], slots[2], slots[3]);
         }
     }
@@ -116,15 +137,19 @@ __global__ void __launch_bounds__(THREADS) transpose_v_kernel(const uint8_t *__r
 
 } // namespace transposed_v_copy
 
-// Writes the call's V (params.v, e4m3) transposed into `out` (TransposedVLayout's bytes), on `stream`.
-template <int D_HEAD>
+// Writes the call's V (params.v, e4m3) transposed into `out` (TransposedVLayout's bytes), on `stream`,
+// in blocks of TILE_KEYS keys.
+template <int D_HEAD, int TILE_KEYS = transposed_v_copy::TILE_KEYS>
 void copy_V_transposed(const ForwardParams &params, void *out, cudaStream_t stream) {
     using namespace transposed_v_copy;
     const TransposedVLayout layout(params);
-    const dim3 grid(static_cast<unsigned>((layout.row_keys + TILE_KEYS - 1) / TILE_KEYS), params.heads_kv, params.batch);
-    transpose_v_kernel<D_HEAD><<<grid, THREADS, 0, stream>>>(static_cast<const uint8_t *>(params.v), params.v_strides,
-                                                             params.seqlen_k, static_cast<uint8_t *>(out),
-                                                             layout.strides(params), layout.row_keys);
+    if (layout.bytes() == 0)
+        return;
+    const int64_t key_tiles = (layout.row_keys + TILE_KEYS - 1) / TILE_KEYS;
+    const dim3 grid(static_cast<unsigned>(key_tiles * Tile<D_HEAD, TILE_KEYS>::COLUMN_TILES), params.heads_kv, params.batch);
+    transpose_v_kernel<D_HEAD, TILE_KEYS><<<grid, THREADS, 0, stream>>>(
+        static_cast<const uint8_t *>(params.v), params.v_strides, params.seqlen_k, params.d_head,
+        static_cast<uint8_t *>(out), layout.strides(), layout.row_keys);
     check_cuda(cudaGetLastError(), "launching V's transposed copy");
 }
 
