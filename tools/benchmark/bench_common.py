@@ -14,6 +14,7 @@ import collections
 import contextlib
 import csv
 import dataclasses
+import functools
 import importlib
 import math
 import os
@@ -363,6 +364,22 @@ def fitting_configs(configs: Iterable[KernelConfig], dtype: DType, problem: Prob
 
 # ----------------------------------------------------------------------------------------------
 # GPU, inputs and timing
+
+
+@functools.cache
+def load_sm90a_kernels(source: pathlib.Path):
+    """A tool's own CUDA kernels (``source``, a .cu file beside it that may include the repository's
+    src/ headers), compiled at first use for sm_90a as a torch extension named after the file."""
+    from torch.utils import cpp_extension
+
+    flags = ["-O3", "-std=c++20", "-gencode=arch=compute_90a,code=sm_90a", "--expt-relaxed-constexpr", "-diag-suppress=3189"]
+    return cpp_extension.load(
+        name=source.stem,
+        sources=[str(source)],
+        extra_include_paths=[str(REPO_ROOT / "src")],
+        extra_cflags=["-O3", "-std=c++20"],
+        extra_cuda_cflags=flags,
+    )
 
 
 def load_peer_function(module: str, function: str):

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import pathlib
 import sys
 
@@ -39,7 +38,6 @@ TENSOR_ITERATIONS = 2000
 MATMUL_SIZE = 8192
 STREAM_BYTES = 4 << 30
 KERNEL_SOURCE = pathlib.Path(__file__).with_name("ceiling_kernels.cu")
-SOURCE_ROOT = pathlib.Path(__file__).resolve().parents[2] / "src"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,20 +96,6 @@ def format_ceilings(ceilings: list[Ceiling], missing: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-@functools.cache
-def load_kernels():
-    from torch.utils import cpp_extension
-
-    flags = ["-O3", "-std=c++20", "-gencode=arch=compute_90a,code=sm_90a", "--expt-relaxed-constexpr", "-diag-suppress=3189"]
-    return cpp_extension.load(
-        name="ceiling_kernels",
-        sources=[str(KERNEL_SOURCE)],
-        extra_include_paths=[str(SOURCE_ROOT)],
-        extra_cflags=["-O3", "-std=c++20"],
-        extra_cuda_cflags=flags,
-    )
-
-
 def torch_dtype(name: str):
     import torch
 
@@ -166,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         if torch.cuda.get_device_capability() != (9, 0):
             missing["tensor"] = "the wgmma loop runs on compute capability 9.0 alone"
         else:
-            kernels = load_kernels()
+            kernels = common.load_sm90a_kernels(KERNEL_SOURCE)
             sms = torch.cuda.get_device_properties(0).multi_processor_count
             for dtype_name in args.dtypes:
                 element_bytes = torch_dtype(dtype_name).itemsize
@@ -179,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     if "read" in args.what or "copy" in args.what:
         source = torch.empty(STREAM_BYTES, device="cuda", dtype=torch.uint8).random_()
         if "read" in args.what:
-            kernels = load_kernels()
+            kernels = common.load_sm90a_kernels(KERNEL_SOURCE)
             sink = torch.empty(1, device="cuda", dtype=torch.int32)
             measure("HBM read", "GB/s", STREAM_BYTES, lambda: kernels.read_every_byte(source, sink))
         if "copy" in args.what:

@@ -20,25 +20,10 @@ import sys
 import bench_common as common
 
 KERNEL_SOURCE = pathlib.Path(__file__).with_name("transposed_v_copy_kernels.cu")
-SOURCE_ROOT = pathlib.Path(__file__).resolve().parents[2] / "src"
 TILE_KEYS = (64, 128, 256)
 KERNEL_D_HEADS = (64, 128, 256)
 # Within each 16 keys, slot s of the copy holds key KEY_ORDER[s]: 4u .. 4u + 3 are 2u, 2u + 1, 2u + 8, 2u + 9.
 KEY_ORDER = tuple(key for u in range(4) for key in (2 * u, 2 * u + 1, 2 * u + 8, 2 * u + 9))
-
-
-@functools.cache
-def load_kernels():
-    from torch.utils import cpp_extension
-
-    flags = ["-O3", "-std=c++20", "-gencode=arch=compute_90a,code=sm_90a", "--expt-relaxed-constexpr", "-diag-suppress=3189"]
-    return cpp_extension.load(
-        name="transposed_v_copy_kernels",
-        sources=[str(KERNEL_SOURCE)],
-        extra_include_paths=[str(SOURCE_ROOT)],
-        extra_cflags=["-O3", "-std=c++20"],
-        extra_cuda_cflags=flags,
-    )
 
 
 def expected_copy(v):
@@ -72,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     import torch
 
-    kernels = load_kernels()
+    kernels = common.load_sm90a_kernels(KERNEL_SOURCE)
     headers = ["d_head", "seq", "batch", "heads", "MB", "copy", "us", "GB/s", "/ torch copy"]
     rows = []
     for d_head in args.d_heads:
