@@ -54,5 +54,4 @@ torch::Tensor transposed_copy(const torch::Tensor &v, int64_t kernel_d_head, int
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, extension) {
     extension.def("transposed_copy", &transposed_copy, "V's transposed copy (v, kernel_d_head, tile_keys)");
     extension.attr("default_tile_keys") = flash::sm90::transposed_v_copy::TILE_KEYS;
-    extension.attr("key_group") = TransposedVLayout::KEY_GROUP;
 }
