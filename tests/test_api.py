@@ -160,9 +160,9 @@ def test_choice_follows_the_table_skipping_what_is_not_compiled(with_table):
     assert "dispatch table" in choice.reason and "place 2 of 2" in choice.reason
 
 
-def test_choice_passes_over_a_vtcopy_block_for_a_head_below_its_own(with_table):
-    """V's transposed copy is laid out at its block's d_head: ranked first, the vtcopy block serves its own
-    head size, and a smaller one that its size serves (96 on 128) falls to the next ranked block."""
+def test_choice_keeps_a_vtcopy_block_for_a_head_below_its_own(with_table):
+    """V's transposed copy is laid out at the call's d_head: ranked first, the vtcopy block serves its own
+    head size and a smaller one that its size serves (96 on 128), as the transposing blocks do."""
     copy = _parse("sm90(E4M3, 128, 128, 192, 2): ws+pingpong+overlap+persistent+vtcopy")
     twin = _parse("sm90(E4M3, 128, 128, 192, 2): ws+pingpong+overlap+persistent")
     compiled = flash_attention.compiled_configs()
@@ -176,7 +176,7 @@ def test_choice_passes_over_a_vtcopy_block_for_a_head_below_its_own(with_table):
         return flash_attention.choose_config(q, q, arch="sm_90").config
 
     assert chosen(128) == copy
-    assert chosen(96) == twin
+    assert chosen(96) == copy
 
 
 def test_choice_scales_the_tables_times_by_the_tiles_each_configuration_visits(with_table):

@@ -230,16 +230,17 @@ def _copy_twins() -> list:
 @gpu
 @fp8_cases("cfg", [(cfg,) for cfg in _copy_twins()], lambda cfg: cfg.short_form())
 @pytest.mark.parametrize("causal", [False, True], ids=["none", "causal"])
-def test_V_transposed_copy_matches_its_transposing_twin_bit_for_bit(cfg, causal, rng):
+@pytest.mark.parametrize("head_cut", [0, 32], ids=["its-head", "a-smaller-head"])
+def test_V_transposed_copy_matches_its_transposing_twin_bit_for_bit(cfg, causal, head_cut, rng):
     """A vtcopy block's P V operand is the transposing block's tile, written by the copy kernel rather than
     by the transposing warps, so the two give the same bits: on a V that is a strided view (every other
     key/value head of a wider tensor) with 1000 keys (a partial 16-key group and a partial tile) and
-    descales per head."""
+    descales per head; at the block's head size, and at one 32 smaller (the copy's rows end at the call's)."""
     twin = dataclasses.replace(cfg, V_transposed_copy=False)
-    batch, heads_q, heads_kv = 2, 8, 2
-    q = helpers.random_tensor((batch, 700, heads_q, cfg.d_head), E4M3, rng)
-    k = helpers.random_tensor((batch, 1000, heads_kv, cfg.d_head), E4M3, rng)
-    v = helpers.random_tensor((batch, 1000, 2 * heads_kv, cfg.d_head), E4M3, rng)[:, :, ::2]
+    batch, heads_q, heads_kv, d_head = 2, 8, 2, cfg.d_head - head_cut
+    q = helpers.random_tensor((batch, 700, heads_q, d_head), E4M3, rng)
+    k = helpers.random_tensor((batch, 1000, heads_kv, d_head), E4M3, rng)
+    v = helpers.random_tensor((batch, 1000, 2 * heads_kv, d_head), E4M3, rng)[:, :, ::2]
     keywords = dict(causal=causal, **descales("per_head", batch, heads_kv, rng))
     copied = flash_attention.forward(cfg, q, k, v, **keywords)
     transposed = flash_attention.forward(twin, q, k, v, **keywords)
@@ -256,18 +257,6 @@ def _tensors(rng, batch=2, seqlen=64, heads=(4, 2), d_head=128, dtype=E4M3):
     q = helpers.random_tensor((batch, seqlen, heads[0], d_head), dtype, rng)
     k, v = (helpers.random_tensor((batch, seqlen, heads[1], d_head), dtype, rng) for _ in range(2))
     return q, k, v
-
-
-@gpu
-@fp8_cases("cfg", [(cfg,) for cfg in CONFIGS if cfg.V_transposed_copy], lambda cfg: cfg.short_form())
-def test_V_transposed_copy_blocks_refuse_a_smaller_head(cfg, rng):
-    """V's copy is laid out at the block's own d_head: a call with a smaller one, which the transposing blocks
-    read in place, raises before anything runs, and the next call runs."""
-    q, k, v = _tensors(rng, d_head=cfg.d_head - 32)
-    with pytest.raises(ValueError, match=r"^kernel_cfg: .*d_head \d+\): V_transposed_copy \(vtcopy\) copies V at"):
-        flash_attention.forward(cfg, q, k, v)
-    q, k, v = _tensors(rng, d_head=cfg.d_head)
-    assert flash_attention.forward(cfg, q, k, v).isfinite().all()
 
 
 @gpu

@@ -19,7 +19,8 @@ rows (rows_per_query), against slots of keys of which seqused_k are used (one se
 split in 3, which checks the packed queries' masks and the combine. Every compiled configuration
 is run, the decoding ones (compiled with their varlen variants alone, and those of an FP8 cache:
 e4m3 k and v with descales beside 16-bit q) and the e4m3 ones (FP8 inputs, factors of 1, a bfloat16
-output) too. Last, flash_attn_with_kvcache's append kernel, once per dtype and once into an FP8
+output) too; those with V_transposed_copy also with a head 32 below theirs, read in place (views of the
+inputs' first columns). Last, flash_attn_with_kvcache's append kernel, once per dtype and once into an FP8
 cache (run_append).
 
     python3 tools/sanitize_cases.py [--kernels SELECTION] [--no-check] [--list]
@@ -62,6 +63,8 @@ DECODE_KEYS = (77, 0)
 DECODE_SLOT = 100
 # New rows per sequence of the KV cache append's step.
 APPEND_ROWS = 3
+# V_transposed_copy configurations also run a head this much below theirs: the copy's rows end at the call's.
+HEAD_CUT = 32
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -123,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
             odd_inputs = on_gpu(odd.make(cfg, rng))
             calls.append((odd_inputs, f"{cfg.short_form()} [{variant.describe()}] {odd.describe()}", odd_inputs.k,
                           odd_inputs.v, odd_inputs.kwargs))
+        if getattr(cfg, "V_transposed_copy", False):
+            narrow = dataclasses.replace(inputs, q=inputs.q[..., :-HEAD_CUT], k=inputs.k[..., :-HEAD_CUT],
+                                         v=inputs.v[..., :-HEAD_CUT])
+            calls.append((narrow, f"{label}, d_head {cfg.d_head - HEAD_CUT}", narrow.k, narrow.v, narrow.kwargs))
         splits = cfg.family in SPLITTING_FAMILIES
         if variant.varlen:
             paged = f"{label}, paged" + (f" and split in {PAGED_SPLITS}" if splits else "")

@@ -27,14 +27,10 @@ struct FamilyInfo {
     // (BENCHMARKS.md, "Decoding"), so the automatic choice leaves them to it where it runs them.
     static constexpr int fast_page_size = 64;
     // Why a configuration has no kernel for a call whatever the build (null where it may have one):
-    // V's transposed copy is laid out for dense calls at the configuration's own head size.
-    static const char *unserved_reason(const Config &c, const ForwardParams &params, const binding::Problem &problem) {
-        if (!c.V_transposed_copy)
-            return nullptr;
-        if (problem.varlen)
+    // V's transposed copy is laid out for dense calls.
+    static const char *unserved_reason(const Config &c, const ForwardParams &, const binding::Problem &problem) {
+        if (c.V_transposed_copy && problem.varlen)
             return "V_transposed_copy (vtcopy) runs dense calls alone, not varlen, paged or KV-cache ones";
-        if (params.d_head != c.d_head)
-            return "V_transposed_copy (vtcopy) copies V at the configuration's own d_head alone";
         return nullptr;
     }
 

@@ -164,13 +164,14 @@ void launch(const ForwardParams &params, cudaStream_t stream) {
         return map_of(data, strides, params.seqlen_k, layout.rows_k, params.heads_kv, batch_k, kv_box_rows);
     };
     // V's transposed copy, written first: its columns are the keys, its rows d_head, each box one
-    // column block of a transposed V tile.
+    // column block of a transposed V tile. The box has the configuration's rows, the bytes the stage's
+    // barrier waits for; under a smaller head, TMA fills the rows past the call's with zeros.
     const auto v_map = [&] {
         if constexpr (Kernel::V_transposed_copy) {
             copy_V_transposed<Kernel::d_head>(params, params.scratch, stream);
             const TransposedVLayout copy(params);
             return make_tensor_map(Kernel::config.dtype, params.scratch, copy.strides(), static_cast<int>(copy.row_keys),
-                                   params.d_head, params.heads_kv, params.batch, params.d_head, Kernel::Vt_Swizzle::bytes);
+                                   params.d_head, params.heads_kv, params.batch, Kernel::d_head, Kernel::Vt_Swizzle::bytes);
         } else {
             return kv_map_of(params.v, params.v_strides);
         }
