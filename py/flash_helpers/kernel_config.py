@@ -36,15 +36,13 @@ class KernelConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", coerce_dtype(self.dtype))
-        # Field types are the annotation strings ("int", "bool"): annotations are postponed in the
-        # families' modules.
-        for field in dataclasses.fields(self)[1:]:
-            value = getattr(self, field.name)
-            if field.type == "bool":
+        for name, is_bool in _typed_fields(type(self)):
+            value = getattr(self, name)
+            if is_bool:
                 if not isinstance(value, bool):
-                    raise TypeError(f"{field.name} must be a bool, got {type(value).__name__} {value!r}")
+                    raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
             elif isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{field.name} must be an int, got {type(value).__name__} {value!r}")
+                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
 
     def _order_key(self) -> tuple:
         return (self.family, *_field_values(type(self))(self))
@@ -115,6 +113,14 @@ def demangled_variant(variant: ProblemVariant) -> str:
 def mangled_variant(variant: ProblemVariant) -> str:
     """A problem variant's four template arguments in the Itanium mangling."""
     return f"LNS_8MaskKindE{int(variant.mask)}E" + "".join(f"Lb{int(flag)}E" for flag in variant.flags())
+
+
+@functools.cache
+def _typed_fields(cls: type) -> tuple[tuple[str, bool], ...]:
+    """The fields after dtype, each with whether it is a bool (else an int): what construction checks,
+    read once per class (the tuning spaces construct hundreds of thousands). Field types are the
+    annotation strings ("int", "bool"): annotations are postponed in the families' modules."""
+    return tuple((field.name, field.type == "bool") for field in dataclasses.fields(cls)[1:])
 
 
 @functools.cache
