@@ -68,10 +68,10 @@ __device__ __forceinline__ uint32_t column_pair(uint32_t a, uint32_t b, uint32_t
 
 // One block: a Tile of one (batch, kv head), copied into shared memory; a thread then takes 4 columns
 // of one key group, reading a word of each of its 16 keys, and writes each column's 16 keys as one
-// 16-byte chunk of that column's row. Keys past
-// seqlen_k are zeros; columns past the call's d_head (a head below the configuration's) are neither
-// read nor written. The attention kernel after it may start once every block has (programmatic
-// stream serialization): its loading thread waits for this grid before its first V tile.
+// 16-byte chunk of that column's row. Keys past seqlen_k are zeros; columns past the call's d_head (a
+// head below the configuration's) are neither read nor written. The attention kernel after it may
+// start once every block has (programmatic stream serialization): its loading thread waits for this
+// grid before its first V tile.
 template <int D_HEAD, int TILE_KEYS>
 __global__ void __launch_bounds__(THREADS) transpose_v_kernel(const uint8_t *__restrict__ v, TensorStrides v_strides,
                                                                int seqlen_k, int d_head, uint8_t *__restrict__ out,
