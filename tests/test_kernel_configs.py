@@ -273,6 +273,31 @@ def test_construction_does_not_check_validity():
     assert not Config(FP16, 80, 64, 64, 4).is_valid()
 
 
+@pytest.mark.parametrize(
+    "short_form",
+    [
+        "(FP16, 128, 128, 64, 4): async+eager+swizzled+load_1_1_2_tiles+buffer+opt_softmax",
+        "sm90(BF16, 128, 128, 128, 2): ws+pingpong+overlap+persistent",
+    ],
+)
+def test_construction_traces_inside_a_compiled_function(short_form):
+    """A model may build a configuration inside torch.compile(fullgraph=True); tracing runs the
+    construction checks, with their per-class table empty (the first construction fills it while
+    traced) and then filled."""
+    torch = pytest.importorskip("torch")
+    from flash_helpers import kernel_config
+
+    def scale_by_head(x):
+        return x * parse_kernel_name_into_config(short_form).d_head
+
+    for table in ("empty", "filled"):
+        torch._dynamo.reset()
+        if table == "empty":
+            kernel_config._TYPED_FIELDS.clear()
+        compiled = torch.compile(scale_by_head, fullgraph=True)
+        assert torch.equal(compiled(torch.ones(2)), scale_by_head(torch.ones(2))), table
+
+
 def test_configs_are_immutable():
     cfg = Config(FP16, 128, 64, 64, 4)
     with pytest.raises(dataclasses.FrozenInstanceError):

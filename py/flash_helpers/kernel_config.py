@@ -36,7 +36,7 @@ class KernelConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", coerce_dtype(self.dtype))
-        for name, is_bool in _typed_fields(type(self)):
+        for name, is_bool in _typed_fields(self):
             value = getattr(self, name)
             if is_bool:
                 if not isinstance(value, bool):
@@ -115,12 +115,23 @@ def mangled_variant(variant: ProblemVariant) -> str:
     return f"LNS_8MaskKindE{int(variant.mask)}E" + "".join(f"Lb{int(flag)}E" for flag in variant.flags())
 
 
-@functools.cache
-def _typed_fields(cls: type) -> tuple[tuple[str, bool], ...]:
-    """The fields after dtype, each with whether it is a bool (else an int): what construction checks,
-    read once per class (the tuning spaces construct hundreds of thousands). Field types are the
-    annotation strings ("int", "bool"): annotations are postponed in the families' modules."""
-    return tuple((field.name, field.type == "bool") for field in dataclasses.fields(cls)[1:])
+# Each class's fields after dtype, each with whether it is a bool (else an int): what construction
+# checks, read once per class (the tuning spaces construct hundreds of thousands). A plain dict, not
+# functools.cache: torch.compile traces through a cache wrapper into dataclasses.fields(cls), which it
+# cannot trace on a class, and a configuration may be built inside a compiled function.
+_TYPED_FIELDS: dict[type, tuple[tuple[str, bool], ...]] = {}
+
+
+def _typed_fields(config: KernelConfig) -> tuple[tuple[str, bool], ...]:
+    """Field types are the annotation strings ("int", "bool"): annotations are postponed in the
+    families' modules."""
+    cls = type(config)
+    typed = _TYPED_FIELDS.get(cls)
+    if typed is None:
+        typed = _TYPED_FIELDS[cls] = tuple(
+            (field.name, field.type == "bool") for field in dataclasses.fields(config)[1:]
+        )
+    return typed
 
 
 @functools.cache
