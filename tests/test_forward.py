@@ -101,6 +101,36 @@ def test_matches_reference_when_row_maxima_move_far(cfg, ramp, rng):
     assert_matches_reference(out, q, k, v)
 
 
+def deferred_rescale_twins() -> list:
+    """The deferred_O_rescale configurations under test whose twin (the same block rescaling O right
+    after P V) is under test too."""
+    return [
+        cfg for cfg in CONFIGS
+        if getattr(cfg, "deferred_O_rescale", False) and dataclasses.replace(cfg, deferred_O_rescale=False) in CONFIGS
+    ]  # fmt: skip
+
+
+@gpu
+@helpers.gpu_cases(
+    "cfg",
+    [(cfg,) for cfg in deferred_rescale_twins()],
+    lambda cfg: cfg.short_form(),
+    "no deferred_O_rescale (odefer) block is compiled beside its twin: the default set has none; build a "
+    "selection with both (FLASH_BUILD_KERNELS)",
+)
+@pytest.mark.parametrize("causal", [False, True], ids=["none", "causal"])
+def test_deferred_O_rescale_matches_its_twin_bit_for_bit(cfg, causal, rng):
+    """O rescaled in the next turn, before the P V that adds to it, is the same multiplication of the
+    same values as right after the P V in flight: the same bits, on keys whose scale grows along the
+    sequence so that rows rescale on many tiles."""
+    twin = dataclasses.replace(cfg, deferred_O_rescale=False)
+    q, k, v = random_qkv(cfg, 2, 3, 16 * smallest_seq_len(cfg), rng)
+    k = ramped_keys(k, 0.25, 8.0)
+    deferred = flash_attention.forward(cfg, q, k, v, nan_like(q), causal=causal)
+    assert torch.equal(deferred, flash_attention.forward(twin, q, k, v, nan_like(q), causal=causal))
+    assert_matches_reference(deferred, q, k, v, causal=causal)
+
+
 @gpu
 @each_config
 def test_repeated_calls_are_bitwise_identical(cfg, rng):

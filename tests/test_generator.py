@@ -234,7 +234,7 @@ def test_hopper_units_instantiate_the_sm90_launcher(tmp_path):
     assert lines[1:4] == ["// sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap", '#include "sm90/launcher.cuh"', ""]
     assert lines[4] == "namespace flash::sm90 {" and lines[-1] == "} // namespace flash::sm90"
     assert lines[5] == (
-        "template ForwardLauncher launcher<HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true, false, false, false, false}, "
+        "template ForwardLauncher launcher<HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true, false, false, false, false, false}, "
         "ProblemVariant{MaskKind::NONE, false, false, false, false}>();"
     )
     entries = [line for line in family_map(header_path(tmp_path).read_text(), "sm90") if line.startswith("    {{")]

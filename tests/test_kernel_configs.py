@@ -739,10 +739,10 @@ def test_hopper_short_form_lists_flags_in_fixed_order():
 
 def test_hopper_cpp_struct():
     assert SM90_FULL.to_cpp_struct() == (
-        "HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true, false, false, false, false}"
+        "HopperForwardKernelConfig{DType::FP16, 128, 128, 128, 2, true, true, true, false, false, false, false, false}"
     )
     assert Hopper(BF16, 64, 192, 80, 4, True).to_cpp_struct() == (
-        "HopperForwardKernelConfig{DType::BF16, 64, 192, 80, 4, true, false, false, false, false, false, false}"
+        "HopperForwardKernelConfig{DType::BF16, 64, 192, 80, 4, true, false, false, false, false, false, false, false}"
     )
 
 
@@ -750,7 +750,7 @@ def test_hopper_demangled_kernel_name():
     """c++filt of the first symbol of test_hopper_mangled_kernel_name."""
     assert SM90_FULL.demangled_kernel_name() == (
         "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
-        "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true, false, false, false, false}>, "
+        "flash::sm90::HopperForwardKernelConfig{(flash::DType)5, 128, 128, 128, 2, true, true, true, false, false, false, false, false}>, "
         "(flash::MaskKind)0, false, false, false, false>(flash::sm90::KernelParams)"
     )
     causal_tails = ProblemVariant(MaskKind.CAUSAL, masked_tails=True)
@@ -762,11 +762,11 @@ def test_hopper_mangled_kernel_name():
     """Both symbols as read off an sm_90a cubin nvcc 13 compiled (readelf -s)."""
     assert SM90_FULL.mangled_kernel_name() == (
         "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
-        "LNS_5DTypeE5ELi128ELi128ELi128ELi2ELb1ELb1ELb1ELb0ELb0ELb0ELb0EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS0_12KernelParamsE"
+        "LNS_5DTypeE5ELi128ELi128ELi128ELi2ELb1ELb1ELb1ELb0ELb0ELb0ELb0ELb0EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS0_12KernelParamsE"
     )
     assert Hopper(BF16, 64, 192, 80, 4, True).mangled_kernel_name(ProblemVariant(MaskKind.LOCAL, True, True)) == (
         "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
-        "LNS_5DTypeE15ELi64ELi192ELi80ELi4ELb1ELb0ELb0ELb0ELb0ELb0ELb0EEEEELNS_8MaskKindE2ELb1ELb1ELb0ELb0EEEvNS0_12KernelParamsE"
+        "LNS_5DTypeE15ELi64ELi192ELi80ELi4ELb1ELb0ELb0ELb0ELb0ELb0ELb0ELb0EEEEELNS_8MaskKindE2ELb1ELb1ELb0ELb0EEEvNS0_12KernelParamsE"
     )
 
 
@@ -799,8 +799,9 @@ def test_parse_hopper_spellings(text):
 @pytest.mark.parametrize(
     "field, short, struct_tail",
     [
-        ("Q_in_registers", "qregs", "true, true, true, true, true, false, false}"),
-        ("multicast", "mcast", "true, true, true, true, false, true, false}"),
+        ("Q_in_registers", "qregs", "true, true, true, true, true, false, false, false}"),
+        ("multicast", "mcast", "true, true, true, true, false, true, false, false}"),
+        ("deferred_O_rescale", "odefer", "true, true, true, true, false, false, false, true}"),
     ],
 )
 def test_hopper_flag_spellings(field, short, struct_tail):
@@ -824,7 +825,7 @@ def test_hopper_Q_in_registers_flag():
 
 def test_hopper_multicast_flag():
     cfg = dataclasses.replace(SM90_FULL, persistent=True, multicast=True)
-    assert cfg.mangled_kernel_name().endswith("ELb1ELb1ELb1ELb1ELb0ELb1ELb0EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS0_12KernelParamsE")
+    assert cfg.mangled_kernel_name().endswith("ELb1ELb1ELb1ELb1ELb0ELb1ELb0ELb0EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS0_12KernelParamsE")
     # Each block holds whole tiles: the registers stay, and the shared memory grows by the ring through
     # which a persistent pair's first block hands out the work tiles (four barriers and a word).
     plain = dataclasses.replace(cfg, multicast=False)
@@ -833,6 +834,25 @@ def test_hopper_multicast_flag():
     assert single_pass.smem_bytes() == dataclasses.replace(single_pass, multicast=False).smem_bytes()
     tune = of_family(get_autotuning_kernel_configs(), Hopper)
     assert cfg in tune and dataclasses.replace(cfg, d_head=64) in tune and dataclasses.replace(cfg, d_head=96) not in tune
+
+
+def test_hopper_deferred_O_rescale_flag():
+    """odefer (its short form and struct: test_hopper_flag_spellings): the symbol's last field as read off
+    an sm_90a object nvcc 13 compiled, a block of the same tiles and registers as its twin, the overlap
+    it needs, and its absence from the sweep (its twin gives the same bits; tests/test_forward.py
+    checks them)."""
+    cfg = dataclasses.replace(SM90_FULL, dtype=BF16, persistent=True, deferred_O_rescale=True)
+    assert cfg.mangled_kernel_name().endswith(
+        "ELi2ELb1ELb1ELb1ELb1ELb0ELb0ELb0ELb1EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS0_12KernelParamsE"
+    )
+    assert cfg.validity_error() is None
+    twin = dataclasses.replace(cfg, deferred_O_rescale=False)
+    assert (cfg.smem_bytes(), cfg.consumer_registers(), cfg.register_estimate()) == (
+        twin.smem_bytes(), twin.consumer_registers(), twin.register_estimate()
+    )
+    reason = dataclasses.replace(cfg, intra_wg_overlap=False).validity_error()
+    assert reason is not None and reason.startswith("deferred_O_rescale needs intra_wg_overlap")
+    assert twin in get_autotuning_kernel_configs(d_heads=[128]) and not should_autotune_config(cfg)
 
 
 def test_parse_hopper_names_without_trailing_false_fields():
@@ -858,7 +878,7 @@ def test_parse_hopper_names_without_trailing_false_fields():
         ("sm90(FP16, 128, 128, 128)", ["sm90(FP16, 128, 128, 128, 2): ws+pingpong+overlap", "(FP16, 128, 64, 64, 4)"]),
         ("sm80(FP16, 128, 64, 64, 4)", ["HopperForwardKernelConfig{...}", "FlashForwardKernelConfig{...}"]),
         ("sm90(FP32, 128, 128, 128, 2)", ["unsupported dtype 'FP32'"]),
-        ("HopperForwardKernelConfig{5, 128, 128, 128, 2, 1, 1, 1, 1, 1, 1, 1, 1}", ["13 initializer items", "12 fields"]),
+        ("HopperForwardKernelConfig{5, 128, 128, 128, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1}", ["14 initializer items", "13 fields"]),
         ("HopperForwardKernelConfig{5, 128, 128, 128, 2, 2}", ["'2' is not a valid warp_specialized"]),
         ("HopperForwardKernelConfig{5, 128, 128, true, 2}", ["'true' is not a valid B_c"]),
     ],
@@ -980,7 +1000,9 @@ GOOD_SM90_CONFIGS = [
 
 # (config, words its reason must contain): each config breaks exactly one rule.
 BAD_SM90_CONFIGS = [
-    (Hopper(FP16, 80, 128, 128, 2), ["d_head", "32, 64, 96, 128, 160, 192, 224, 256"]),
+    (Hopper(FP16, 72, 128, 128, 2), ["d_head", "32, 48, 64, 80, 96, 128, 160, 192, 224, 256"]),
+    (Hopper(FP16, 48, 128, 112, 2), ["B_c * d_head * 2 must be a multiple of 1024", "got B_c = 112 and d_head = 48"]),
+    (Hopper(BF16, 80, 128, 176, 2), ["multiple of 1024", "(28160 bytes)"]),
     (Hopper(FP16, 128, 256, 128, 2), ["B_r"]),
     (Hopper(FP16, 128, 128, 72, 2), ["B_c"]),
     (Hopper(FP16, 128, 128, 128, 5), ["stages"]),
@@ -1047,7 +1069,7 @@ def test_hopper_needs_masked_tails(seqlen_q, seqlen_k, tails):
 def test_hopper_all_is_every_valid_config():
     sm90 = of_family(get_all_kernel_configs(), Hopper)
     space = itertools.product(
-        (FP16, BF16, E4M3), sm90_config.D_HEADS, sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, *[(False, True)] * 7
+        (FP16, BF16, E4M3), sm90_config.D_HEADS, sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, *[(False, True)] * 8
     )
     assert sm90 == sorted(cfg for cfg in itertools.starmap(Hopper, space) if cfg.is_valid())
     for cfg in GOOD_SM90_CONFIGS:
@@ -1063,6 +1085,7 @@ def test_hopper_tune_overlaps_everything_at_two_stages():
         and cfg.warp_specialized and cfg.pingpong and cfg.intra_wg_overlap and cfg.B_r in (128, 192) and cfg.stages == 2
         # multicast only on persistent 128-row blocks at d_head 64 and 128
         and (not cfg.multicast or (cfg.persistent and cfg.B_r == 128 and cfg.d_head in (64, 128)))
+        and not cfg.deferred_O_rescale  # measured against its twin instead
     ]
     assert tune == expected
     assert any(cfg.multicast for cfg in tune)
@@ -1159,17 +1182,17 @@ def test_e4m3_names():
     assert E4M3_FULL.short_form() == "sm90(E4M3, 128, 128, 128, 2): ws+pingpong+overlap"
     assert E4M3_FULL.file_stem() == "e4m3_d128_br128_bc128_s2_ws_pingpong_overlap"
     assert E4M3_FULL.to_cpp_struct() == (
-        "HopperForwardKernelConfig{DType::E4M3, 128, 128, 128, 2, true, true, true, false, false, false, false}"
+        "HopperForwardKernelConfig{DType::E4M3, 128, 128, 128, 2, true, true, true, false, false, false, false, false}"
     )
     assert E4M3_FULL.demangled_kernel_name() == (
         "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
-        "flash::sm90::HopperForwardKernelConfig{(flash::DType)24, 128, 128, 128, 2, true, true, true, false, false, false, false}>, "
+        "flash::sm90::HopperForwardKernelConfig{(flash::DType)24, 128, 128, 128, 2, true, true, true, false, false, false, false, false}>, "
         "(flash::MaskKind)0, false, false, false, false>(flash::sm90::KernelParams)"
     )
     # The enum's value, 24, spelled as the mangling spells FP16's 5 and BF16's 15 (test_hopper_mangled_kernel_name).
     assert E4M3_FULL.mangled_kernel_name() == (
         "_ZN5flash4sm9021hopper_forward_kernelINS0_24StaticHopperKernelConfigIXtlNS0_25HopperForwardKernelConfigE"
-        "LNS_5DTypeE24ELi128ELi128ELi128ELi2ELb1ELb1ELb1ELb0ELb0ELb0ELb0EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS0_12KernelParamsE"
+        "LNS_5DTypeE24ELi128ELi128ELi128ELi2ELb1ELb1ELb1ELb0ELb0ELb0ELb0ELb0EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS0_12KernelParamsE"
     )
     assert parse_kernel_name_into_config("HopperForwardKernelConfig{24, 128, 128, 128, 2, 1, 1, 1}") == E4M3_FULL
 
@@ -1256,9 +1279,9 @@ def test_e4m3_V_transposed_copy_flag():
     assert cfg.short_form() == "sm90(E4M3, 256, 128, 128, 2): ws+pingpong+vtcopy"
     assert parse_kernel_name_into_config("sm90(E4M3, 256, 128, 128, 2): vtcopy+pingpong+ws") == cfg
     assert cfg.file_stem() == "e4m3_d256_br128_bc128_s2_ws_pingpong_vtcopy"
-    assert cfg.to_cpp_struct().endswith("true, true, false, false, false, false, true}")
+    assert cfg.to_cpp_struct().endswith("true, true, false, false, false, false, true, false}")
     assert cfg.mangled_kernel_name().endswith(
-        "ELi2ELb1ELb1ELb0ELb0ELb0ELb0ELb1EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS0_12KernelParamsE"
+        "ELi2ELb1ELb1ELb0ELb0ELb0ELb0ELb1ELb0EEEEELNS_8MaskKindE0ELb0ELb0ELb0ELb0EEEvNS0_12KernelParamsE"
     )
     assert cfg.validity_error() is None
     assert not cfg.transposes_v and not cfg.transposes_v_by_rows and not cfg.o_in_v_tiles

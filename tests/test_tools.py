@@ -545,7 +545,7 @@ def test_benchmark_shapes():
     assert common.BATCH_BY_SEQ_LEN == {512: 16, 1024: 16, 2048: 16, 4096: 16, 8192: 8, 16384: 4}
     assert [common.batch_for_seq_len(seq_len) for seq_len in (1000, 4000, 8000, 100000)] == [16, 16, 8, 1]
     # heads * d_head is 2048, or the nearest below it where d_head does not divide 2048.
-    assert common.HEADS_BY_D_HEAD == {32: 64, 64: 32, 96: 21, 128: 16, 160: 12, 192: 10, 224: 9, 256: 8}
+    assert common.HEADS_BY_D_HEAD == {32: 64, 48: 42, 64: 32, 80: 25, 96: 21, 128: 16, 160: 12, 192: 10, 224: 9, 256: 8}
     assert set(D_HEADS) == {32, 64, 96, 128, 192, 256}
 
 

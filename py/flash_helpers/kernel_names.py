@@ -76,7 +76,8 @@ _SHORT_FORMS = (
         rf"{HopperForwardKernelConfig.family}\s*",
         ("d_head", "B_r", "B_c", "stages"),
         {"ws": "warp_specialized", "pingpong": "pingpong", "overlap": "intra_wg_overlap", "persistent": "persistent",
-         "qregs": "Q_in_registers", "mcast": "multicast", "vtcopy": "V_transposed_copy"},
+         "qregs": "Q_in_registers", "mcast": "multicast", "vtcopy": "V_transposed_copy",
+         "odefer": "deferred_O_rescale"},
     ),
 )
 

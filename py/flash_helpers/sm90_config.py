@@ -30,9 +30,10 @@ __all__ = [
 ]
 
 # The values each dimension of the configuration space can take: what the kernel supports (validity
-# rule 1). B_r is 64 query rows per consumer warpgroup; every B_c is a multiple of 16, the k-extent
-# of one wgmma of P V.
-D_HEADS = (32, 64, 96, 128, 160, 192, 224, 256)
+# rule 1). A 16-bit head size is a multiple of 16 (a row of Q, K or V then fills whole 32-byte
+# swizzled rows); 48 and 80 are the ones of those not multiples of 32 that have kernels. B_r is 64
+# query rows per consumer warpgroup; every B_c is a multiple of 16, the k-extent of one wgmma of P V.
+D_HEADS = (32, 48, 64, 80, 96, 128, 160, 192, 224, 256)
 B_RS = (64, 128, 192)
 B_CS = (64, 80, 96, 112, 128, 144, 160, 176, 192, 224)
 STAGES = (1, 2, 3, 4)
@@ -57,9 +58,12 @@ _MAX_THREAD_REGISTERS = 255
 # A consumer thread's registers beyond its accumulators and P: addresses and the softmax's state.
 _STATE_REGISTERS = 32
 # Shared memory beyond the tiles: slack for placing them at 1024-byte boundaries (the period of the
-# 128-byte swizzle, the larger of the two the tiles use), and 8-byte words for the mbarriers and
+# 128-byte swizzle, the largest of those the tiles use), and 8-byte words for the mbarriers and
 # the work slots.
 _ALIGNMENT_SLACK_BYTES = 1024
+# Each K and V tile starts on a multiple of the 128-byte swizzle's atom, as the first does: a tile is a
+# whole number of them.
+_TILE_ALIGNMENT_BYTES = 1024
 _WORD_BYTES = 8
 # A consumer warpgroup's work slot, in 8-byte words (the traits' work_slot_words).
 _WORK_SLOT_WORDS = 1
@@ -121,6 +125,11 @@ class HopperForwardKernelConfig(KernelConfig):
     # TMA loads P V's operand from it as it is (no transposing warps, no second V tile per stage),
     # for one more read and write of V through memory.
     V_transposed_copy: bool = False
+    # With the intra-warpgroup overlap: O's rescaling for the maxima a softmax moved waits for the
+    # next turn, between S and the P V that adds to O, so the softmax does not wait for the P V in
+    # flight (nor vote on whether any warp rescales). The same products in the same order: the same
+    # bits as without it.
+    deferred_O_rescale: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -142,6 +151,7 @@ class HopperForwardKernelConfig(KernelConfig):
             ("qregs", self.Q_in_registers),
             ("mcast", self.multicast),
             ("vtcopy", self.V_transposed_copy),
+            ("odefer", self.deferred_O_rescale),
         )
         return [flag for flag, present in candidates if present]
 
@@ -153,7 +163,7 @@ class HopperForwardKernelConfig(KernelConfig):
 
     def demangled_kernel_name(self, variant: ProblemVariant = ProblemVariant()) -> str:
         """The kernel's name as Nsight Compute prints it: the demangled device symbol, which spells
-        all 12 fields (the dtype as a cast) and then the problem variant's fields."""
+        all 13 fields (the dtype as a cast) and then the problem variant's fields."""
         return (
             "void flash::sm90::hopper_forward_kernel<flash::sm90::StaticHopperKernelConfig<"
             f"{self._demangled_initializer()}>, {demangled_variant(variant)}>(flash::sm90::KernelParams)"
@@ -306,10 +316,24 @@ class HopperForwardKernelConfig(KernelConfig):
         elif self.V_transposed_copy:
             return "V_transposed_copy is for e4m3 inputs: 16-bit V is P V's operand as it is (MN-major)."
 
+        tile_bytes = self.B_c * self.d_head * self.dtype.element_bytes
+        if tile_bytes % _TILE_ALIGNMENT_BYTES:
+            return (
+                f"the K and V tiles follow one another on {_TILE_ALIGNMENT_BYTES}-byte boundaries (the swizzle atoms "
+                f"TMA writes): B_c * d_head * {self.dtype.element_bytes} must be a multiple of {_TILE_ALIGNMENT_BYTES}; "
+                f"got B_c = {self.B_c} and d_head = {self.d_head} ({tile_bytes} bytes)."
+            )
+
         if self.pingpong and not (self.warp_specialized and self.consumer_warpgroups >= 2):
             return (
                 "pingpong needs warp_specialized and at least 2 consumer warpgroups (B_r >= 128) to take turns; "
                 f"got B_r = {self.B_r} and warp_specialized = {self.warp_specialized}."
+            )
+
+        if self.deferred_O_rescale and not self.intra_wg_overlap:
+            return (
+                "deferred_O_rescale needs intra_wg_overlap: without it the softmax rescales O after P V has landed "
+                "already, and there is no wait to take off its path."
             )
 
         if self.persistent and not self.warp_specialized:

@@ -40,7 +40,19 @@ _SPACES: dict[type[KernelConfig], tuple[tuple[DType, ...], tuple[int, ...], tupl
     HopperForwardKernelConfig: (
         DTYPES + FP8_DTYPES,
         sm90_config.D_HEADS,
-        (sm90_config.B_RS, sm90_config.B_CS, sm90_config.STAGES, _BOOLS, _BOOLS, _BOOLS, _BOOLS, _BOOLS, _BOOLS, _BOOLS),
+        (
+            sm90_config.B_RS,
+            sm90_config.B_CS,
+            sm90_config.STAGES,
+            _BOOLS,
+            _BOOLS,
+            _BOOLS,
+            _BOOLS,
+            _BOOLS,
+            _BOOLS,
+            _BOOLS,
+            _BOOLS,
+        ),
     ),
 }
 
@@ -117,9 +129,12 @@ def _sm90_autotuned(cfg: HopperForwardKernelConfig) -> bool:
     and without a persistent block, and with and without Q in registers (shared-memory reads saved
     for registers taken from the rest of the softmax: where they are short, it is slower). Multicast
     is tried on the persistent 128-row blocks of the two head sizes most models use, 64 and 128
-    (each further configuration adds to the tuning build's time)."""
+    (each further configuration adds to the tuning build's time); deferred_O_rescale is not tried
+    (it would double the sweep; its blocks are measured against their twins, which give the same
+    bits)."""
     return (
-        cfg.B_r in _SM90_TUNING_B_RS
+        not cfg.deferred_O_rescale
+        and cfg.B_r in _SM90_TUNING_B_RS
         and cfg.stages in _SM90_TUNING_STAGES
         and cfg.warp_specialized
         and cfg.intra_wg_overlap

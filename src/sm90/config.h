@@ -24,7 +24,8 @@ namespace flash::sm90 {
     FIELD(bool, persistent)       /* one block per SM walks over the work tiles */                       \
     FIELD(bool, Q_in_registers)   /* S = Q K^T takes Q from registers, K alone from shared memory */    \
     FIELD(bool, multicast)        /* a cluster of two blocks loads each K/V tile once, for both */      \
-    FIELD(bool, V_transposed_copy) /* e4m3: a copy kernel transposes V first; TMA loads its tiles */
+    FIELD(bool, V_transposed_copy) /* e4m3: a copy kernel transposes V first; TMA loads its tiles */     \
+    FIELD(bool, deferred_O_rescale) /* with the overlap: O is rescaled in the next turn, not after P V */
 
 // One kernel variant. A structural type: it is the template argument of StaticHopperKernelConfig.
 struct HopperForwardKernelConfig {

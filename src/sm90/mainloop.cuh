@@ -83,6 +83,11 @@ struct MainLoop {
     // This warpgroup's last row before seqlen_q.
     int last_row;
     PipelineState<stages> previous; // of the tile whose P V product is still to be issued
+    // With deferred_O_rescale, the factors O's rows owe the maxima the last softmax moved, applied in
+    // the next turn between S and the P V that adds to O (the P V in flight during that softmax has
+    // landed by then), so the softmax does not wait for that P V.
+    bool O_rescale_pending = false;
+    float O_rescale[2];
 
     __device__ __forceinline__ MainLoop(ConsumerWarpgroup<Kernel> &consumer_, const ForwardParams &params_,
                                         const Tiles &tiles_, const Loader &loader_, bool loads_, int Q_first_row_,
@@ -256,6 +261,7 @@ struct MainLoop {
             fence_registers(flat(O_acc));
             issue_S(S, Q_frag, current.stage, width);
             wgmma_commit();
+            apply_O_rescale();
             issue_PV(P, previous.stage, FullWidth{});
             wgmma_commit();
         });
@@ -266,23 +272,30 @@ struct MainLoop {
             consumer.release_KV(smem.K_empty(current.stage));
             release_Q_after(tile);
             modify_and_mask(S, tile, masked, width);
-            float rescale[2];
-            const bool rescaled =
-                softmax.template exponentiate<false>(S, score_scale, [&](int, int h, float factor) { rescale[h] = factor; });
-            // The probabilities are computed here, while P V runs. The compiler schedules
-            // the wait below as early as its basic block allows, so it sits in branches of
-            // their own; wgmma waits must be reached by the whole warpgroup alike, so the
-            // branch is on whether any of its warps rescales.
-            fence_registers(flat(S));
-            if (named_barrier_any(consumer.vote_barrier, WARPGROUP_THREADS, rescaled)) {
+            // The probabilities are computed here, while P V runs.
+            if constexpr (Kernel::deferred_O_rescale) {
+                O_rescale_pending = softmax.template exponentiate<false>(
+                    S, score_scale, [&](int, int h, float factor) { O_rescale[h] = factor; });
+                fence_registers(flat(S));
                 wgmma_wait<0>();
-                fence_registers(flat(O_acc));
-                if (rescaled)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h)
-                        Softmax::rescale_row(O_acc.r[0], h, rescale[h]);
             } else {
-                wgmma_wait<0>();
+                float rescale[2];
+                const bool rescaled = softmax.template exponentiate<false>(
+                    S, score_scale, [&](int, int h, float factor) { rescale[h] = factor; });
+                // The compiler schedules the wait below as early as its basic block allows, so it
+                // sits in branches of their own; wgmma waits must be reached by the whole
+                // warpgroup alike, so the branch is on whether any of its warps rescales.
+                fence_registers(flat(S));
+                if (named_barrier_any(consumer.vote_barrier, WARPGROUP_THREADS, rescaled)) {
+                    wgmma_wait<0>();
+                    fence_registers(flat(O_acc));
+                    if (rescaled)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h)
+                            Softmax::rescale_row(O_acc.r[0], h, rescale[h]);
+                } else {
+                    wgmma_wait<0>();
+                }
             }
             fence_registers(flat(O_acc));
             fence_registers(flat(P));
@@ -304,10 +317,25 @@ struct MainLoop {
         current.advance();
     }
 
+    // With deferred_O_rescale, the rescaling the last softmax left, before the P V that adds to O;
+    // the fence orders it before that product.
+    __device__ __forceinline__ void apply_O_rescale() {
+        if constexpr (Kernel::deferred_O_rescale) {
+            if (O_rescale_pending)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    Softmax::rescale_row(O_acc.r[0], h, O_rescale[h]);
+            O_rescale_pending = false;
+            fence_registers(flat(O_acc));
+            wgmma_fence();
+        }
+    }
+
     // The last tile's P V, over its visible keys if it is masked.
     __device__ __forceinline__ void last_PV(typename Kernel::P_fragments &P) {
         mbarrier_wait(smem.PV_full(previous.stage), previous.phase);
         fence_registers(flat(O_acc));
+        apply_O_rescale();
         // Fence, commit and wait in each branch: ptxas wants them in the products' own block.
         const auto issue_last_PV = [&](auto width) {
             wgmma_fence();

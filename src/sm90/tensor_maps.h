@@ -34,8 +34,8 @@ inline EncodeTiled tensor_map_encoder() {
 }
 
 // A (d_head, seq, heads, batch) view of one (batch, seq, heads, d_head) tensor of `dtype` (e4m3 as
-// bytes: TMA only moves them), copied in boxes of one swizzled row's columns (swizzle_bytes, 128 or
-// 64) by box_rows rows, with that swizzle; reads
+// bytes: TMA only moves them), copied in boxes of one swizzled row's columns (swizzle_bytes, 128, 64
+// or 32) by box_rows rows, with that swizzle; reads
 // past the tensor's edges give zeros and writes there are dropped. TMA wants every stride a
 // multiple of 16 bytes: the binding guarantees it for dimensions longer than 1, and the stride of
 // a dimension of extent 1 is never used, so 16 stands in for it.
@@ -58,7 +58,10 @@ inline CUtensorMap make_tensor_map(DType dtype, const void *data, const TensorSt
     const CUresult status = tensor_map_encoder()(
         &map, type, 4,
         const_cast<void *>(data), dims, byte_strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-        swizzle_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        swizzle_bytes == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+        : swizzle_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                              : CU_TENSOR_MAP_SWIZZLE_32B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (status != CUDA_SUCCESS)
         throw std::runtime_error("cuTensorMapEncodeTiled failed (CUresult " + std::to_string(static_cast<int>(status)) + ")");

@@ -32,6 +32,7 @@ struct StaticHopperKernelConfig {
     static constexpr bool Q_in_registers = CFG.Q_in_registers;
     static constexpr bool multicast = CFG.multicast;
     static constexpr bool V_transposed_copy = CFG.V_transposed_copy;
+    static constexpr bool deferred_O_rescale = CFG.deferred_O_rescale;
 
     // FP8 (e4m3) inputs: the wgmma of 8-bit types takes both operands K-major, so V, which arrives
     // with its keys as rows, is transposed in shared memory by the producer warpgroup (fp8_operands.cuh),
@@ -50,8 +51,8 @@ struct StaticHopperKernelConfig {
     // 128-byte swizzle where B_c is a multiple of 128 keys, else the 64-byte one). Where B_c is not a
     // multiple of the row (224 keys: three and a half 64-byte rows), the last block's rows are part
     // filled: its 32-byte k-slices past B_c are neither written nor read.
-    using Vt_Swizzle = SwizzleFor<B_c, element_bytes>;
-    static_assert(d_head % Swizzle::cols == 0 && d_head <= 256, "d_head must be a multiple of 32 (of 64 with e4m3) up to 256");
+    using Vt_Swizzle = sm90::Swizzle<B_c % 128 == 0 ? 128 : 64, element_bytes>;
+    static_assert(d_head % (fp8 ? 64 : 16) == 0 && d_head <= 256, "d_head must be a multiple of 16 (of 64 with e4m3) up to 256");
     static_assert(B_r % WGMMA_M == 0 && B_r <= 3 * WGMMA_M, "B_r must be 64, 128 or 192");
     static_assert(B_c % WGMMA_K == 0 && B_c >= 64 && B_c <= 224, "B_c must be a multiple of 16 from 64 to 224");
     static_assert(stages >= 1 && stages <= 4, "stages must be 1 to 4"); // (e4m3's end words: two 8-byte words)
@@ -67,6 +68,8 @@ struct StaticHopperKernelConfig {
     static_assert(!pingpong || (warp_specialized && consumer_warpgroups >= 2),
                   "pingpong needs warp specialization and two or more consumer warpgroups");
     static_assert(!persistent || warp_specialized, "a persistent block needs a producer warpgroup");
+    static_assert(!deferred_O_rescale || intra_wg_overlap,
+                  "deferred_O_rescale moves the rescaling the intra-warpgroup overlap makes wait for P V");
     static_assert(!multicast || warp_specialized, "multicast needs a producer warpgroup");
     // The blocks of a cluster: two with multicast, each loading half of every KV tile for both.
     static constexpr int cluster_size = multicast ? 2 : 1;
@@ -133,7 +136,7 @@ struct StaticHopperKernelConfig {
     // wider than Q, a single pass's O goes out through the stages' V tiles where they hold it (once
     // a consumer warpgroup has waited for its last transposed tile, the transposing warps have read
     // every V tile, and no more arrive), else through blocks of its own. A tile of R rows is column
-    // blocks of R swizzled rows (R x 128 or R x 64 bytes), one TMA box each.
+    // blocks of R swizzled rows (R x 128, R x 64 or R x 32 bytes), one TMA box each.
     static constexpr int col_blocks = d_head / Swizzle::cols;
     static constexpr int O_col_blocks = d_head / O_Swizzle::cols;
     static constexpr int wg_Q_bytes = WGMMA_M * d_head * element_bytes;

@@ -24,29 +24,31 @@ constexpr int WGMMA_M = 64;
 constexpr int WGMMA_K = 16;
 constexpr int WGMMA_K_BYTES = 32;
 
-// Shared-memory tiles are swizzled as TMA writes them (CU_TENSOR_MAP_SWIZZLE_128B or _64B): rows
-// of BYTES (64 or 32 16-bit elements, 128 or 64 8-bit ones), whose 16-byte chunks are XOR-ed with
-// address bits 7 and up (the row's index, or half of it, modulo the chunks in a row). Eight rows
-// form one swizzle atom; a tile's column blocks start on atom boundaries. The 128-byte swizzle
-// serves rows that are multiples of 128 bytes; the other multiples of 64 bytes (16-bit head sizes
-// 32, 96, 160, 224) take the 64-byte one rather than padding rows with columns of zeros.
+// Shared-memory tiles are swizzled as TMA writes them (CU_TENSOR_MAP_SWIZZLE_128B, _64B or _32B):
+// rows of BYTES (64, 32 or 16 16-bit elements; 128, 64 or 32 8-bit ones), whose 16-byte chunks are
+// XOR-ed with address bits 7 and up (the row's index, or its half or quarter, modulo the chunks in
+// a row). Eight rows form one swizzle atom; a tile's column blocks start on atom boundaries. A row
+// takes the widest swizzle its bytes are a multiple of: 128 bytes for most head sizes, 64 for the
+// other multiples of 64 bytes (16-bit head sizes 32, 96, 160, 224), 32 for the other multiples of 32
+// (16-bit head sizes 48, 80, ...), rather than padding rows with columns of zeros.
 template <int BYTES, int ELEMENT = ELEMENT_BYTES>
 struct Swizzle {
-    static_assert(BYTES == 128 || BYTES == 64, "the family uses the 128- and 64-byte swizzles");
+    static_assert(BYTES == 128 || BYTES == 64 || BYTES == 32, "the family uses the 128-, 64- and 32-byte swizzles");
     static constexpr int bytes = BYTES;
     static constexpr int cols = BYTES / ELEMENT;
     static constexpr int atom_bytes = 8 * BYTES;
-    // The descriptors' swizzle mode (PTX ISA, "Matrix Descriptor Format"): 1 is 128 bytes, 2 is 64.
-    static constexpr uint64_t descriptor_mode = BYTES == 128 ? 1 : 2;
+    // The descriptors' swizzle mode (PTX ISA, "Matrix Descriptor Format"): 1 is 128 bytes, 2 is 64,
+    // 3 is 32.
+    static constexpr uint64_t descriptor_mode = BYTES == 128 ? 1 : BYTES == 64 ? 2 : 3;
 
     // Where the 16-byte chunk `chunk` of row `row` of a column block lies in that row.
     __device__ __forceinline__ static int chunk_in_row(int row, int chunk) {
         return chunk ^ (row * BYTES / 128 % (BYTES / COPY_BYTES));
     }
 };
-// The swizzle of a tile whose rows are `cols` elements of ELEMENT bytes.
+// The swizzle of a tile whose rows are `cols` elements of ELEMENT bytes: the widest that divides them.
 template <int cols, int ELEMENT = ELEMENT_BYTES>
-using SwizzleFor = Swizzle<cols * ELEMENT % 128 == 0 ? 128 : 64, ELEMENT>;
+using SwizzleFor = Swizzle<cols * ELEMENT % 128 == 0 ? 128 : cols * ELEMENT % 64 == 0 ? 64 : 32, ELEMENT>;
 // Every tile starts on a multiple of the largest atom, the 128-byte swizzle's.
 constexpr int TILE_ALIGNMENT_BYTES = Swizzle<128>::atom_bytes;
 
