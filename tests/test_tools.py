@@ -624,6 +624,20 @@ class TestFits:
     def test_a_configuration_not_compiled_fits_nothing(self):
         assert not common.fits(CFG_B, CFG_B.dtype, common.benchmark_problem(4096, 128), self.variants)
 
+    def test_a_larger_head_size_fits_only_with_larger_heads(self):
+        # d_head 96 served by 128: the SM80 family pads it with masked tails, the Hopper family's
+        # tensor maps end at the call's columns, so its aligned variant serves it.
+        problem = common.benchmark_problem(4096, 96)
+        assert common.needed_variant(self.tuned, problem) == ProblemVariant(MaskKind.NONE, masked_tails=True)
+        assert common.needed_variant(SM90_128, problem) == ProblemVariant(MaskKind.NONE)
+        variants = {self.tuned: frozenset(ALL_VARIANTS), SM90_128: frozenset(BENCHMARK_VARIANTS)}
+        for cfg in (self.tuned, SM90_128):
+            assert not common.fits(cfg, DType.FP16, problem, variants)
+            assert common.fits(cfg, DType.FP16, problem, variants, larger_heads=True)
+        # ... where the variant it needs is compiled, and never a smaller head size.
+        assert not common.fits(self.tuned, DType.FP16, problem, self.variants, larger_heads=True)
+        assert not common.fits(SM90_128, DType.FP16, common.benchmark_problem(4096, 160), variants, larger_heads=True)
+
 
 def test_harmonic_mean():
     assert common.harmonic_mean([100.0, 300.0]) == pytest.approx(150.0)

@@ -327,8 +327,9 @@ def tflops(flop: float, time_ms: float) -> float:
 
 
 def needed_variant(cfg: KernelConfig, problem: Problem) -> ProblemVariant:
-    """The kernel variant the binding runs for ``cfg`` on ``problem`` (``flash_helpers.problem``)."""
-    return problem_variant_for(cfg, problem.seqlen_q, problem.seqlen_k, problem.causal)
+    """The kernel variant the binding runs for ``cfg`` on ``problem`` (``flash_helpers.problem``), at
+    the problem's head size (a smaller one than ``cfg``'s where ``cfg`` serves it)."""
+    return problem_variant_for(cfg, problem.seqlen_q, problem.seqlen_k, problem.causal, d_head=problem.d_head)
 
 
 def compiled_variants() -> dict[KernelConfig, frozenset[ProblemVariant]]:
@@ -347,13 +348,15 @@ def fits(
     dtype: DType,
     problem: Problem,
     variants: dict[KernelConfig, frozenset[ProblemVariant]],
+    larger_heads: bool = False,
 ) -> bool:
-    """Whether ``cfg`` can run ``problem``: same dtype and d_head, and the variant the problem needs
-    is compiled (``variants``: ``compiled_variants()``). Any lengths fit a configuration that has
-    the masked-tails variant."""
-    return (
-        cfg.dtype == dtype and cfg.d_head == problem.d_head and needed_variant(cfg, problem) in variants.get(cfg, ())
-    )
+    """Whether ``cfg`` can run ``problem``: same dtype and d_head (with ``larger_heads``, a larger
+    d_head too, which serves the problem's in place with zero columns past it, as automatic
+    configuration runs a head size without configurations of its own), and the variant the problem
+    needs is compiled (``variants``: ``compiled_variants()``). Any lengths fit a configuration that
+    has the masked-tails variant."""
+    holds_head = cfg.d_head == problem.d_head or (larger_heads and cfg.d_head > problem.d_head)
+    return cfg.dtype == dtype and holds_head and needed_variant(cfg, problem) in variants.get(cfg, ())
 
 
 def fitting_configs(configs: Iterable[KernelConfig], dtype: DType, problem: Problem) -> list[KernelConfig]:

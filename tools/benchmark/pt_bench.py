@@ -37,8 +37,11 @@ cannot run a shape is shown as '-', and a line under the table says why; with GQ
 rejects enable_gqa is given k and v with repeated heads, and the table says so. The best
 configuration's output is checked against the FLASH backend's once per shape; a mismatch is
 reported and makes the exit status 1. A head size without configurations of its own (--d-heads
-takes any multiple of 8 up to 256, e.g. 80) is timed through automatic configuration alone, which
+takes any multiple of 8 up to 256, e.g. 72) is timed through automatic configuration alone, which
 serves it with a larger compiled head size; its TFLOP/s count the call's head size, the useful work.
+With --larger-heads, every selected configuration of a larger head size is timed on it too (each
+serves it in place, with zero columns past the call's), so that which head sizes deserve blocks of
+their own and which should round up is measured in one run.
 
 --dtypes e4m3 times FP8 inputs: random normal values (drawn in bfloat16) rounded to float8_e4m3fn,
 with descales of 1 ((batch, heads_kv) float32) given to ours and to FA3 alike, by FlashAttention-3's
@@ -99,8 +102,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nargs="+",
         type=common.served_d_head,
         default=[128],
-        help="head sizes, multiples of 8 up to 256; one without configurations of its own (e.g. 80) times "
-        "automatic configuration alone, which runs it on a larger compiled head size (default: 128)",
+        help="head sizes, multiples of 8 up to 256; one without configurations of its own (e.g. 72) times "
+        "automatic configuration alone (and, with --larger-heads, the larger ones), which runs it on a larger "
+        "compiled head size (default: 128)",
     )
     common.add_dtype_argument(parser, default=list(common.DTYPE_NAMES))
     parser.add_argument(
@@ -125,6 +129,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--kernels",
         help="configurations to time: short forms separated by ';', or a set name (prog, progall, tune, all, "
         "'B_r,B_c'); default: the KERNELS environment variable, else every compiled configuration",
+    )
+    parser.add_argument(
+        "--larger-heads",
+        action="store_true",
+        help="also time each selected configuration of a larger head size, which serves the call's in place "
+        "(zero columns past it), as automatic configuration does for a head size without configurations of its "
+        "own: d_head 40 on d_head 48's and 64's blocks side by side, say",
     )
     parser.add_argument(
         "--rep-ms",
@@ -459,7 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     plan = []  # per group: the configurations that fit each of its problems
     for group in groups(args):
         dtype = common.dtype_from_name(group.dtype_name)
-        plan.append((group, [[c for c in configs if common.fits(c, dtype, p, variants)] for p in group.problems]))
+        plan.append(
+            (group, [[c for c in configs if common.fits(c, dtype, p, variants, args.larger_heads)] for p in group.problems])
+        )
     # Per group and problem, the rows of every round; a group's table is printed once its last round is done.
     measured = {}
     for round_index in range(args.rounds):
