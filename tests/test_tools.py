@@ -2120,7 +2120,7 @@ class StandInExtension:
 
     @staticmethod
     def _variant(cfg, q, k, causal):
-        masked_tails = q.shape[1] % cfg.B_r != 0 or k.shape[1] % cfg.B_c != 0
+        masked_tails = cfg.needs_masked_tails(q.shape[1], k.shape[1], q.shape[-1])
         return ProblemVariant(MaskKind.CAUSAL if causal else MaskKind.NONE, masked_tails)
 
     def choose_config(self, q, k, *, causal=False):
@@ -2249,6 +2249,21 @@ def test_pt_bench_times_each_mask_length_and_gqa_shape(stand_in_gpu, tmp_path, c
     ]
     causal_tuned = next(row for row in rows if row.config == TUNED_128.short_form() and row.causal)
     assert causal_tuned.tflops == pytest.approx(common.flop_counts(128, 16, 16, 128, causal=True)[0] / 0.5e-3 / 1e12)
+
+
+def test_pt_bench_larger_heads_times_the_configurations_that_serve_a_smaller_head_size(stand_in_gpu, tmp_path):
+    # d_head 96 on the d_head 128 configurations, which the SM80 family runs with masked tails: the
+    # tuned one, compiled without them, cannot serve it.
+    extension = stand_in_gpu()
+    argv = ["--dtypes", "fp16", "--d-heads", "96", "--seq-lens", "128", "--causal", "off"]
+
+    def ours_timed(flags):
+        assert pt_bench.main([*argv, *flags, "--csv", str(tmp_path / "bench.csv")]) == 0
+        return [row.config for row in common.read_timing_csv(tmp_path / "bench.csv") if row.implementation == "ours"]
+
+    assert ours_timed([]) == []  # automatic configuration alone
+    assert ours_timed(["--larger-heads"]) == [DEFAULT_128.short_form()]
+    assert {q[-1] for _, q, _, _ in extension.calls} == {96}
 
 
 def test_pt_bench_checks_against_flash_on_the_same_problem(stand_in_gpu, capsys):
