@@ -57,12 +57,10 @@ VARLEN_CONSUMER_REGISTERS = 232
 _MAX_THREAD_REGISTERS = 255
 # A consumer thread's registers beyond its accumulators and P: addresses and the softmax's state.
 _STATE_REGISTERS = 32
-# Shared memory beyond the tiles: slack for placing them at 1024-byte boundaries (the period of the
-# 128-byte swizzle, the largest of those the tiles use), and 8-byte words for the mbarriers and
-# the work slots.
-_ALIGNMENT_SLACK_BYTES = 1024
-# Each K and V tile starts on a multiple of the 128-byte swizzle's atom, as the first does: a tile is a
-# whole number of them.
+# The tiles start on 1024-byte boundaries, the atom (period) of the 128-byte swizzle, the largest of
+# those they use (the traits' TILE_ALIGNMENT_BYTES): shared memory has that much slack for placing the
+# first, beyond the tiles and the 8-byte words of the mbarriers and work slots, and each K and V tile
+# after it is a whole number of atoms.
 _TILE_ALIGNMENT_BYTES = 1024
 _WORD_BYTES = 8
 # A consumer warpgroup's work slot, in 8-byte words (the traits' work_slot_words).
@@ -229,7 +227,7 @@ class HopperForwardKernelConfig(KernelConfig):
         stream_end = _E4M3_V_STREAM_END_WORDS if self.transposes_v else 0
         ring = _CLUSTER_RING_BARRIERS + _CLUSTER_RING_INDEX_WORDS if self.persistent and self.multicast else 0
         words = barriers + _WORK_SLOT_WORDS * self.consumer_warpgroups + stream_end + ring
-        return tiles + _ALIGNMENT_SLACK_BYTES + _WORD_BYTES * words
+        return tiles + _TILE_ALIGNMENT_BYTES + _WORD_BYTES * words
 
     def transposed_v_row_bytes(self) -> int:
         """With e4m3, the bytes of a transposed V tile's row, as the traits lay it out: column blocks
